@@ -1,0 +1,407 @@
+"""Flower ClientApp of flwr-gsgm: local data, local computation, one reply per message.
+
+Load it as ``clients.client_app:app``. The app is stateless: every reply depends
+only on the message, the run config and the node config (nothing is kept in
+``context.state``), which is what makes asynchronous simulations reproducible.
+
+Message protocol
+================
+Any ClientApp (any ML framework) that follows this protocol works with the
+flwr-gsgm server. Keys are kebab-case; record names are Flower's conventions.
+
+Node config (``context.node_config``; set by the simulation engine, or by
+``flower-supernode --node-config "partition-id=0 num-partitions=10"``):
+
+- ``partition-id`` (int, ``0 <= id < num-partitions``): which partition of the
+  training set this node holds; the server keys its per-node state on it.
+- ``num-partitions`` (int >= 1).
+
+Run config (``context.run_config``, ``[tool.flwr.app.config]``), all optional:
+
+- ``dataset`` (str, ``"fashion-mnist"``): dataset name (:mod:`clients.datasets`).
+- ``data-root`` (str, ``"/usr/share/datasets/fashion-mnist"``): its files.
+- ``partitioner`` (str, ``"pathological"``): ``iid``, ``pathological`` or
+  ``dirichlet`` (:mod:`clients.partitioning`).
+- ``classes-per-node`` (int, 2): k of ``pathological``, in 1..num_classes.
+- ``dirichlet-alpha`` (float, 0.5): alpha of ``dirichlet``, > 0.
+- ``seed`` (int, 0): partitioning seed (and fallback mini-batch seed, see below).
+- ``client-threads`` (int, 1): torch CPU threads of this process.
+- ``eval-max-examples`` (int, 1000): cap of the evaluate set.
+
+``query`` message (``message_type="query"``); content ignored. Reply content:
+
+- ``"metrics"``: MetricRecord ``{"partition-id": int, "num-partitions": int,
+  "num-examples": int}`` (size of the node's training partition).
+
+``train`` message (``message_type="train"``). Content:
+
+- ``"arrays"``: ArrayRecord, the global weights w (float32; keyed by the model's
+  ``state_dict`` names in ``state_dict`` order, or by any keys in that order,
+  e.g. ``"0".."7"``).
+- ``"config"``: ConfigRecord (all optional):
+
+  - ``"mode"`` (str): ``"gradient"``, ``"delta"`` or ``"weights"``; absent ->
+    ``"weights"`` (so Flower's own FedAvg / FedAvgM work unchanged).
+  - ``"batch-size"`` (int, 32), ``"local-batches"`` (int, 1: B, gradient mode),
+    ``"local-steps"`` (int, 1: E, delta and weights modes), ``"local-lr"``
+    (float, 0.05: SGD learning rate, delta and weights modes).
+  - ``"seed"`` (int): per-dispatch seed of the mini-batch sampling, chosen by the
+    server. Absent -> derived from (run config ``seed``, ``partition-id``,
+    ``"server-round"`` or 0); an asynchronous server must send it, otherwise every
+    dispatch of a node in the same round draws the same batches.
+  - ``"model-version"`` (int): echoed back; ``"virtual-duration"`` (float,
+    seconds): echoed back if present; ``"server-round"`` (int, sent by Flower's
+    strategies): only used for the seed.
+
+  Reply content:
+
+  - ``"arrays"``: ArrayRecord with the same keys, order and shapes as received,
+    float32 values: the update. ``gradient``: mean gradient of B mini-batches at w;
+    ``delta``: (w - w_local) / local-lr after E SGD steps; ``weights``: w_local.
+    The server applies it as w <- w - eta * update for the first two.
+  - ``"metrics"``: MetricRecord ``{"num-examples": int (example-gradients
+    computed: min(batch-size, N) * B or * E), "model-version": int (echo, -1 if
+    absent), "partition-id": int, "num-partitions": int, "train-loss": float
+    (mean cross-entropy of the mini-batches used), "compute-time": float (wall
+    seconds of the local computation), "virtual-duration": float (only if sent)}``.
+
+``evaluate`` message (``message_type="evaluate"``). Content ``"arrays"`` as for
+train (``"config"`` ignored). The node evaluates w on the test-set images whose
+class occurs in its training partition (its own label distribution's support;
+the training partition is left whole), at most ``eval-max-examples`` of them (a
+fixed subset drawn with the partitioning seed and the partition-id). Reply content:
+
+- ``"metrics"``: MetricRecord ``{"num-examples": int, "eval-loss": float (mean
+  cross-entropy), "eval-accuracy": float (fraction in [0, 1])}``.
+
+Errors (bad config value, unknown mode, weights that do not fit the model, missing
+dataset files) are raised as exceptions naming the key; Flower turns them into an
+error reply (``Message.has_error()``) that the server counts.
+
+Preprocessing, for ports to other frameworks: images are Fashion-MNIST uint8
+``[N, 1, 28, 28]``, normalised as ``(x / 255 - 0.2860) / 0.3530`` inside the model
+(:mod:`clients.models`); loss is mean cross-entropy; SGD has no momentum and no
+weight decay.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+import torch
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    Message,
+    MetricRecord,
+    RecordDict,
+)
+from flwr.clientapp import ClientApp
+
+from clients.datasets import ImageData, dataset_info, load_dataset
+from clients.models import build_model
+from clients.partitioning import PartitionConfig, load_partition
+from clients.training import MODES, compute_update, evaluate, num_examples_used
+
+__all__ = ["DEFAULT_RUN_CONFIG", "DEFAULT_TRAIN_CONFIG", "RunSettings", "app"]
+
+DEFAULT_RUN_CONFIG: dict[str, object] = {
+    "dataset": "fashion-mnist",
+    "data-root": "/usr/share/datasets/fashion-mnist",
+    "partitioner": "pathological",
+    "classes-per-node": 2,
+    "dirichlet-alpha": 0.5,
+    "seed": 0,
+    "client-threads": 1,
+    "eval-max-examples": 1000,
+}
+
+DEFAULT_TRAIN_CONFIG: dict[str, object] = {
+    "mode": "weights",
+    "batch-size": 32,
+    "local-batches": 1,
+    "local-steps": 1,
+    "local-lr": 0.05,
+}
+
+app = ClientApp()
+
+
+# ----------------------------------------------------------------- config parsing
+def _get_int(source: dict, key: str, default: object, *, minimum: int | None = None) -> int:
+    value = source.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"Invalid {key}={value!r}: expected an integer")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"Invalid {key}={value!r}: expected an integer >= {minimum}")
+    return int(value)
+
+
+def _get_float(source: dict, key: str, default: object, *, positive: bool = False) -> float:
+    value = source.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ValueError(f"Invalid {key}={value!r}: expected a number")
+    value = float(value)
+    if not math.isfinite(value) or (positive and value <= 0):
+        raise ValueError(
+            f"Invalid {key}={value!r}: expected a finite number{' > 0' if positive else ''}"
+        )
+    return value
+
+
+def _get_str(source: dict, key: str, default: str) -> str:
+    value = source.get(key, default)
+    if not isinstance(value, str):
+        raise ValueError(f"Invalid {key}={value!r}: expected a string")
+    return value
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """Node-side settings from the run config and node config (validated)."""
+
+    dataset: str
+    data_root: str
+    partition: PartitionConfig
+    partition_id: int
+    client_threads: int
+    eval_max_examples: int
+
+    @classmethod
+    def from_context(cls, context: Context) -> RunSettings:
+        """Read and validate ``context.run_config`` and ``context.node_config``.
+
+        Raises
+        ------
+        ValueError
+            Missing ``partition-id`` / ``num-partitions`` in the node config, or a
+            bad value; the message names the key.
+        """
+        rc = dict(context.run_config)
+        nc = dict(context.node_config)
+        for key in ("partition-id", "num-partitions"):
+            if key not in nc:
+                raise ValueError(
+                    f"Missing node config key {key!r}: start the SuperNode with "
+                    "--node-config \"partition-id=<i> num-partitions=<n>\""
+                )
+        num_partitions = _get_int(nc, "num-partitions", None, minimum=1)
+        partition_id = _get_int(nc, "partition-id", None)
+        if not 0 <= partition_id < num_partitions:
+            raise ValueError(
+                f"Invalid partition-id={partition_id}: expected 0 <= partition-id < "
+                f"num-partitions={num_partitions}"
+            )
+        d = DEFAULT_RUN_CONFIG
+        dataset = _get_str(rc, "dataset", d["dataset"])
+        info = dataset_info(dataset)  # ValueError naming `dataset` if unknown
+        partition = PartitionConfig(
+            partitioner=_get_str(rc, "partitioner", d["partitioner"]),
+            num_partitions=num_partitions,
+            classes_per_node=_get_int(rc, "classes-per-node", d["classes-per-node"]),
+            dirichlet_alpha=_get_float(rc, "dirichlet-alpha", d["dirichlet-alpha"]),
+            seed=_get_int(rc, "seed", d["seed"]),
+        )
+        partition.validate(info.num_classes)
+        return cls(
+            dataset=dataset,
+            data_root=_get_str(rc, "data-root", d["data-root"]),
+            partition=partition,
+            partition_id=partition_id,
+            client_threads=_get_int(rc, "client-threads", d["client-threads"], minimum=1),
+            eval_max_examples=_get_int(
+                rc, "eval-max-examples", d["eval-max-examples"], minimum=1
+            ),
+        )
+
+    def apply_threads(self) -> None:
+        """Set torch's intra-op thread count (process-wide) to ``client_threads``."""
+        if torch.get_num_threads() != self.client_threads:
+            torch.set_num_threads(self.client_threads)
+
+
+# -------------------------------------------------------------------- node data
+@lru_cache(maxsize=256)
+def _train_data(
+    dataset: str, root: str, config: PartitionConfig, partition_id: int
+) -> ImageData:
+    train, _ = load_dataset(dataset, root)
+    return train.subset(load_partition(dataset, root, config, partition_id))
+
+
+@lru_cache(maxsize=256)
+def _eval_data(
+    dataset: str, root: str, config: PartitionConfig, partition_id: int, max_examples: int
+) -> ImageData:
+    _, test = load_dataset(dataset, root)
+    classes = torch.unique(_train_data(dataset, root, config, partition_id).labels)
+    rows = torch.nonzero(torch.isin(test.labels, classes)).flatten()
+    if len(rows) > max_examples:
+        gen = torch.Generator().manual_seed(
+            _derive_seed(config.seed, partition_id, 0x5EED_E7A1)
+        )
+        rows = rows[torch.randperm(len(rows), generator=gen)[:max_examples]].sort().values
+    return test.subset(rows)
+
+
+def _derive_seed(*parts: int) -> int:
+    """A 63-bit seed from integers (negative ones are taken modulo 2**63)."""
+    entropy = [int(p) % 2**63 for p in parts]
+    return int(np.random.SeedSequence(entropy).generate_state(1, dtype=np.uint64)[0] >> 1)
+
+
+# ------------------------------------------------------------- arrays <-> model
+def _load_received(model: torch.nn.Module, arrays: ArrayRecord) -> list[str]:
+    """Load the received ArrayRecord into ``model``.
+
+    Returns, for each model ``state_dict`` key in order, the received key that
+    feeds it. Keys match by name if the key sets are equal, else by position if
+    count and shapes agree.
+
+    Raises
+    ------
+    ValueError
+        If the arrays do not fit the model.
+    """
+    state = model.state_dict()
+    model_keys = list(state.keys())
+    received_keys = list(arrays.keys())
+    if set(received_keys) == set(model_keys):
+        source = model_keys
+    elif len(received_keys) == len(model_keys):
+        source = received_keys
+    else:
+        raise ValueError(
+            f"Received {len(received_keys)} arrays {received_keys[:4]}..., the model "
+            f"has {len(model_keys)} state_dict entries {model_keys[:4]}..."
+        )
+    new_state = {}
+    for mkey, rkey in zip(model_keys, source):
+        arr = arrays[rkey].numpy()
+        if tuple(arr.shape) != tuple(state[mkey].shape):
+            raise ValueError(
+                f"Received array {rkey!r} has shape {tuple(arr.shape)}, the model's "
+                f"{mkey!r} has {tuple(state[mkey].shape)}"
+            )
+        new_state[mkey] = torch.as_tensor(np.asarray(arr, dtype=np.float32))
+    model.load_state_dict(new_state, strict=True)
+    return source
+
+
+def _model_from_message(msg: Message, settings: RunSettings) -> tuple[torch.nn.Module, list[str]]:
+    if "arrays" not in msg.content.array_records:
+        raise ValueError("Message content has no ArrayRecord named 'arrays'")
+    model = build_model(settings.dataset)
+    source = _load_received(model, msg.content.array_records["arrays"])
+    return model, source
+
+
+# --------------------------------------------------------------------- handlers
+@app.query()
+def query(msg: Message, context: Context) -> Message:
+    """Reply with this node's identity and partition size (see module docstring)."""
+    settings = RunSettings.from_context(context)
+    data = _train_data(
+        settings.dataset, settings.data_root, settings.partition, settings.partition_id
+    )
+    metrics = MetricRecord(
+        {
+            "partition-id": settings.partition_id,
+            "num-partitions": settings.partition.num_partitions,
+            "num-examples": len(data),
+        }
+    )
+    return Message(RecordDict({"metrics": metrics}), reply_to=msg)
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    """Compute an update (gradient / delta) or new weights; see module docstring."""
+    settings = RunSettings.from_context(context)
+    settings.apply_threads()
+    config = dict(msg.content.config_records.get("config", ConfigRecord()))
+    d = DEFAULT_TRAIN_CONFIG
+    mode = _get_str(config, "mode", d["mode"])
+    if mode not in MODES:
+        raise ValueError(f"Invalid mode={mode!r}: expected one of {MODES}")
+    batch_size = _get_int(config, "batch-size", d["batch-size"], minimum=1)
+    local_batches = _get_int(config, "local-batches", d["local-batches"], minimum=1)
+    local_steps = _get_int(config, "local-steps", d["local-steps"], minimum=1)
+    local_lr = _get_float(config, "local-lr", d["local-lr"], positive=True)
+    model_version = _get_int(config, "model-version", -1)
+    if "seed" in config:
+        seed = _get_int(config, "seed", None)
+    else:
+        server_round = _get_int(config, "server-round", 0)
+        seed = _derive_seed(settings.partition.seed, settings.partition_id, server_round)
+
+    data = _train_data(
+        settings.dataset, settings.data_root, settings.partition, settings.partition_id
+    )
+    model, source = _model_from_message(msg, settings)
+
+    start = time.perf_counter()
+    update, train_loss = compute_update(
+        model,
+        data.images,
+        data.labels,
+        mode=mode,
+        batch_size=batch_size,
+        local_batches=local_batches,
+        local_steps=local_steps,
+        local_lr=local_lr,
+        seed=seed,
+    )
+    compute_time = time.perf_counter() - start
+
+    by_received_key = dict(zip(source, update))
+    received = msg.content.array_records["arrays"]
+    out = ArrayRecord()
+    for key in received.keys():  # same keys, same order as received
+        out[key] = Array.from_numpy_ndarray(by_received_key[key])
+
+    metrics = {
+        "num-examples": num_examples_used(
+            len(data),
+            mode=mode,
+            batch_size=batch_size,
+            local_batches=local_batches,
+            local_steps=local_steps,
+        ),
+        "model-version": model_version,
+        "partition-id": settings.partition_id,
+        "num-partitions": settings.partition.num_partitions,
+        "train-loss": float(train_loss),
+        "compute-time": float(compute_time),
+    }
+    if "virtual-duration" in config:
+        metrics["virtual-duration"] = _get_float(config, "virtual-duration", None)
+    return Message(
+        RecordDict({"arrays": out, "metrics": MetricRecord(metrics)}), reply_to=msg
+    )
+
+
+@app.evaluate()
+def evaluate_handler(msg: Message, context: Context) -> Message:
+    """Evaluate the received weights on this node's evaluation set."""
+    settings = RunSettings.from_context(context)
+    settings.apply_threads()
+    data = _eval_data(
+        settings.dataset,
+        settings.data_root,
+        settings.partition,
+        settings.partition_id,
+        settings.eval_max_examples,
+    )
+    model, _ = _model_from_message(msg, settings)
+    loss, accuracy = evaluate(model, data.images, data.labels)
+    metrics = MetricRecord(
+        {"num-examples": len(data), "eval-loss": float(loss), "eval-accuracy": float(accuracy)}
+    )
+    return Message(RecordDict({"metrics": metrics}), reply_to=msg)

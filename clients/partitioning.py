@@ -1,0 +1,337 @@
+"""Split a training set into per-node partitions with flwr-datasets partitioners.
+
+The labels are wrapped in a :class:`datasets.Dataset` with two columns, ``"label"``
+and ``"index"`` (the row number in the full training set); a flwr-datasets
+partitioner splits it and we keep the ``"index"`` column of the requested partition.
+The images never enter the ``datasets`` world.
+
+Partitioners (run config key ``partitioner``):
+
+- ``"iid"``: :class:`~flwr_datasets.partitioner.IidPartitioner` over the rows
+  shuffled with ``seed``; every partition gets ``N // num_partitions`` rows
+  (the first ``N % num_partitions`` partitions get one more).
+- ``"pathological"``: :class:`~flwr_datasets.partitioner.PathologicalPartitioner`
+  with ``num_classes_per_partition = classes-per-node`` and
+  ``class_assignment_mode="deterministic"``: partition ``p`` holds exactly the classes
+  ``(p + i) % num_classes, i = 0..k-1``, and each class is split evenly among the
+  partitions holding it. With Fashion-MNIST this gives every node exactly ``k``
+  classes and equal sizes whenever ``num_partitions`` is a multiple of 10 (10 nodes,
+  k=2: 6,000 images each; 100 nodes: 600 each). ("first-deterministic" also gives
+  ``k`` classes but draws the other classes at random, so sizes vary from 3,500 to
+  9,000 at 10 nodes.) Caveat: only the first ``num_partitions + k - 1`` classes are
+  used when that is below ``num_classes`` (5 nodes, k=2: classes 0..5); a warning is
+  logged then. The seed only shuffles the order of the rows inside a partition.
+- ``"dirichlet"``: :class:`~flwr_datasets.partitioner.DirichletPartitioner` with
+  ``alpha = dirichlet-alpha``, ``partition_by="label"``, ``min_partition_size``
+  :data:`DIRICHLET_MIN_PARTITION_SIZE` (it resamples until every node has at least that
+  many rows, up to 10 times, then raises ``ValueError``), seeded.
+
+The partitioning is a pure function of (labels, :class:`PartitionConfig`): the same
+config gives the same partitions in every process.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import warnings
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+import torch
+
+from clients.datasets import load_dataset
+
+__all__ = [
+    "DIRICHLET_MIN_PARTITION_SIZE",
+    "PARTITIONERS",
+    "PartitionConfig",
+    "all_partition_indices",
+    "load_partition",
+    "partition_indices",
+]
+
+logger = logging.getLogger(__name__)
+
+PARTITIONERS = ("iid", "pathological", "dirichlet")
+DIRICHLET_MIN_PARTITION_SIZE = 5
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class PartitionConfig:
+    """How to split a training set; hashable, so it can key caches.
+
+    Attributes (run config key in brackets)
+    ----------------------------------------
+    partitioner : str
+        One of :data:`PARTITIONERS` [``partitioner``].
+    num_partitions : int
+        Number of nodes, >= 1 [``num-partitions``, from the node config].
+    classes_per_node : int
+        Classes per partition for ``"pathological"``, in ``1..num_classes``
+        [``classes-per-node``].
+    dirichlet_alpha : float
+        Dirichlet concentration for ``"dirichlet"``, > 0 [``dirichlet-alpha``].
+    seed : int
+        Partitioning seed [``seed``].
+    """
+
+    partitioner: str = "pathological"
+    num_partitions: int = 10
+    classes_per_node: int = 2
+    dirichlet_alpha: float = 0.5
+    seed: int = 0
+
+    def validate(self, num_classes: int, num_examples: int | None = None) -> None:
+        """Check every field.
+
+        Parameters
+        ----------
+        num_classes : int
+            Number of classes of the dataset (upper bound of ``classes_per_node``).
+        num_examples : int, optional
+            Size of the training set (upper bound of ``num_partitions``).
+
+        Raises
+        ------
+        ValueError
+            Naming the run config key and the offending value.
+        """
+        if self.partitioner not in PARTITIONERS:
+            raise ValueError(
+                f"Invalid partitioner={self.partitioner!r}: expected one of {PARTITIONERS}"
+            )
+        if not _is_int(self.num_partitions) or self.num_partitions < 1:
+            raise ValueError(
+                f"Invalid num-partitions={self.num_partitions!r}: expected an integer >= 1"
+            )
+        if num_examples is not None and self.num_partitions > num_examples:
+            raise ValueError(
+                f"Invalid num-partitions={self.num_partitions}: more partitions than "
+                f"the {num_examples} training examples"
+            )
+        if (
+            not _is_int(self.classes_per_node)
+            or not 1 <= self.classes_per_node <= num_classes
+        ):
+            raise ValueError(
+                f"Invalid classes-per-node={self.classes_per_node!r}: expected an "
+                f"integer in 1..{num_classes}"
+            )
+        alpha = self.dirichlet_alpha
+        if (
+            isinstance(alpha, bool)
+            or not isinstance(alpha, (int, float, np.floating, np.integer))
+            or not math.isfinite(alpha)
+            or alpha <= 0
+        ):
+            raise ValueError(
+                f"Invalid dirichlet-alpha={alpha!r}: expected a finite number > 0"
+            )
+        if not _is_int(self.seed):
+            raise ValueError(f"Invalid seed={self.seed!r}: expected an integer")
+
+
+def _check_partition_id(partition_id: object, num_partitions: int) -> None:
+    if not _is_int(partition_id) or not 0 <= partition_id < num_partitions:
+        raise ValueError(
+            f"Invalid partition-id={partition_id!r}: expected an integer in "
+            f"[0, {num_partitions}) (num-partitions={num_partitions})"
+        )
+
+
+def _build_partitioner(labels: np.ndarray, num_classes: int, config: PartitionConfig):
+    """Return a flwr-datasets partitioner with its dataset attached."""
+    # Imported here: `datasets` is heavy and only needed when partitioning.
+    import datasets
+    from flwr_datasets.partitioner import (
+        DirichletPartitioner,
+        IidPartitioner,
+        PathologicalPartitioner,
+    )
+
+    index = np.arange(len(labels), dtype=np.int64)
+    if config.partitioner == "iid":
+        index = np.random.default_rng(config.seed).permutation(index)
+    # "arrow" format: column reads are zero-copy (the partitioners read the whole
+    # label column with np.asarray, which is ~50x slower with the python format).
+    table = datasets.Dataset.from_dict(
+        {"label": labels[index], "index": index}
+    ).with_format("arrow")
+
+    if config.partitioner == "iid":
+        partitioner = IidPartitioner(num_partitions=config.num_partitions)
+    elif config.partitioner == "pathological":
+        partitioner = PathologicalPartitioner(
+            num_partitions=config.num_partitions,
+            partition_by="label",
+            num_classes_per_partition=config.classes_per_node,
+            class_assignment_mode="deterministic",
+            shuffle=True,
+            seed=config.seed,
+        )
+        used = config.num_partitions + config.classes_per_node - 1
+        if used < num_classes:
+            logger.warning(
+                "pathological partitioning with num-partitions=%d and "
+                "classes-per-node=%d uses only classes 0..%d of %d",
+                config.num_partitions,
+                config.classes_per_node,
+                used - 1,
+                num_classes,
+            )
+    else:
+        partitioner = DirichletPartitioner(
+            num_partitions=config.num_partitions,
+            partition_by="label",
+            alpha=float(config.dirichlet_alpha),
+            min_partition_size=DIRICHLET_MIN_PARTITION_SIZE,
+            self_balancing=False,
+            shuffle=True,
+            seed=config.seed,
+        )
+    partitioner.dataset = table
+    return partitioner
+
+
+def _load_index(partitioner, partition_id: int) -> torch.Tensor:
+    """The ``"index"`` column of one partition as an int64 tensor.
+
+    Equivalent to ``partitioner.load_partition(partition_id)["index"]``. That call
+    runs ``Dataset.select(list_of_rows)``, whose fingerprinting pickles the row list
+    element by element (about 0.4 s per 6,000 rows for PathologicalPartitioner). When
+    the partitioner exposes its computed row assignment (flwr-datasets 0.6:
+    ``_partition_id_to_indices``, filled by the public ``num_partitions`` property)
+    we index the column with it directly; otherwise we fall back to
+    ``load_partition``. ``tests/clients`` checks that both paths agree.
+    """
+    with warnings.catch_warnings():
+        # PathologicalPartitioner's "classes will NOT be used" warning points to a
+        # constructor option that does not exist; we log our own (see above).
+        warnings.filterwarnings("ignore", message=r"Classes: .* will NOT be used")
+        _ = partitioner.num_partitions  # public; triggers the lazy assignment
+        mapping = getattr(partitioner, "_partition_id_to_indices", None)
+        if (
+            getattr(partitioner, "_partition_id_to_indices_determined", False) is True
+            and isinstance(mapping, dict)
+            and partition_id in mapping
+        ):
+            rows = np.asarray(mapping[partition_id], dtype=np.int64)
+            column = partitioner.dataset["index"].to_numpy()[rows]
+        else:
+            column = partitioner.load_partition(partition_id)["index"].to_numpy()
+    return torch.from_numpy(np.array(column, dtype=np.int64, copy=True))
+
+
+def partition_indices(
+    labels: torch.Tensor | np.ndarray,
+    config: PartitionConfig,
+    partition_id: int,
+    *,
+    num_classes: int | None = None,
+) -> torch.Tensor:
+    """Return the row indices of partition ``partition_id`` of a training set.
+
+    Parameters
+    ----------
+    labels : torch.Tensor or np.ndarray
+        Integer class labels ``[N]`` of the whole training set.
+    config : PartitionConfig
+        Partitioner, number of partitions, its parameters and seed.
+    partition_id : int
+        Which partition, in ``[0, config.num_partitions)``.
+    num_classes : int, optional
+        Number of classes; default ``labels.max() + 1``.
+
+    Returns
+    -------
+    torch.Tensor
+        ``torch.int64`` ``[M]``, distinct indices into ``labels`` (order: the
+        partitioner's shuffled order, fixed by the seed).
+
+    Raises
+    ------
+    ValueError
+        Invalid config or partition id (the message names the key and value), or a
+        Dirichlet split that cannot give every node ``DIRICHLET_MIN_PARTITION_SIZE``
+        rows.
+    """
+    labels_np = np.asarray(labels, dtype=np.int64)
+    if num_classes is None:
+        num_classes = int(labels_np.max()) + 1 if len(labels_np) else 1
+    config.validate(num_classes, len(labels_np))
+    _check_partition_id(partition_id, config.num_partitions)
+    return _load_index(_build_partitioner(labels_np, num_classes, config), partition_id)
+
+
+def all_partition_indices(
+    labels: torch.Tensor | np.ndarray,
+    config: PartitionConfig,
+    *,
+    num_classes: int | None = None,
+) -> list[torch.Tensor]:
+    """Return the indices of every partition (one partitioner run).
+
+    Same as ``[partition_indices(labels, config, p) for p in range(P)]`` but builds
+    the partitioner once. Returns a list of ``config.num_partitions`` int64 tensors.
+
+    Raises
+    ------
+    ValueError
+        As :func:`partition_indices`.
+    """
+    labels_np = np.asarray(labels, dtype=np.int64)
+    if num_classes is None:
+        num_classes = int(labels_np.max()) + 1 if len(labels_np) else 1
+    config.validate(num_classes, len(labels_np))
+    partitioner = _build_partitioner(labels_np, num_classes, config)
+    return [_load_index(partitioner, p) for p in range(config.num_partitions)]
+
+
+@lru_cache(maxsize=8)
+def _cached_partitioner(dataset: str, root: str, config: PartitionConfig):
+    train, _ = load_dataset(dataset, root)
+    return _build_partitioner(train.labels.numpy(), train.num_classes, config)
+
+
+@lru_cache(maxsize=1024)
+def _cached_index(
+    dataset: str, root: str, config: PartitionConfig, partition_id: int
+) -> torch.Tensor:
+    return _load_index(_cached_partitioner(dataset, root, config), partition_id)
+
+
+def load_partition(
+    dataset: str,
+    root: str | os.PathLike[str],
+    config: PartitionConfig,
+    partition_id: int,
+) -> torch.Tensor:
+    """Row indices of one node's partition of the training set of ``dataset``.
+
+    Like :func:`partition_indices` on ``load_dataset(dataset, root)[0].labels``, but
+    cached per process: the partitioner is built once per (dataset, root, config)
+    and each partition's index once. Treat the returned tensor as read-only.
+
+    Returns
+    -------
+    torch.Tensor
+        ``torch.int64`` ``[M]`` indices into the training set.
+
+    Raises
+    ------
+    ValueError
+        Invalid config or partition id; see :func:`partition_indices`.
+    FileNotFoundError
+        Dataset files missing; see :func:`clients.datasets.load_dataset`.
+    """
+    train, _ = load_dataset(dataset, root)
+    config.validate(train.num_classes, len(train))
+    _check_partition_id(partition_id, config.num_partitions)
+    return _cached_index(dataset, os.fspath(root), config, int(partition_id))

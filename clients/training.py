@@ -1,0 +1,294 @@
+"""Local computations of a node, as pure PyTorch functions (no Flower import).
+
+:func:`compute_update` turns (model at the received weights w, local data, seed) into
+the update the node sends back, in one of three modes:
+
+- ``"gradient"``: g = (1/B) * sum_b grad L_b(w), the mean of the gradients of
+  ``local_batches`` (B) mini-batches, all taken at w; no step is taken.
+- ``"delta"``: ``local_steps`` (E) plain SGD steps w <- w - local_lr * grad L_b(w)
+  give w_local; the update is the pseudo-gradient (w - w_local) / local_lr. With
+  E = 1 it equals the gradient of the first mini-batch up to float32 rounding.
+- ``"weights"``: the same E SGD steps; the update is w_local itself (what Flower's
+  synchronous FedAvg / FedAvgM average).
+
+L_b is the mean cross-entropy over mini-batch b. Plain SGD: no momentum, no weight
+decay. Mini-batches are drawn by :func:`sample_batches`: walk a random permutation
+of the node's examples (``torch.Generator`` seeded with ``seed``) in chunks of
+``min(batch_size, N)``, drawing a fresh permutation when fewer than a full chunk
+remain. So the first batch is the same in every mode for the same seed, batches
+never repeat an example within a pass, and every batch has the same size.
+
+Determinism: the outputs are a function of (weights, data, arguments, seed) only;
+with the same number of torch threads they are bit-identical across calls and
+processes (the ClientApp sets the thread count, default 1).
+
+The model passed in is never modified: gradients come from
+``torch.autograd.grad`` (no ``.grad`` is written) and SGD runs on a deep copy.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+__all__ = [
+    "MODES",
+    "compute_update",
+    "evaluate",
+    "num_examples_used",
+    "sample_batches",
+]
+
+MODES = ("gradient", "delta", "weights")
+
+
+def _check_positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"Invalid {name}={value!r}: expected an integer >= 1")
+    return int(value)
+
+
+def _parameters_in_state_order(model: nn.Module) -> list[torch.Tensor]:
+    """The model's parameters in ``state_dict`` key order.
+
+    Raises
+    ------
+    ValueError
+        If the ``state_dict`` holds anything but trainable parameters (e.g. BatchNorm
+        buffers): such entries would have no gradient to send.
+    """
+    params = dict(model.named_parameters())
+    keys = list(model.state_dict().keys())
+    if set(keys) != set(params) or not all(p.requires_grad for p in params.values()):
+        extra = sorted(set(keys) - set(params))
+        raise ValueError(
+            "compute_update needs a model whose state_dict holds only trainable "
+            f"parameters; non-parameter entries: {extra}"
+        )
+    return [params[k] for k in keys]
+
+
+def sample_batches(
+    num_examples: int, batch_size: int, num_batches: int, seed: int
+) -> list[torch.Tensor]:
+    """Draw ``num_batches`` mini-batches of row indices, seeded.
+
+    Parameters
+    ----------
+    num_examples : int
+        N, size of the local data set (>= 1).
+    batch_size : int
+        Requested batch size; every batch has ``min(batch_size, N)`` rows.
+    num_batches : int
+        How many batches.
+    seed : int
+        Seed of the ``torch.Generator`` (any Python int; taken modulo 2**64).
+
+    Returns
+    -------
+    list[torch.Tensor]
+        ``num_batches`` int64 tensors of distinct indices in ``[0, N)``.
+
+    Raises
+    ------
+    ValueError
+        If N, batch_size or num_batches is not a positive integer.
+    """
+    n = _check_positive_int("num-examples", num_examples)
+    b = min(_check_positive_int("batch-size", batch_size), n)
+    _check_positive_int("num-batches", num_batches)
+    generator = torch.Generator().manual_seed(int(seed) % 2**64)
+    batches = []
+    perm = torch.randperm(n, generator=generator)
+    pos = 0
+    for _ in range(num_batches):
+        if pos + b > n:
+            perm = torch.randperm(n, generator=generator)
+            pos = 0
+        batches.append(perm[pos : pos + b])
+        pos += b
+    return batches
+
+
+def num_examples_used(
+    num_examples: int,
+    *,
+    mode: str,
+    batch_size: int,
+    local_batches: int = 1,
+    local_steps: int = 1,
+) -> int:
+    """Number of example-gradients :func:`compute_update` computes (reported as
+    ``num-examples``): ``min(batch_size, N) * B`` in gradient mode,
+    ``min(batch_size, N) * E`` otherwise."""
+    count = local_batches if mode == "gradient" else local_steps
+    return min(batch_size, num_examples) * count
+
+
+def compute_update(
+    model: nn.Module,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    mode: str,
+    batch_size: int = 32,
+    local_batches: int = 1,
+    local_steps: int = 1,
+    local_lr: float = 0.05,
+    seed: int = 0,
+) -> tuple[list[np.ndarray], float]:
+    """Compute a node's update at the model's current weights.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        Holds the received weights w; not modified. Its ``state_dict`` must hold
+        only trainable parameters.
+    images : torch.Tensor
+        The node's images, ``[N, C, H, W]`` uint8 (raw pixels; the model
+        normalises).
+    labels : torch.Tensor
+        ``[N]`` int64 class indices.
+    mode : {"gradient", "delta", "weights"}
+        See the module docstring.
+    batch_size : int
+        Mini-batch size (>= 1; capped at N).
+    local_batches : int
+        B, number of mini-batches averaged in gradient mode (>= 1).
+    local_steps : int
+        E, number of SGD steps in delta and weights modes (>= 1).
+    local_lr : float
+        SGD learning rate of delta and weights modes (finite, > 0).
+    seed : int
+        Seed of the mini-batch sampling (:func:`sample_batches`).
+
+    Returns
+    -------
+    (list[np.ndarray], float)
+        The update as float32 arrays in ``state_dict`` key order and shapes, and the
+        training loss: mean cross-entropy (nats) of the mini-batches used, each
+        measured at the weights it was evaluated at (w in gradient mode, the
+        current local weights before each step otherwise).
+
+    Raises
+    ------
+    ValueError
+        Unknown mode, non-positive sizes or learning rate, empty or mismatched data,
+        or a model with non-parameter state.
+    """
+    if mode not in MODES:
+        raise ValueError(f"Invalid mode={mode!r}: expected one of {MODES}")
+    if len(images) != len(labels):
+        raise ValueError(f"{len(images)} images but {len(labels)} labels")
+    if len(labels) == 0:
+        raise ValueError("Cannot compute an update on an empty data set")
+    if (
+        isinstance(local_lr, bool)
+        or not isinstance(local_lr, (int, float, np.integer, np.floating))
+        or not math.isfinite(local_lr)
+        or local_lr <= 0
+    ):
+        raise ValueError(f"Invalid local-lr={local_lr!r}: expected a finite number > 0")
+    _check_positive_int("local-batches", local_batches)
+    _check_positive_int("local-steps", local_steps)
+    num_batches = local_batches if mode == "gradient" else local_steps
+    batches = sample_batches(len(labels), batch_size, num_batches, seed)
+
+    if mode == "gradient":
+        params = _parameters_in_state_order(model)
+        was_training = model.training
+        model.train()
+        total = [torch.zeros_like(p) for p in params]
+        losses = []
+        try:
+            for idx in batches:
+                loss = F.cross_entropy(model(images[idx]), labels[idx])
+                grads = torch.autograd.grad(loss, params)
+                for acc, g in zip(total, grads):
+                    acc.add_(g)
+                losses.append(loss.item())
+        finally:
+            model.train(was_training)
+        if num_batches > 1:
+            for acc in total:
+                acc.div_(num_batches)
+        update = total
+    else:
+        local = copy.deepcopy(model)
+        params = _parameters_in_state_order(local)
+        start = [p.detach().clone() for p in params]
+        local.train()
+        losses = []
+        for idx in batches:
+            loss = F.cross_entropy(local(images[idx]), labels[idx])
+            grads = torch.autograd.grad(loss, params)
+            with torch.no_grad():
+                for p, g in zip(params, grads):
+                    p.add_(g, alpha=-local_lr)
+            losses.append(loss.item())
+        if mode == "weights":
+            update = [p.detach() for p in params]
+        else:
+            update = [(w0 - p.detach()) / local_lr for w0, p in zip(start, params)]
+
+    arrays = [np.ascontiguousarray(t.cpu().numpy(), dtype=np.float32).copy() for t in update]
+    return arrays, float(np.mean(losses))
+
+
+def evaluate(
+    model: nn.Module,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    batch_size: int = 1000,
+) -> tuple[float, float]:
+    """Loss and accuracy of ``model`` on a labelled set.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        Evaluated in eval mode under ``torch.no_grad()``; its train/eval flag is
+        restored afterwards.
+    images : torch.Tensor
+        ``[N, C, H, W]`` uint8 raw pixels.
+    labels : torch.Tensor
+        ``[N]`` int64.
+    batch_size : int
+        Forward-pass chunk size (memory only; does not change the result beyond
+        float rounding).
+
+    Returns
+    -------
+    (float, float)
+        Mean cross-entropy (nats per example) and accuracy (fraction in [0, 1]).
+
+    Raises
+    ------
+    ValueError
+        Empty set, mismatched lengths or non-positive batch size.
+    """
+    if len(images) != len(labels):
+        raise ValueError(f"{len(images)} images but {len(labels)} labels")
+    if len(labels) == 0:
+        raise ValueError("Cannot evaluate on an empty data set")
+    batch_size = _check_positive_int("batch-size", batch_size)
+    was_training = model.training
+    model.eval()
+    loss_sum = 0.0
+    correct = 0
+    try:
+        with torch.no_grad():
+            for start in range(0, len(labels), batch_size):
+                x = images[start : start + batch_size]
+                y = labels[start : start + batch_size]
+                logits = model(x)
+                loss_sum += F.cross_entropy(logits, y, reduction="sum").item()
+                correct += int((logits.argmax(dim=1) == y).sum())
+    finally:
+        model.train(was_training)
+    n = len(labels)
+    return loss_sum / n, correct / n

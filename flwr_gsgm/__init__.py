@@ -1,0 +1,30 @@
+"""flwr-gsgm: asynchronous Flower strategies (GSGM and baselines).
+
+The algorithm core (:mod:`flwr_gsgm.core`) imports only numpy; the strategies are
+imported lazily so that ``import flwr_gsgm.core`` works where flwr is absent.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__version__ = "0.1.0"
+
+_STRATEGY_NAMES = ("GSGM", "ASGD", "MomentumASGD", "DCASGD", "FedAsync", "FedBuff", "STRATEGIES")
+__all__ = [*_STRATEGY_NAMES, "AsyncStrategy", "AsyncResult", "VirtualClock", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _STRATEGY_NAMES:
+        from flwr_gsgm import strategies
+
+        return getattr(strategies, name)
+    if name in ("AsyncStrategy", "AsyncResult"):
+        from flwr_gsgm import async_strategy
+
+        return getattr(async_strategy, name)
+    if name == "VirtualClock":
+        from flwr_gsgm.virtual_clock import VirtualClock
+
+        return VirtualClock
+    raise AttributeError(f"module 'flwr_gsgm' has no attribute {name!r}")

@@ -1,0 +1,202 @@
+"""Asynchronous Flower strategies: a ``start()`` like Flower's, with no round barrier.
+
+``AsyncStrategy.start(grid, initial_arrays, ...)`` mirrors
+``flwr.serverapp.strategy.Strategy.start`` and returns a ``Result`` (an
+:class:`AsyncResult`, which adds the evaluation rows and run counters), but runs the
+asynchronous engine of :mod:`flwr_gsgm.async_engine` instead of rounds. The server
+rule is a framework-free optimizer from :mod:`flwr_gsgm.core`, selected by name.
+
+Use it in your own ServerApp::
+
+    from flwr_gsgm import GSGM
+
+    @app.main()
+    def main(grid, context):
+        strategy = GSGM(server_lr=0.05, beta=0.5)
+        result = strategy.start(grid, ArrayRecord(model.state_dict()), max_updates=3000)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from logging import INFO
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result
+
+from flwr_gsgm.async_engine import AsyncEngine, EngineReport, EngineSettings, EvaluateFn
+from flwr_gsgm.core import OPTIMIZERS, ServerOptimizer, make_optimizer
+from flwr_gsgm.virtual_clock import VirtualClock
+
+__all__ = ["AsyncStrategy", "AsyncResult", "CLIENT_MODES"]
+
+CLIENT_MODES = ("gradient", "delta")
+
+
+@dataclass
+class AsyncResult(Result):
+    """Flower ``Result`` plus what an asynchronous run measured.
+
+    ``evaluate_metrics_serverapp`` and ``train_metrics_clientapp`` are keyed by the
+    number of client updates received at the evaluation point (where Flower keys
+    by round). ``rows`` holds one dict per evaluation (see ``metrics.csv``) and
+    ``report`` the engine's counters.
+    """
+
+    rows: list[dict[str, float]] = field(default_factory=list)
+    report: EngineReport | None = None
+
+
+class AsyncStrategy:
+    """An asynchronous strategy: one server optimizer on the asynchronous engine.
+
+    Parameters
+    ----------
+    optimizer : str
+        Name in :data:`flwr_gsgm.core.OPTIMIZERS` ("gsgm", "asgd", "masgd",
+        "dcasgd", "fedasync", "fedbuff").
+    server_lr : float
+        Server learning rate eta (> 0).
+    client_mode : str
+        "gradient" (mean gradient of ``local_batches`` mini-batches at the received
+        weights) or "delta" (``(w_received - w_local) / local_lr`` after
+        ``local_steps`` SGD steps).
+    batch_size, local_batches, local_steps : int
+        Client work per update, sent in every train message.
+    local_lr : float
+        Client learning rate for delta mode.
+    max_staleness : int | None
+        Drop updates staler than this many versions (None = no bound).
+    max_norm : float | None
+        Reject updates whose L2 norm exceeds this (None = no bound).
+    virtual_clock : VirtualClock | None
+        Simulation clock (reproducible order) or None for real arrival order.
+    engine : EngineSettings | None
+        Engine parameters except budgets, clock and seed, which ``start`` sets.
+    seed : int
+        Run seed for per-dispatch client seeds and the virtual clock.
+    **optimizer_params
+        Passed to the optimizer class (e.g. ``beta`` for GSGM).
+
+    Raises
+    ------
+    ValueError
+        On an unknown optimizer or client mode, or a parameter out of range
+        (checked here, before any message is sent).
+    """
+
+    def __init__(
+        self,
+        optimizer: str = "gsgm",
+        *,
+        server_lr: float = 0.05,
+        client_mode: str = "gradient",
+        batch_size: int = 32,
+        local_batches: int = 1,
+        local_steps: int = 1,
+        local_lr: float = 0.05,
+        max_staleness: int | None = None,
+        max_norm: float | None = None,
+        virtual_clock: VirtualClock | None = None,
+        engine: EngineSettings | None = None,
+        seed: int = 0,
+        **optimizer_params: Any,
+    ) -> None:
+        if optimizer not in OPTIMIZERS:
+            raise ValueError(f"strategy {optimizer!r} is unknown; expected one of {sorted(OPTIMIZERS)}")
+        if client_mode not in CLIENT_MODES:
+            raise ValueError(f"client-mode {client_mode!r} is unknown; expected one of {CLIENT_MODES}")
+        for key, value in {"batch-size": batch_size, "local-batches": local_batches, "local-steps": local_steps}.items():
+            if int(value) < 1:
+                raise ValueError(f"{key} must be >= 1, got {value!r}")
+        if not local_lr > 0:
+            raise ValueError(f"local-lr must be > 0, got {local_lr!r}")
+        self.optimizer_name = optimizer
+        self.server_lr = float(server_lr)
+        self.client_mode = client_mode
+        self.client_work = {"batch-size": int(batch_size), "local-batches": int(local_batches),
+                            "local-steps": int(local_steps), "local-lr": float(local_lr)}
+        self.optimizer_params = dict(
+            lr=self.server_lr, max_staleness=max_staleness, max_norm=max_norm, **optimizer_params
+        )
+        self.virtual_clock = virtual_clock
+        self.engine = engine or EngineSettings()
+        self.seed = int(seed)
+        # Fail now, not after the nodes answered: build the optimizer on a dummy model.
+        self._build_optimizer([np.zeros(2, np.float32)], [0])
+
+    def _build_optimizer(self, weights: list[np.ndarray], partition_ids: list[int]) -> ServerOptimizer:
+        return make_optimizer(self.optimizer_name, weights, partition_ids, **self.optimizer_params)
+
+    def summary(self) -> None:
+        """Log the strategy's configuration."""
+        log(INFO, "\t├── Server optimizer: %s %s", self.optimizer_name, self.optimizer_params)
+        log(INFO, "\t├── Client work: mode=%s %s", self.client_mode, self.client_work)
+        log(INFO, "\t└── Virtual clock: %s", self.virtual_clock)
+
+    def start(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        max_updates: int = 1000,
+        max_seconds: float | None = None,
+        train_config: ConfigRecord | None = None,
+        evaluate_fn: EvaluateFn | None = None,
+        eval_every: int | None = None,
+    ) -> AsyncResult:
+        """Train asynchronously until ``max_updates`` client updates were received.
+
+        Parameters
+        ----------
+        grid : Grid
+            The Grid instance used to send/receive Messages.
+        initial_arrays : ArrayRecord
+            Initial model (float32 arrays).
+        max_updates : int
+            Budget in client updates received (client computations).
+        max_seconds : float | None
+            Budget in virtual seconds (virtual clock) or wall seconds (deployment).
+        train_config : ConfigRecord | None
+            Extra keys sent in every train message (the strategy adds ``mode``,
+            ``batch-size``, ``local-batches``, ``local-steps``, ``local-lr``,
+            ``model-version``, ``seed`` and ``virtual-duration``).
+        evaluate_fn : callable | None
+            ``(updates_received, arrays) -> MetricRecord`` with ``accuracy`` and
+            ``loss``; centralized evaluation.
+        eval_every : int | None
+            Evaluate every this many updates received (default: the engine's).
+
+        Returns
+        -------
+        AsyncResult
+        """
+        log(INFO, "Starting %s asynchronous strategy:", self.optimizer_name.upper())
+        self.summary()
+        config = ConfigRecord({"mode": self.client_mode, **self.client_work})
+        for key, value in dict(train_config or {}).items():
+            config[key] = value
+        settings = replace(
+            self.engine,
+            max_updates=int(max_updates),
+            max_seconds=max_seconds,
+            eval_every=int(eval_every or self.engine.eval_every),
+            virtual_clock=self.virtual_clock,
+            seed=self.seed,
+        )
+        engine = AsyncEngine(grid, initial_arrays, self._build_optimizer, config, settings, evaluate_fn)
+        report = engine.run()
+        result = AsyncResult(arrays=report.arrays, rows=report.rows, report=report)
+        for row in report.rows:
+            step = int(row["updates"])
+            result.evaluate_metrics_serverapp[step] = MetricRecord(
+                {"accuracy": row["accuracy"], "loss": row["loss"]}
+            )
+            result.train_metrics_clientapp[step] = MetricRecord(
+                {"train-loss": row["train_loss"], "staleness-mean": row["staleness_mean"]}
+            )
+        log(INFO, "Asynchronous run finished: %s", report.counters)
+        return result

@@ -1,0 +1,41 @@
+"""ASGD: asynchronous SGD on a parameter server.
+
+Reference:
+    F. Niu, B. Recht, C. Re, S. J. Wright, "Hogwild!: A Lock-Free Approach to
+    Parallelizing Stochastic Gradient Descent", NeurIPS 2011; J. Dean et al., "Large
+    Scale Distributed Deep Networks" (Downpour SGD), NeurIPS 2012. As a federated
+    baseline: the server applies every arrival at once, no round barrier.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from .base import Outcome, Parts, ServerOptimizer
+
+__all__ = ["ASGD"]
+
+
+class ASGD(ServerOptimizer):
+    """Asynchronous SGD: ``w <- w - lr * g_i`` for every arrival.
+
+    Args:
+        weights: initial weights, a sequence of numpy arrays (copied to float32).
+        node_ids: initially active node ids.
+        lr: server learning rate, > 0.
+        max_staleness: optional staleness bound (see :class:`ServerOptimizer`).
+        max_norm: optional L2-norm bound (see :class:`ServerOptimizer`).
+
+    Raises:
+        ValueError: a parameter is out of range; the message names it.
+
+    Memory: ``w`` and chunk-sized scratch.
+    """
+
+    name: ClassVar[str] = "asgd"
+
+    def _on_valid(self, node: int, parts: Parts, base_version: int, staleness: int,
+                  now: float) -> Outcome:
+        self._sgd_step(parts, self._lr)
+        self._version += 1
+        return Outcome.APPLIED

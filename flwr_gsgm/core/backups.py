@@ -1,0 +1,96 @@
+"""Copies of the weights sent to each node, for the rules that need ``w_tau``.
+
+DC-ASGD compensates the delay with ``w_t - w_tau`` and FedAsync rebuilds the node's
+model from ``w_tau``: both need the exact weights a node computed on. The engine
+reports every send with ``on_dispatch(node_id)``; the optimizer then keeps one
+``size(w)`` float32 copy per node (reused from one dispatch to the next, dropped
+when the node is lost) and the version it was taken at.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from .base import ServerOptimizer, _check_node
+
+__all__ = ["DispatchBackups"]
+
+
+class DispatchBackups(ServerOptimizer):
+    """Base of the rules that keep the weights sent to each node.
+
+    ``on_dispatch(node_id)`` copies the current ``w`` for that node (raises
+    ValueError if the node is not active). An update whose ``base_version`` is not
+    the version of the node's last dispatch (or with no dispatch at all) is rejected
+    with reason ``"base-version"``: the weights it was computed on are not known.
+
+    Memory: one ``size(w)`` float32 copy per active node that has been dispatched to.
+    """
+
+    def __init__(
+        self,
+        weights: Sequence[np.ndarray],
+        node_ids: Iterable[int],
+        *,
+        lr: float,
+        max_staleness: int | None = None,
+        max_norm: float | None = None,
+    ) -> None:
+        super().__init__(
+            weights, node_ids, lr=lr, max_staleness=max_staleness, max_norm=max_norm
+        )
+        # node -> [flat copy of w at dispatch, version at dispatch]
+        self._backups: dict[int, list[Any]] = {}
+
+    def on_dispatch(self, node_id: int) -> None:
+        node = _check_node(node_id)
+        if node not in self._active:
+            raise ValueError(f"on_dispatch: node {node} is not an active node")
+        entry = self._backups.get(node)
+        if entry is None:
+            self._backups[node] = [self._w.copy(), self._version]
+        else:
+            np.copyto(entry[0], self._w)
+            entry[1] = self._version
+
+    @property
+    def backup_versions(self) -> dict[int, int]:
+        """node -> version of the weights last dispatched to it."""
+        return {n: int(v) for n, (_, v) in self._backups.items()}
+
+    def _check_extra(self, node: int, base_version: int) -> tuple[str, str] | None:
+        entry = self._backups.get(node)
+        if entry is None:
+            return (
+                "base-version",
+                f"no weights were dispatched to node {node}; expected on_dispatch "
+                f"before its update (base_version {base_version})",
+            )
+        if entry[1] != base_version:
+            return (
+                "base-version",
+                f"base_version {base_version} from node {node} differs from the "
+                f"version {entry[1]} of the weights last dispatched to it",
+            )
+        return None
+
+    def _lost(self, node: int, now: float) -> None:
+        self._backups.pop(node, None)
+
+    def _extra_state(self) -> dict[str, Any]:
+        return {
+            "backup_nodes": list(self._backups),
+            "backup_versions": [int(v) for _, v in self._backups.values()],
+            "backup_values": [b.copy() for b, _ in self._backups.values()],
+        }
+
+    def _load_extra(self, state: dict[str, Any]) -> None:
+        nodes = [int(n) for n in state["backup_nodes"]]
+        versions = [int(v) for v in state["backup_versions"]]
+        values = [self._flat_array(v, "backup_values") for v in state["backup_values"]]
+        if not len(nodes) == len(versions) == len(values):
+            raise ValueError("state backup_nodes, backup_versions, backup_values differ")
+        self._backups = {n: [b, v] for n, v, b in zip(nodes, versions, values)}

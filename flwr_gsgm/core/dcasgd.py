@@ -1,0 +1,84 @@
+"""DC-ASGD: asynchronous SGD with delay compensation.
+
+Reference:
+    S. Zheng, Q. Meng, T. Wang, W. Chen, N. Yu, Z.-M. Ma, T.-Y. Liu, "Asynchronous
+    Stochastic Gradient Descent with Delay Compensation", ICML 2017 (PMLR 70).
+
+Implemented: the constant-lambda variant (DC-ASGD-c), whose compensation
+approximates the Hessian by ``lambda * g * g`` (element-wise); the adaptive variant
+DC-ASGD-a (lambda scaled by a running mean square of the gradient) is not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import ClassVar
+
+import numpy as np
+
+from .backups import DispatchBackups
+from .base import Outcome, Parts, ServerOptimizer, _check_float, chunks
+
+__all__ = ["DCASGD"]
+
+
+class DCASGD(DispatchBackups):
+    """DC-ASGD: ``g~ = g + dc_lambda * g * g * (w_t - w_tau); w <- w - lr * g~``.
+
+    ``w_tau`` is the copy of the weights sent to the node, recorded by
+    ``on_dispatch``; products are element-wise.
+
+    Args:
+        weights: initial weights, a sequence of numpy arrays (copied to float32).
+        node_ids: initially active node ids.
+        lr: server learning rate, > 0.
+        dc_lambda: variance-control parameter lambda >= 0 (0 gives ASGD).
+        max_staleness: optional staleness bound (see :class:`ServerOptimizer`).
+        max_norm: optional L2-norm bound (see :class:`ServerOptimizer`).
+
+    Raises:
+        ValueError: a parameter is out of range (the message names it), or
+            ``on_dispatch`` for an inactive node.
+        UpdateRejected: as in :class:`ServerOptimizer`, and with reason
+            ``"base-version"`` when the update's base version is not that of the
+            node's last dispatch.
+
+    Memory: ``w``, one ``size(w)`` float32 backup per dispatched active node,
+    chunk-sized scratch.
+    """
+
+    name: ClassVar[str] = "dcasgd"
+    _param_names: ClassVar[tuple[str, ...]] = ServerOptimizer._param_names + ("dc_lambda",)
+
+    def __init__(
+        self,
+        weights: Sequence[np.ndarray],
+        node_ids: Iterable[int],
+        *,
+        lr: float,
+        dc_lambda: float = 0.04,
+        max_staleness: int | None = None,
+        max_norm: float | None = None,
+    ) -> None:
+        super().__init__(
+            weights, node_ids, lr=lr, max_staleness=max_staleness, max_norm=max_norm
+        )
+        self._dc_lambda = _check_float("dc_lambda", dc_lambda, low=0.0)
+
+    def _on_valid(self, node: int, parts: Parts, base_version: int, staleness: int,
+                  now: float) -> Outcome:
+        w, a = self._w, self._scr_a
+        backup = self._backups[node][0]
+        lr, lam = self._lr, self._dc_lambda
+        for lo, hi, g in chunks(parts):
+            t = a[: hi - lo]
+            ws = w[lo:hi]
+            np.subtract(ws, backup[lo:hi], out=t)  # w_t - w_tau
+            np.multiply(t, g, out=t)
+            np.multiply(t, g, out=t)
+            np.multiply(t, lam, out=t)
+            np.add(g, t, out=t)  # g~
+            np.multiply(t, lr, out=t)
+            np.subtract(ws, t, out=ws)
+        self._version += 1
+        return Outcome.APPLIED

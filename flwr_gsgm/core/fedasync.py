@@ -1,0 +1,99 @@
+"""FedAsync: asynchronous federated optimization with staleness-weighted mixing.
+
+Reference:
+    C. Xie, S. Koyejo, I. Gupta, "Asynchronous Federated Optimization",
+    arXiv:1903.03934, 2019 (OPT-2020 workshop).
+
+Reading used here: the paper's server mixes the node's *model* into the global one,
+``w <- (1 - a_s) w + a_s w_i``, with the polynomial staleness function
+``a_s = alpha * (s + 1) ** (-poly_a)``. Our nodes send an update ``g`` (a gradient, or
+``(w_tau - w_local) / lr_local`` in delta mode), so the node model is rebuilt from the
+weights it was sent: ``w_i = w_tau - lr * g``. In delta mode with ``lr`` equal to the
+clients' local learning rate this is exactly the node's local model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import ClassVar
+
+import numpy as np
+
+from .backups import DispatchBackups
+from .base import Outcome, Parts, ServerOptimizer, _check_float, chunks
+
+__all__ = ["FedAsync"]
+
+
+class FedAsync(DispatchBackups):
+    """FedAsync: ``w_i = w_tau - lr * g; w <- (1 - a_s) * w + a_s * w_i``.
+
+    ``a_s = alpha * (s + 1) ** (-poly_a)`` with staleness ``s = version -
+    base_version``; ``w_tau`` is the copy recorded by ``on_dispatch``.
+
+    Args:
+        weights: initial weights, a sequence of numpy arrays (copied to float32).
+        node_ids: initially active node ids.
+        lr: learning rate rebuilding the node model from its update, > 0 (set it to
+            the clients' local learning rate in delta mode).
+        alpha: mixing weight in (0, 1] of a fresh model.
+        poly_a: exponent >= 0 of the polynomial staleness function.
+        max_staleness: optional staleness bound (see :class:`ServerOptimizer`).
+        max_norm: optional L2-norm bound (see :class:`ServerOptimizer`).
+
+    Raises:
+        ValueError: a parameter is out of range (the message names it), or
+            ``on_dispatch`` for an inactive node.
+        UpdateRejected: as in :class:`ServerOptimizer`, and with reason
+            ``"base-version"`` when the update's base version is not that of the
+            node's last dispatch.
+
+    Memory: ``w``, one ``size(w)`` float32 backup per dispatched active node,
+    chunk-sized scratch.
+    """
+
+    name: ClassVar[str] = "fedasync"
+    _param_names: ClassVar[tuple[str, ...]] = ServerOptimizer._param_names + (
+        "alpha",
+        "poly_a",
+    )
+
+    def __init__(
+        self,
+        weights: Sequence[np.ndarray],
+        node_ids: Iterable[int],
+        *,
+        lr: float,
+        alpha: float = 0.6,
+        poly_a: float = 0.5,
+        max_staleness: int | None = None,
+        max_norm: float | None = None,
+    ) -> None:
+        super().__init__(
+            weights, node_ids, lr=lr, max_staleness=max_staleness, max_norm=max_norm
+        )
+        self._alpha = _check_float("alpha", alpha, low=0.0, low_open=True, high=1.0)
+        self._poly_a = _check_float("poly_a", poly_a, low=0.0)
+
+    def mixing_weight(self, staleness: int) -> float:
+        """``a_s = alpha * (staleness + 1) ** (-poly_a)``."""
+        return self._alpha * float(staleness + 1) ** (-self._poly_a)
+
+    def _on_valid(self, node: int, parts: Parts, base_version: int, staleness: int,
+                  now: float) -> Outcome:
+        w, a, b = self._w, self._scr_a, self._scr_b
+        backup = self._backups[node][0]
+        lr = self._lr
+        mix = self.mixing_weight(staleness)
+        keep = 1.0 - mix
+        for lo, hi, g in chunks(parts):
+            t = a[: hi - lo]
+            np.multiply(g, lr, out=t)
+            np.subtract(backup[lo:hi], t, out=t)  # w_i = w_tau - lr * g
+            np.multiply(t, mix, out=t)
+            ws = w[lo:hi]
+            u = b[: hi - lo]
+            np.multiply(ws, keep, out=u)
+            np.add(u, t, out=ws)  # (1 - a_s) w + a_s w_i
+        self._version += 1
+        return Outcome.APPLIED

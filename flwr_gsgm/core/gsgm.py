@@ -1,0 +1,524 @@
+"""GSGM: Gradient Scheduling with Global Momentum.
+
+References:
+    C. Li, R. Li, H. Wang, Y. Li, P. Zhou, S. Guo, K. Li, "Gradient Scheduling with
+    Global Momentum for Non-IID Data Distributed Asynchronous Training",
+    arXiv:1902.07848, 2019 (later withdrawn by its authors).
+    H. Wang, R. Li, C. Li, P. Zhou, Y. Li, W. Xu, S. Guo, "Gradient Scheduling With
+    Global Momentum for Asynchronous Federated Learning in Edge Environment",
+    IEEE Internet of Things Journal 9(19):18817-18828, 2022.
+
+The full texts are not public: the update rule below is this project's
+reconstruction, defined in ``design/GSGM.md`` (steps 1-5), not the papers' verbatim
+algorithm.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+
+from .base import (
+    Outcome,
+    Parts,
+    ServerOptimizer,
+    _check_float,
+    _check_int,
+    chunks,
+)
+
+__all__ = ["GSGM"]
+
+_F32 = np.dtype(np.float32)
+_FORMS = ("heavy-ball", "ema")
+_AVERAGING = ("slot", "table")
+
+
+class GSGM(ServerOptimizer):
+    r"""Gradient Scheduling with Global Momentum (the project's reconstruction).
+
+    State: weights ``w``, version ``t``, global momentum ``M`` (starts at 0), the
+    current cycle's white list ``W`` (active nodes that have not contributed in this
+    cycle), the cycle sum ``S`` and count ``k``, and at most one pending slot ``P_i``
+    per node with its count ``n_i``.
+
+    When node ``i``'s update ``g_i`` arrives (after validation and the staleness
+    bound):
+
+    - if ``i`` is in ``W``, its contribution ``u_i = g_i`` is applied now and ``i``
+      leaves ``W``; otherwise it is folded into its slot,
+      ``P_i <- P_i + (g_i - P_i) / n_i`` (running mean; :attr:`Outcome.DEFERRED`);
+    - apply ``u_i``: heavy-ball ``w <- w - lr * (u_i + beta * M)``, or ema
+      ``w <- w - lr * ((1 - beta) * u_i + beta * M)`` (with ``u_i`` alone before the
+      first cycle has closed); then ``t += 1; S += u_i; k += 1``;
+    - the cycle closes when ``W`` is empty, when ``ceil(cycle_quorum * m)`` of its
+      ``m`` active members have contributed, when it has seen ``cycle_max_updates``
+      arrivals, or when ``cycle_max_seconds`` have passed since it started. Close:
+      heavy-ball ``M <- S / k + beta * M``; ema ``M <- beta * M + (1 - beta) * S / k``
+      (``M <- S / k`` at the first close); ``S, k <- 0``; ``W <-`` all active
+      nodes; then every pending slot is applied, oldest first, as its node's
+      contribution to the new cycle (the node leaves ``W``); a cycle complete again
+      right away closes again.
+
+    Memory: ``w``, ``M``, ``S``, one scratch buffer of ``size(w)`` (the momentum
+    term ``lr * beta * M``, constant within a cycle and refreshed at each close, so
+    that a step costs 4 element-wise passes), chunk-sized scratch (at most ``CHUNK``
+    float32 each) and one slot of ``size(w)`` float32 per node that has a pending
+    update: at most ``(4 + number of nodes with a slot) * size(w)`` float32. The
+    ``"table"`` variant adds one row of ``size(w)`` per active node that has
+    contributed and their running sum: ``(|A| + 1) * size(w)`` more. Steps are
+    computed as ``w - (c * u + lr * beta * M)`` with ``c = lr`` or
+    ``lr * (1 - beta)``: the formulas above up to float32 rounding order.
+
+    Args:
+        weights: initial weights, a sequence of numpy arrays (copied to float32).
+        node_ids: initially active node ids; they form the first cycle's white list.
+        lr: server learning rate eta, > 0.
+        beta: global momentum coefficient in [0, 1). ``beta = 0`` gives scheduled
+            ASGD (ablation "scheduling only").
+        momentum_form: ``"heavy-ball"`` or ``"ema"`` (see above).
+        cycle_quorum: fraction in (0, 1] of the cycle's active members (white list at
+            the cycle start, less nodes lost since) whose contribution closes the
+            cycle; 1.0 = strictly even.
+        cycle_max_updates: optional budget, >= 1: the cycle closes once it has seen
+            that many arrivals (every valid update, stale ones included).
+        cycle_max_seconds: optional budget, > 0 seconds of the engine's clock (the
+            ``now`` arguments): the cycle closes at the first event at or after
+            ``start + cycle_max_seconds``, before that event is handled.
+        scheduling: ``False`` is the momentum-only ablation: every arrival is applied
+            as ``u_i`` and ``M`` is refreshed from the mean of each consecutive window
+            of ``|A|`` applied updates (the window is the cycle; the white list stays
+            empty, no slot is used; quorum and budgets are ignored).
+        averaging: ``"slot"`` (default, the rule above) or ``"table"``: the scheduled
+            contribution ``u_i`` replaces node ``i``'s row of a table of the latest
+            contribution of every active node, and the step uses the table mean
+            ``d = mean_j T_j`` in place of ``u_i`` (each node weighs ``1/|table|``
+            whatever its speed); ``S`` sums ``d`` so ``M`` is momentum on that mean.
+            Memory grows by ``|A| * size(w)``.
+        start_time: clock value at which the first cycle starts; ``None`` (default)
+            starts it at the ``now`` of the first event (update, join, loss), so
+            that an engine on a wall clock does not need to pass its start time.
+        max_staleness: optional staleness bound (see :class:`ServerOptimizer`).
+        max_norm: optional L2-norm bound (see :class:`ServerOptimizer`).
+
+    Raises:
+        ValueError: a parameter is out of range; the message names it.
+
+    Extra counters: ``cycles`` (closes), ``cycles_quorum``, ``cycles_update_budget``,
+    ``cycles_time_budget`` (closes for those reasons), ``slots_applied``.
+
+    Node churn: a lost node leaves ``A`` and ``W``, its slot is dropped (counted in
+    ``slots_dropped``) and, in table mode, its row; the cycle may close because of it.
+    A node that joins enters ``W`` at the next cycle; an update it sends meanwhile
+    goes to its slot, applied at that next cycle's start.
+    """
+
+    name: ClassVar[str] = "gsgm"
+    _param_names: ClassVar[tuple[str, ...]] = ServerOptimizer._param_names + (
+        "beta",
+        "momentum_form",
+        "cycle_quorum",
+        "cycle_max_updates",
+        "cycle_max_seconds",
+        "scheduling",
+        "averaging",
+        "start_time",
+    )
+    _counter_names: ClassVar[tuple[str, ...]] = ServerOptimizer._counter_names + (
+        "cycles",
+        "cycles_quorum",
+        "cycles_update_budget",
+        "cycles_time_budget",
+        "slots_applied",
+    )
+
+    def __init__(
+        self,
+        weights: Sequence[np.ndarray],
+        node_ids: Iterable[int],
+        *,
+        lr: float,
+        beta: float = 0.5,
+        momentum_form: str = "heavy-ball",
+        cycle_quorum: float = 1.0,
+        cycle_max_updates: int | None = None,
+        cycle_max_seconds: float | None = None,
+        scheduling: bool = True,
+        averaging: str = "slot",
+        start_time: float | None = None,
+        max_staleness: int | None = None,
+        max_norm: float | None = None,
+    ) -> None:
+        super().__init__(
+            weights, node_ids, lr=lr, max_staleness=max_staleness, max_norm=max_norm
+        )
+        self._beta = _check_float("beta", beta, low=0.0, high=1.0, high_open=True)
+        form = str(momentum_form).replace("_", "-").lower()
+        if form not in _FORMS:
+            raise ValueError(
+                f"momentum_form must be one of {list(_FORMS)}, got {momentum_form!r}"
+            )
+        self._momentum_form = form
+        self._cycle_quorum = _check_float(
+            "cycle_quorum", cycle_quorum, low=0.0, low_open=True, high=1.0
+        )
+        self._cycle_max_updates = (
+            None if cycle_max_updates is None
+            else _check_int("cycle_max_updates", cycle_max_updates, low=1)
+        )
+        self._cycle_max_seconds = (
+            None if cycle_max_seconds is None
+            else _check_float("cycle_max_seconds", cycle_max_seconds, low=0.0, low_open=True)
+        )
+        if not isinstance(scheduling, (bool, np.bool_)):
+            raise ValueError(f"scheduling must be a bool, got {scheduling!r}")
+        self._scheduling = bool(scheduling)
+        if averaging not in _AVERAGING:
+            raise ValueError(
+                f"averaging must be one of {list(_AVERAGING)}, got {averaging!r}"
+            )
+        self._averaging = averaging
+        self._start_time = (
+            None if start_time is None else _check_float("start_time", start_time)
+        )
+
+        self._M = np.zeros(self._size, dtype=_F32)
+        self._S = np.zeros(self._size, dtype=_F32)
+        # lr * beta * M: the momentum part of every step of the current cycle.
+        self._m_step = np.zeros(self._size, dtype=_F32)
+        self._k = 0
+        self._momentum_ready = False  # has a cycle closed with k > 0 (set M)?
+        self._cycle_index = 0
+        self._white: set[int] = set(self._active) if self._scheduling else set()
+        self._contributed: set[int] = set()
+        # node -> [flat slot buffer, count]; insertion order = oldest first.
+        self._slots: dict[int, list[Any]] = {}
+        self._cycle_start: float | None = self._start_time
+        self._cycle_arrivals = 0
+        # table variant: node -> latest contribution, and the rows' sum.
+        self._table: dict[int, np.ndarray] = {}
+        self._table_sum = (
+            np.zeros(self._size, dtype=_F32) if self._averaging == "table" else None
+        )
+        self._scr_c = np.empty_like(self._scr_a)
+
+    # ---------------------------------------------------------------- introspection
+    @property
+    def momentum(self) -> np.ndarray:
+        """A flat float32 copy of the global momentum ``M``."""
+        return self._M.copy()
+
+    @property
+    def cycle_sum(self) -> np.ndarray:
+        """A flat float32 copy of the current cycle's sum ``S``."""
+        return self._S.copy()
+
+    @property
+    def cycle_count(self) -> int:
+        """Number of contributions applied in the current cycle (``k``)."""
+        return self._k
+
+    @property
+    def cycle_index(self) -> int:
+        """Number of cycles closed so far (the first cycle has index 0)."""
+        return self._cycle_index
+
+    @property
+    def cycle_arrivals(self) -> int:
+        """Valid arrivals (stale ones included) since the current cycle started."""
+        return self._cycle_arrivals
+
+    @property
+    def cycle_start(self) -> float | None:
+        """Clock value at which the current cycle started (None: not started yet)."""
+        return self._cycle_start
+
+    @property
+    def white_list(self) -> frozenset[int]:
+        """Active nodes that may still contribute in the current cycle (``W``)."""
+        return frozenset(self._white)
+
+    @property
+    def contributed(self) -> frozenset[int]:
+        """Nodes that contributed in the current cycle (lost ones included)."""
+        return frozenset(self._contributed)
+
+    @property
+    def slots(self) -> dict[int, tuple[np.ndarray, int]]:
+        """Pending slots, oldest first: node -> (flat float32 copy of P_i, n_i)."""
+        return {n: (buf.copy(), cnt) for n, (buf, cnt) in self._slots.items()}
+
+    @property
+    def slot_counts(self) -> dict[int, int]:
+        """Pending slots, oldest first: node -> n_i (no array copies)."""
+        return {n: int(cnt) for n, (_, cnt) in self._slots.items()}
+
+    @property
+    def table(self) -> dict[int, np.ndarray]:
+        """Table variant: node -> flat float32 copy of its latest contribution."""
+        return {n: row.copy() for n, row in self._table.items()}
+
+    @property
+    def momentum_ready(self) -> bool:
+        """Whether a cycle with contributions has closed (``M`` was set)."""
+        return self._momentum_ready
+
+    # ------------------------------------------------------------------------ rule
+    def _on_valid(self, node: int, parts: Parts, base_version: int, staleness: int,
+                  now: float) -> Outcome:
+        self._cycle_arrivals += 1
+        if not self._scheduling or node in self._white:
+            self._contribute(node, parts)
+            outcome = Outcome.APPLIED
+        else:
+            self._fold(node, parts)
+            outcome = Outcome.DEFERRED
+        self._advance(now)
+        if outcome is Outcome.DEFERRED and node not in self._slots:
+            outcome = Outcome.APPLIED  # its slot was applied when the cycle closed
+        return outcome
+
+    def _tick(self, now: float) -> None:
+        # A cycle whose time ran out before this event closes before it is handled.
+        self._advance(now)
+
+    def _on_stale(self, node: int, now: float) -> Outcome:
+        self._cycle_arrivals += 1
+        self._advance(now)
+        return Outcome.STALE
+
+    def _joined(self, node: int, now: float) -> None:
+        # Enters W at the next cycle; a cycle without members restarts at once.
+        self._advance(now)
+
+    def _lost(self, node: int, now: float) -> None:
+        self._white.discard(node)
+        if self._slots.pop(node, None) is not None:
+            self._counters["slots_dropped"] += 1
+        if self._table_sum is not None and self._table.pop(node, None) is not None:
+            self._recompute_table_sum()
+        self._advance(now)
+
+    # -------------------------------------------------------------------- cycles
+    def _close_reason(self, now: float) -> str | None:
+        if not self._scheduling:
+            if self._k > 0 and self._k >= len(self._active):
+                return "window"
+            return None
+        if not self._white:
+            # Every member contributed or left. A cycle with nothing applied and no
+            # active node has nothing to close; with active nodes (joined during the
+            # cycle) it restarts so that they enter the white list.
+            return "complete" if (self._k > 0 or self._active) else None
+        if self._cycle_quorum < 1.0:
+            done = len(self._contributed & self._active)
+            members = done + len(self._white)
+            needed = max(1, math.ceil(self._cycle_quorum * members - 1e-9))
+            if done >= needed:
+                return "quorum"
+        if (
+            self._cycle_max_updates is not None
+            and self._cycle_arrivals >= self._cycle_max_updates
+        ):
+            return "update_budget"
+        if (
+            self._cycle_max_seconds is not None
+            and self._cycle_start is not None
+            and now - self._cycle_start >= self._cycle_max_seconds
+        ):
+            return "time_budget"
+        return None
+
+    def _advance(self, now: float) -> None:
+        """Start the clock if needed, then close cycles while one is due."""
+        if self._cycle_start is None:
+            self._cycle_start = now
+        while True:
+            reason = self._close_reason(now)
+            if reason is None:
+                return
+            self._close(reason, now)
+
+    def _close(self, reason: str, now: float) -> None:
+        if self._k > 0:
+            self._refresh_momentum()
+            self._S.fill(0.0)
+        self._k = 0
+        self._cycle_index += 1
+        self._counters["cycles"] += 1
+        if reason in ("quorum", "update_budget", "time_budget"):
+            self._counters["cycles_" + reason] += 1
+        self._contributed = set()
+        self._cycle_start = now
+        self._cycle_arrivals = 0
+        if self._table_sum is not None:
+            self._recompute_table_sum()  # bounds the drift of the running sum
+        if not self._scheduling:
+            return
+        self._white = set(self._active)
+        while self._slots:
+            node = next(iter(self._slots))
+            buf, _count = self._slots.pop(node)
+            self._contribute(node, [(0, buf)])
+            self._counters["slots_applied"] += 1
+
+    def _refresh_momentum(self) -> None:
+        M, S, k, beta = self._M, self._S, self._k, self._beta
+        a = self._scr_a
+        first = not self._momentum_ready
+        ema = self._momentum_form == "ema"
+        for lo, hi, s in chunks([(0, S)]):
+            m = M[lo:hi]
+            if ema and first:
+                np.divide(s, k, out=m)  # M <- S / k
+                continue
+            t = a[: hi - lo]
+            np.divide(s, k, out=t)
+            if ema:  # M <- beta * M + (1 - beta) * S / k
+                np.multiply(t, 1.0 - beta, out=t)
+                np.multiply(m, beta, out=m)
+                np.add(m, t, out=m)
+            else:  # M <- S / k + beta * M
+                np.multiply(m, beta, out=m)
+                np.add(t, m, out=m)
+        self._momentum_ready = True
+        self._refresh_m_step()
+
+    # ------------------------------------------------------------------ the steps
+    def _contribute(self, node: int, parts: Parts) -> None:
+        """Apply ``u`` (``parts``) as ``node``'s contribution to the current cycle."""
+        if self._table_sum is not None:
+            self._table_put(node, parts)
+            self._step([(0, self._table_sum)], divisor=len(self._table))
+        else:
+            self._step(parts, divisor=None)
+        self._version += 1
+        self._k += 1
+        self._white.discard(node)
+        self._contributed.add(node)
+
+    def _step(self, parts: Parts, divisor: int | None) -> None:
+        """``w <- w - (coef * u + lr * beta * M)``; ``S <- S + u``; ``u = parts / divisor``.
+
+        ``coef`` is ``lr`` (heavy-ball, and ema before the first close) or
+        ``lr * (1 - beta)`` (ema); the momentum term ``lr * beta * M`` is constant
+        within a cycle and kept in ``_m_step`` (4 element-wise passes per step).
+        """
+        w, S, C = self._w, self._S, self._m_step
+        a, c = self._scr_a, self._scr_c
+        if self._momentum_form == "ema" and self._momentum_ready:
+            coef = self._lr * (1.0 - self._beta)
+        else:
+            coef = self._lr
+        use_m = self._beta != 0.0 and self._momentum_ready
+        for lo, hi, u in chunks(parts):
+            n = hi - lo
+            if divisor is not None:
+                uu = c[:n]
+                np.divide(u, divisor, out=uu)
+                u = uu
+            d = a[:n]
+            np.multiply(u, coef, out=d)
+            if use_m:
+                np.add(d, C[lo:hi], out=d)
+            ws = w[lo:hi]
+            np.subtract(ws, d, out=ws)
+            ss = S[lo:hi]
+            np.add(ss, u, out=ss)
+
+    def _refresh_m_step(self) -> None:
+        """``_m_step <- lr * beta * M`` (after M changed)."""
+        np.multiply(self._M, self._lr * self._beta, out=self._m_step)
+
+    def _fold(self, node: int, parts: Parts) -> None:
+        """Fold ``g`` into the node's slot: ``P <- P + (g - P) / n``."""
+        slot = self._slots.get(node)
+        if slot is None:
+            self._slots[node] = [self._copy_new(parts), 1]
+            return
+        slot[1] += 1
+        buf, count = slot
+        a = self._scr_a
+        for lo, hi, g in chunks(parts):
+            t = a[: hi - lo]
+            p = buf[lo:hi]
+            np.subtract(g, p, out=t)
+            np.divide(t, count, out=t)
+            np.add(p, t, out=p)
+
+    def _table_put(self, node: int, parts: Parts) -> None:
+        row = self._table.get(node)
+        tsum = self._table_sum
+        if row is None:
+            self._table[node] = self._copy_new(parts)
+            for lo, hi, u in chunks(parts):
+                ts = tsum[lo:hi]
+                np.add(ts, u, out=ts)
+            return
+        a = self._scr_a
+        for lo, hi, u in chunks(parts):
+            t = a[: hi - lo]
+            r = row[lo:hi]
+            np.subtract(u, r, out=t)
+            ts = tsum[lo:hi]
+            np.add(ts, t, out=ts)
+            np.copyto(r, u)
+
+    def _recompute_table_sum(self) -> None:
+        tsum = self._table_sum
+        tsum.fill(0.0)
+        for node in sorted(self._table):
+            np.add(tsum, self._table[node], out=tsum)
+
+    # -------------------------------------------------------------- checkpointing
+    def _extra_state(self) -> dict[str, Any]:
+        return {
+            "momentum": self._M.copy(),
+            "cycle_sum": self._S.copy(),
+            "cycle_count": self._k,
+            "momentum_ready": self._momentum_ready,
+            "cycle_index": self._cycle_index,
+            "white_list": sorted(self._white),
+            "contributed": sorted(self._contributed),
+            "slot_nodes": list(self._slots),
+            "slot_counts": [int(c) for _, c in self._slots.values()],
+            "slot_values": [buf.copy() for buf, _ in self._slots.values()],
+            "cycle_start": self._cycle_start,
+            "cycle_arrivals": self._cycle_arrivals,
+            "table_nodes": list(self._table),
+            "table_values": [row.copy() for row in self._table.values()],
+            "table_sum": None if self._table_sum is None else self._table_sum.copy(),
+        }
+
+    def _load_extra(self, state: dict[str, Any]) -> None:
+        M = self._flat_array(state["momentum"], "momentum")
+        S = self._flat_array(state["cycle_sum"], "cycle_sum")
+        nodes = [int(n) for n in state["slot_nodes"]]
+        counts = [int(c) for c in state["slot_counts"]]
+        values = [self._flat_array(v, "slot_values") for v in state["slot_values"]]
+        if not len(nodes) == len(counts) == len(values):
+            raise ValueError("state slot_nodes, slot_counts, slot_values differ in length")
+        tnodes = [int(n) for n in state["table_nodes"]]
+        tvalues = [self._flat_array(v, "table_values") for v in state["table_values"]]
+        if len(tnodes) != len(tvalues):
+            raise ValueError("state table_nodes and table_values differ in length")
+        tsum = state["table_sum"]
+        if (tsum is None) != (self._averaging != "table"):
+            raise ValueError("state table_sum does not match the averaging mode")
+        self._M[...] = M
+        self._S[...] = S
+        self._refresh_m_step()
+        self._k = int(state["cycle_count"])
+        self._momentum_ready = bool(state["momentum_ready"])
+        self._cycle_index = int(state["cycle_index"])
+        self._white = {int(n) for n in state["white_list"]}
+        self._contributed = {int(n) for n in state["contributed"]}
+        self._slots = {n: [v, c] for n, c, v in zip(nodes, counts, values)}
+        start = state["cycle_start"]
+        self._cycle_start = None if start is None else float(start)
+        self._cycle_arrivals = int(state["cycle_arrivals"])
+        self._table = dict(zip(tnodes, tvalues))
+        self._table_sum = None if tsum is None else self._flat_array(tsum, "table_sum")

@@ -1,0 +1,85 @@
+"""Momentum ASGD: asynchronous SGD with naive server momentum.
+
+Reference:
+    B. T. Polyak, "Some methods of speeding up the convergence of iteration methods",
+    USSR Computational Mathematics and Mathematical Physics 4(5):1-17, 1964 (heavy
+    ball), applied by the server to every asynchronous arrival as in
+    T.-M. H. Hsu, H. Qi, M. Brown, "Measuring the Effects of Non-Identical Data
+    Distribution for Federated Visual Classification", arXiv:1909.06335, 2019
+    (server momentum, FedAvgM), here without the round barrier.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+
+from .base import Outcome, Parts, ServerOptimizer, _check_float, chunks
+
+__all__ = ["MomentumASGD"]
+
+
+class MomentumASGD(ServerOptimizer):
+    """Momentum ASGD: ``v <- beta * v + g_i; w <- w - lr * v`` for every arrival.
+
+    Args:
+        weights: initial weights, a sequence of numpy arrays (copied to float32).
+        node_ids: initially active node ids.
+        lr: server learning rate, > 0.
+        beta: momentum coefficient in [0, 1); 0 gives ASGD.
+        max_staleness: optional staleness bound (see :class:`ServerOptimizer`).
+        max_norm: optional L2-norm bound (see :class:`ServerOptimizer`).
+
+    Raises:
+        ValueError: a parameter is out of range; the message names it.
+
+    Memory: ``w``, the velocity ``v`` (``size(w)`` float32, starts at 0) and
+    chunk-sized scratch.
+    """
+
+    name: ClassVar[str] = "masgd"
+    _param_names: ClassVar[tuple[str, ...]] = ServerOptimizer._param_names + ("beta",)
+
+    def __init__(
+        self,
+        weights: Sequence[np.ndarray],
+        node_ids: Iterable[int],
+        *,
+        lr: float,
+        beta: float = 0.9,
+        max_staleness: int | None = None,
+        max_norm: float | None = None,
+    ) -> None:
+        super().__init__(
+            weights, node_ids, lr=lr, max_staleness=max_staleness, max_norm=max_norm
+        )
+        self._beta = _check_float("beta", beta, low=0.0, high=1.0, high_open=True)
+        self._v = np.zeros(self._size, dtype=np.float32)
+
+    @property
+    def velocity(self) -> np.ndarray:
+        """A flat float32 copy of the velocity ``v``."""
+        return self._v.copy()
+
+    def _on_valid(self, node: int, parts: Parts, base_version: int, staleness: int,
+                  now: float) -> Outcome:
+        w, v, a = self._w, self._v, self._scr_a
+        lr, beta = self._lr, self._beta
+        for lo, hi, g in chunks(parts):
+            vs = v[lo:hi]
+            np.multiply(vs, beta, out=vs)
+            np.add(vs, g, out=vs)
+            t = a[: hi - lo]
+            np.multiply(vs, lr, out=t)
+            ws = w[lo:hi]
+            np.subtract(ws, t, out=ws)
+        self._version += 1
+        return Outcome.APPLIED
+
+    def _extra_state(self) -> dict[str, Any]:
+        return {"velocity": self._v.copy()}
+
+    def _load_extra(self, state: dict[str, Any]) -> None:
+        self._v[...] = self._flat_array(state["velocity"], "velocity")

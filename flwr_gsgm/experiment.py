@@ -1,0 +1,212 @@
+"""One experiment from a validated run config: strategy, model, evaluation, outputs.
+
+The Flower ServerApp (:mod:`flwr_gsgm.server_app`) and any other driver (tests, the
+sweep runner) call :func:`run_experiment` with their grid, so every way of running
+uses the same code.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+from logging import INFO
+from pathlib import Path
+from typing import Any
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg, FedAvgM
+
+from clients.datasets import load_dataset
+from clients.models import build_model
+from clients.training import evaluate
+from flwr_gsgm import run_outputs
+from flwr_gsgm.async_engine import EngineSettings
+from flwr_gsgm.async_strategy import AsyncStrategy
+from flwr_gsgm.run_config import SYNC_STRATEGIES
+from flwr_gsgm.strategies import STRATEGIES
+from flwr_gsgm.virtual_clock import VirtualClock
+
+__all__ = ["build_strategy", "make_evaluate_fn", "run_experiment", "run_dir_for"]
+
+
+def _none_if_zero(value: float) -> float | None:
+    return value if value else None
+
+
+def virtual_clock_from(cfg: Mapping[str, Any]) -> VirtualClock:
+    """The run's :class:`VirtualClock` from its run config."""
+    return VirtualClock(
+        seed=cfg["seed"],
+        base_duration=cfg["base-duration"],
+        slow_fraction=cfg["slow-fraction"],
+        slow_factor=cfg["slow-factor"],
+        jitter=cfg["jitter"],
+    )
+
+
+def build_strategy(cfg: Mapping[str, Any]) -> AsyncStrategy:
+    """Build the asynchronous strategy a validated run config asks for.
+
+    Raises
+    ------
+    ValueError
+        If ``cfg["strategy"]`` is not an asynchronous strategy.
+    """
+    name = cfg["strategy"]
+    if name not in STRATEGIES:
+        raise ValueError(f"strategy {name!r} is not asynchronous; expected one of {sorted(STRATEGIES)}")
+    per_method: dict[str, dict[str, Any]] = {
+        "gsgm": {
+            "beta": cfg["beta"],
+            "momentum_form": cfg["momentum-form"],
+            "cycle_quorum": cfg["cycle-quorum"],
+            "cycle_max_updates": cfg["cycle-max-updates"] or None,
+            "cycle_max_seconds": _none_if_zero(cfg["cycle-max-seconds"]),
+            "scheduling": cfg["scheduling"],
+            "averaging": cfg["averaging"],
+        },
+        "masgd": {"beta": cfg["beta"]},
+        "dcasgd": {"dc_lambda": cfg["dc-lambda"]},
+        "fedasync": {"alpha": cfg["fedasync-alpha"], "poly_a": cfg["fedasync-a"]},
+        "fedbuff": {"buffer_size": cfg["fedbuff-k"]},
+    }
+    engine = EngineSettings(
+        message_ttl=cfg["message-ttl"],
+        reply_timeout=cfg["reply-timeout"],
+        poll_interval=cfg["poll-interval"],
+        min_nodes=cfg["min-nodes"],
+    )
+    return STRATEGIES[name](
+        server_lr=cfg["server-lr"],
+        client_mode=cfg["client-mode"],
+        batch_size=cfg["batch-size"],
+        local_batches=cfg["local-batches"],
+        local_steps=cfg["local-steps"],
+        local_lr=cfg["local-lr"],
+        max_staleness=cfg["max-staleness"] or None,
+        max_norm=_none_if_zero(cfg["max-norm"]),
+        virtual_clock=virtual_clock_from(cfg) if cfg["virtual-clock"] else None,
+        engine=engine,
+        seed=cfg["seed"],
+        **per_method.get(name, {}),
+    )
+
+
+def make_evaluate_fn(cfg: Mapping[str, Any]):
+    """Centralized evaluation on the data set's test split.
+
+    Returns ``fn(step, arrays) -> MetricRecord{"accuracy": fraction, "loss": mean CE}``.
+    Raises ``FileNotFoundError`` (with install instructions) if the data are missing.
+    """
+    _, test = load_dataset(cfg["dataset"], cfg["data-root"])
+    model = build_model(cfg["dataset"])
+
+    def evaluate_fn(step: int, arrays: ArrayRecord) -> MetricRecord:
+        model.load_state_dict(arrays.to_torch_state_dict())
+        loss, accuracy = evaluate(model, test.images, test.labels)
+        return MetricRecord({"accuracy": float(accuracy), "loss": float(loss)})
+
+    return evaluate_fn
+
+
+def run_dir_for(cfg: Mapping[str, Any]) -> Path:
+    """``<output-dir>/<run-name>``; an empty run-name becomes ``<strategy>-<UTC time>``."""
+    name = cfg["run-name"] or f"{cfg['strategy']}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
+    return Path(cfg["output-dir"]).expanduser().resolve() / name
+
+
+def _initial_arrays(cfg: Mapping[str, Any]) -> ArrayRecord:
+    torch.manual_seed(cfg["seed"])
+    return ArrayRecord(build_model(cfg["dataset"]).state_dict())
+
+
+def run_experiment(grid: Grid, cfg: Mapping[str, Any], run_dir: Path | None = None) -> dict[str, Any]:
+    """Run one experiment on ``grid`` and write its outputs; return the summary dict.
+
+    Parameters
+    ----------
+    grid : Grid
+        Flower grid (simulation, deployment or in-process).
+    cfg : Mapping
+        A run config validated by :func:`flwr_gsgm.run_config.parse_run_config`.
+    run_dir : Path, optional
+        Output folder; default :func:`run_dir_for`.
+    """
+    torch.set_num_threads(cfg["client-threads"])
+    run_dir = run_dir or run_dir_for(cfg)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    run_outputs.write_config(run_dir, cfg)
+    evaluate_fn = make_evaluate_fn(cfg)
+    initial = _initial_arrays(cfg)
+    log(INFO, "[flwr-gsgm] run folder %s", run_dir)
+    t0 = time.monotonic()
+    if cfg["strategy"] in SYNC_STRATEGIES:
+        rows, counters = _run_synchronous(grid, cfg, initial, evaluate_fn)
+        summary = run_outputs.summarize(rows, counters, {}, 0.0, 0, time.monotonic() - t0,
+                                        rows[-1]["virtual_time"] if rows else 0.0)
+    else:
+        result = build_strategy(cfg).start(
+            grid, initial, max_updates=cfg["max-updates"],
+            max_seconds=_none_if_zero(cfg["max-seconds"]), evaluate_fn=evaluate_fn,
+            eval_every=cfg["eval-every"],
+        )
+        rep = result.report
+        rows = result.rows
+        summary = run_outputs.summarize(rows, rep.counters, rep.rejections, rep.staleness_mean,
+                                        rep.staleness_max, rep.wall_seconds, rep.virtual_seconds)
+    run_outputs.write_metrics(run_dir, rows)
+    run_outputs.write_summary(run_dir, summary)
+    run_outputs.plot_accuracy(run_dir, rows, f"{cfg['strategy']} on {cfg['dataset']}")
+    log(INFO, "[flwr-gsgm] final accuracy %.4f, MASD %.4f -> %s",
+        summary["final_accuracy"], summary["masd"], run_dir)
+    return summary
+
+
+def _run_synchronous(grid: Grid, cfg: Mapping[str, Any], initial: ArrayRecord, evaluate_fn):
+    """Flower's own FedAvg / FedAvgM with the same ClientApp ("weights" mode).
+
+    Rounds are chosen so every node does the same number of client computations as
+    ``max-updates`` in total; a round's virtual duration is that of its slowest node.
+    """
+    num_nodes = len(list(grid.get_node_ids()))
+    rounds = max(1, cfg["max-updates"] // num_nodes)
+    common = {"fraction_train": 1.0, "fraction_evaluate": 0.0, "min_available_nodes": num_nodes}
+    if cfg["strategy"] == "fedavgm":
+        strategy = FedAvgM(server_learning_rate=cfg["server-lr"], server_momentum=cfg["beta"], **common)
+    else:
+        strategy = FedAvg(**common)
+    train_config = ConfigRecord({"mode": "weights", "batch-size": cfg["batch-size"],
+                                 "local-steps": cfg["local-steps"], "local-lr": cfg["local-lr"]})
+    clock = virtual_clock_from(cfg)
+    speeds = clock.speed_factors(list(range(num_nodes)))
+    t0 = time.monotonic()
+    rows: list[dict[str, Any]] = []
+    vtime = {0: 0.0}
+    for r in range(1, rounds + 1):
+        vtime[r] = vtime[r - 1] + max(clock.duration(speeds[p], p, r - 1) for p in range(num_nodes))
+
+    def due(server_round: int) -> bool:
+        # Evaluate where the count of client computations crosses a multiple of eval-every.
+        every = cfg["eval-every"]
+        crossed = (server_round * num_nodes) // every != ((server_round - 1) * num_nodes) // every
+        return server_round in (0, rounds) or crossed
+
+    def eval_and_record(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+        if not due(server_round):
+            return None
+        res = evaluate_fn(server_round, arrays)
+        rows.append({"updates": server_round * num_nodes, "version": server_round,
+                     "virtual_time": round(vtime[server_round], 6),
+                     "wall_time": round(time.monotonic() - t0, 3),
+                     "accuracy": res["accuracy"], "loss": res["loss"], "staleness_mean": 0.0,
+                     "staleness_max": 0, "train_loss": math.nan,
+                     "deferred": 0, "rejected": 0, "dropped": 0})
+        return res
+
+    strategy.start(grid, initial, num_rounds=rounds, train_config=train_config,
+                   evaluate_fn=eval_and_record, timeout=cfg["reply-timeout"])
+    return rows, {"received": rounds * num_nodes, "steps": rounds}

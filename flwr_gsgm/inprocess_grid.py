@@ -1,0 +1,166 @@
+"""A Flower ``Grid`` that runs a ClientApp in this process: no SuperLink, no Ray.
+
+The engine talks to it exactly as to Flower's grids (``push_messages`` /
+``pull_messages``), and each pushed message is handled by calling the ClientApp
+with the node's ``Context``, so the same strategy, engine and client code run as in
+a Flower simulation. Under the virtual clock the order of applied replies does not
+depend on when replies arrive, so results equal those of Flower's simulation engine.
+
+A reply is computed when it is first pulled. A ClientApp exception becomes an error
+reply, as in Flower. ``remove_node`` makes a node vanish (its messages are never
+answered); ``add_node`` lets a new node join.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from flwr.app import Context, Error, Message, RecordDict
+from flwr.serverapp import Grid
+from flwr.supercore.run import Run
+from flwr.supercore.task_identity import TaskIdentity
+
+__all__ = ["InProcessGrid", "CLIENT_APP_EXCEPTION"]
+
+ClientAppCallable = Callable[[Message, Context], Message]
+CLIENT_APP_EXCEPTION = 2  # error code Flower uses for an exception raised in a ClientApp
+
+
+class InProcessGrid(Grid):
+    """Grid whose nodes are ``client_app`` calls in this process.
+
+    Parameters
+    ----------
+    client_app : callable
+        A ``flwr.clientapp.ClientApp`` (or any ``(Message, Context) -> Message``).
+    num_nodes : int
+        Number of nodes; node ``i`` gets node config
+        ``{"partition-id": i, "num-partitions": num_nodes}`` and node id ``i + 1``.
+    run_config : dict
+        The run config every node's ``Context`` carries.
+    run_id : int
+        Run id stamped on messages.
+    """
+
+    def __init__(
+        self,
+        client_app: ClientAppCallable,
+        num_nodes: int,
+        run_config: dict[str, Any],
+        run_id: int = 1,
+    ) -> None:
+        if num_nodes < 1:
+            raise ValueError(f"num_nodes must be >= 1, got {num_nodes!r}")
+        self.client_app = client_app
+        self.run_config = dict(run_config)
+        self._run = Run.create_empty(run_id)
+        _claim_task_identity(run_id)
+        self.contexts: dict[int, Context] = {}
+        self.pending: dict[str, Message] = {}
+        self._next_node_id = 1
+        self._next_message = 0
+        for pid in range(num_nodes):
+            self.add_node({"partition-id": pid, "num-partitions": num_nodes})
+
+    # -- node membership (tests and churn experiments)
+    def add_node(self, node_config: dict[str, Any]) -> int:
+        """Add a node with ``node_config``; return its new node id."""
+        node_id = self._next_node_id
+        self._next_node_id += 1
+        self.contexts[node_id] = Context(
+            run_id=self._run.run_id,
+            node_id=node_id,
+            node_config=dict(node_config),
+            state=RecordDict(),
+            run_config=self.run_config,
+        )
+        return node_id
+
+    def remove_node(self, node_id: int) -> None:
+        """Make a node vanish: it leaves ``get_node_ids`` and never answers again."""
+        del self.contexts[node_id]
+
+    # -- Grid API
+    def set_run(self, run: Run) -> None:
+        """Set the run this grid operates in."""
+        self._run = run
+
+    @property
+    def run(self) -> Run:
+        """Run information."""
+        return self._run
+
+    def create_message(
+        self,
+        content: RecordDict,
+        message_type: str,
+        dst_node_id: int,
+        group_id: str,
+        ttl: float | None = None,
+    ) -> Message:
+        """Create a message to ``dst_node_id``."""
+        return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
+
+    def get_node_ids(self) -> Iterable[int]:
+        """Ids of the nodes present now."""
+        return list(self.contexts)
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        """Store messages for their nodes; return their new message ids."""
+        ids = []
+        for msg in messages:
+            self._next_message += 1
+            mid = f"inprocess-{self._next_message}"
+            msg.metadata.__dict__["_message_id"] = mid
+            self.pending[mid] = msg
+            ids.append(mid)
+        return ids
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        """Compute and return replies to those of ``message_ids`` whose node is present.
+
+        Each reply is returned once; messages to vanished nodes stay unanswered.
+        """
+        replies = []
+        for mid in message_ids:
+            msg = self.pending.get(mid)
+            if msg is None or msg.metadata.dst_node_id not in self.contexts:
+                continue
+            del self.pending[mid]
+            replies.append(self._call(msg))
+        return replies
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
+        """Push ``messages`` and return the replies (synchronous strategies)."""
+        ids = list(self.push_messages(messages))
+        deadline = None if timeout is None else time.monotonic() + timeout
+        replies: list[Message] = []
+        while len(replies) < len(ids) and (deadline is None or time.monotonic() < deadline):
+            got = list(self.pull_messages(ids))
+            if not got:
+                break  # the rest went to vanished nodes
+            replies += got
+        return replies
+
+    def _call(self, msg: Message) -> Message:
+        context = self.contexts[msg.metadata.dst_node_id]
+        try:
+            reply = self.client_app(msg, context)
+        except Exception:  # mirrors Flower: an exception becomes an error reply
+            reply = Message(Error(CLIENT_APP_EXCEPTION, traceback.format_exc()), reply_to=msg)
+        reply.metadata.__dict__["_message_id"] = f"reply-{msg.metadata.message_id}"
+        return reply
+
+
+def _claim_task_identity(run_id: int) -> None:
+    """Stamp this process as a ServerApp task, as Flower does before ``main`` runs.
+
+    ``Message`` reads the run id from it. A real ServerApp process already has one;
+    it is left alone.
+    """
+    for attr, value in (("_run_id", run_id), ("_node_id", 0), ("_task_id", 0)):
+        if getattr(TaskIdentity, attr) is None:
+            setattr(TaskIdentity, attr, value)

@@ -1,0 +1,165 @@
+"""Run config of the flwr-gsgm Flower App: every key, its default and its check, in one place.
+
+The defaults here are the ones in ``pyproject.toml`` ``[tool.flwr.app.config]`` (a
+test keeps the two equal). :func:`parse_run_config` validates a whole run config
+before training starts and raises ``ValueError`` naming the key, the value and what
+was expected.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["RunConfigKey", "RUN_CONFIG", "ASYNC_STRATEGIES", "SYNC_STRATEGIES", "parse_run_config"]
+
+ASYNC_STRATEGIES = ("gsgm", "asgd", "masgd", "dcasgd", "fedasync", "fedbuff")
+SYNC_STRATEGIES = ("fedavg", "fedavgm")
+DATASET_CLASSES = {"fashion-mnist": 10, "cifar10": 10, "cifar100": 100}
+
+
+@dataclass(frozen=True)
+class RunConfigKey:
+    """One run config key: default, Python type, check and what the check expects."""
+
+    default: Any
+    check: Callable[[Any], bool]
+    expected: str
+    help: str
+
+    @property
+    def kind(self) -> type:
+        return type(self.default)
+
+
+def _positive(v: Any) -> bool:
+    return v > 0
+
+
+def _non_negative(v: Any) -> bool:
+    return v >= 0
+
+
+def _one_of(*values: str) -> Callable[[Any], bool]:
+    return lambda v: v in values
+
+
+def _key(default: Any, check: Callable[[Any], bool], expected: str, help: str) -> RunConfigKey:
+    return RunConfigKey(default, check, expected, help)
+
+
+_ANY = (lambda v: True)
+
+RUN_CONFIG: dict[str, RunConfigKey] = {
+    # what to run
+    "strategy": _key("gsgm", _one_of(*ASYNC_STRATEGIES, *SYNC_STRATEGIES),
+                     f"one of {', '.join(ASYNC_STRATEGIES + SYNC_STRATEGIES)}", "server strategy"),
+    "max-updates": _key(3000, _positive, "an integer > 0",
+                        "budget: client updates received (client computations)"),
+    "max-seconds": _key(0.0, _non_negative, ">= 0 (0 = no limit)",
+                        "budget: virtual seconds (simulation) or wall seconds (deployment)"),
+    "eval-every": _key(100, _positive, "an integer > 0", "evaluate every N client updates received"),
+    "seed": _key(0, _non_negative, "an integer >= 0", "seed of partitioning, clock and client sampling"),
+    # server optimizer
+    "server-lr": _key(0.05, _positive, "> 0", "server learning rate eta"),
+    "beta": _key(0.5, lambda v: 0 <= v < 1, "in [0, 1)", "momentum coefficient (GSGM, masgd, fedavgm)"),
+    "momentum-form": _key("heavy-ball", _one_of("heavy-ball", "ema"), "heavy-ball or ema", "GSGM momentum form"),
+    "cycle-quorum": _key(1.0, lambda v: 0 < v <= 1, "in (0, 1]", "GSGM: fraction of nodes that closes a cycle"),
+    "cycle-max-updates": _key(0, _non_negative, "an integer >= 0 (0 = none)", "GSGM: cycle budget in updates"),
+    "cycle-max-seconds": _key(0.0, _non_negative, ">= 0 (0 = none)", "GSGM: cycle budget in seconds"),
+    "scheduling": _key(True, _ANY, "true or false", "GSGM: white-list scheduling (false = momentum only)"),
+    "averaging": _key("slot", _one_of("slot", "table"), "slot or table", "GSGM: partial averaging variant"),
+    "max-staleness": _key(0, _non_negative, "an integer >= 0 (0 = none)", "drop updates staler than this"),
+    "max-norm": _key(0.0, _non_negative, ">= 0 (0 = none)", "reject updates with a larger L2 norm"),
+    "dc-lambda": _key(0.04, _non_negative, ">= 0", "DC-ASGD compensation lambda"),
+    "fedasync-alpha": _key(0.6, lambda v: 0 < v <= 1, "in (0, 1]", "FedAsync mixing weight"),
+    "fedasync-a": _key(0.5, _non_negative, ">= 0", "FedAsync staleness exponent"),
+    "fedbuff-k": _key(5, _positive, "an integer > 0", "FedBuff buffer size"),
+    # client work
+    "client-mode": _key("gradient", _one_of("gradient", "delta"), "gradient or delta", "what clients return"),
+    "batch-size": _key(32, _positive, "an integer > 0", "mini-batch size"),
+    "local-batches": _key(1, _positive, "an integer > 0", "gradient mode: mini-batches averaged"),
+    "local-steps": _key(1, _positive, "an integer > 0", "delta/weights mode: local SGD steps"),
+    "local-lr": _key(0.05, _positive, "> 0", "client learning rate (delta/weights mode)"),
+    "client-threads": _key(1, _positive, "an integer > 0", "torch threads per ClientApp"),
+    # data
+    "dataset": _key("fashion-mnist", _one_of(*DATASET_CLASSES), f"one of {', '.join(DATASET_CLASSES)}", "data set"),
+    "data-root": _key("/usr/share/datasets/fashion-mnist", _ANY, "a folder", "where the data set lies"),
+    "partitioner": _key("pathological", _one_of("pathological", "dirichlet", "iid"),
+                        "pathological, dirichlet or iid", "non-IID partitioning"),
+    "classes-per-node": _key(2, _positive, "an integer in [1, number of classes]", "pathological: classes per node"),
+    "dirichlet-alpha": _key(0.5, _positive, "> 0", "dirichlet: concentration alpha"),
+    # virtual clock
+    "virtual-clock": _key(True, _ANY, "true or false", "simulation clock (false = real arrival order)"),
+    "base-duration": _key(1.0, _positive, "> 0 seconds", "virtual seconds per computation, fast node"),
+    "slow-fraction": _key(0.25, lambda v: 0 <= v <= 1, "in [0, 1]", "fraction of slow nodes"),
+    "slow-factor": _key(4.0, lambda v: v >= 1, ">= 1", "how many times slower a slow node is"),
+    "jitter": _key(0.1, lambda v: 0 <= v < 1, "in [0, 1)", "relative jitter of each duration"),
+    # engine
+    "message-ttl": _key(600.0, _positive, "> 0 seconds", "TTL of every message"),
+    "reply-timeout": _key(300.0, _positive, "> 0 seconds", "a node silent this long is lost"),
+    "poll-interval": _key(0.01, _non_negative, ">= 0 seconds", "sleep between pulls when idle"),
+    "min-nodes": _key(1, _positive, "an integer > 0", "nodes to wait for before training"),
+    # outputs
+    "run-name": _key("", _ANY, "a folder name", "outputs/<run-name>/ (empty = strategy and time)"),
+    "output-dir": _key("outputs", _ANY, "a folder", "where run folders go"),
+}
+
+
+def _coerce(key: str, value: Any, spec: RunConfigKey) -> Any:
+    kind = spec.kind
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+    elif kind is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+    elif kind is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif isinstance(value, str):
+        return value
+    raise ValueError(f"run config {key}={value!r}: expected {spec.expected} ({kind.__name__})")
+
+
+def parse_run_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
+    """Validate a run config and fill in defaults.
+
+    Parameters
+    ----------
+    run_config : Mapping[str, Any]
+        ``context.run_config`` (kebab-case keys). Unknown keys are rejected.
+
+    Returns
+    -------
+    dict[str, Any]
+        Every key of :data:`RUN_CONFIG` with a value of the key's type.
+
+    Raises
+    ------
+    ValueError
+        For an unknown key, a value of the wrong type or out of range, or
+        ``classes-per-node`` above the data set's number of classes; the message
+        names the key, the value and what was expected.
+    """
+    unknown = sorted(set(run_config) - set(RUN_CONFIG))
+    if unknown:
+        raise ValueError(f"run config key(s) {unknown} unknown; known keys: {sorted(RUN_CONFIG)}")
+    cfg: dict[str, Any] = {}
+    for key, spec in RUN_CONFIG.items():
+        value = _coerce(key, run_config.get(key, spec.default), spec)
+        if not spec.check(value):
+            raise ValueError(f"run config {key}={value!r}: expected {spec.expected}")
+        cfg[key] = value
+    num_classes = DATASET_CLASSES[cfg["dataset"]]
+    if cfg["partitioner"] == "pathological" and cfg["classes-per-node"] > num_classes:
+        raise ValueError(
+            f"run config classes-per-node={cfg['classes-per-node']}: expected an integer in "
+            f"[1, {num_classes}] ({cfg['dataset']} has {num_classes} classes)"
+        )
+    return cfg

@@ -1,0 +1,128 @@
+"""Files a run writes to ``outputs/<run-name>/``.
+
+- ``config.json``: the resolved run config (every key, defaults filled in);
+- ``metrics.csv``: one row per evaluation (columns :data:`METRIC_COLUMNS`);
+- ``summary.json``: final accuracy, MASD and std of accuracy over the second half,
+  counters, staleness, wall seconds (:func:`summarize`);
+- ``accuracy.png``: test accuracy against client updates and against virtual time.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from flwr_gsgm import stability
+
+__all__ = ["METRIC_COLUMNS", "write_config", "write_metrics", "summarize", "write_summary", "plot_accuracy"]
+
+METRIC_COLUMNS = (
+    "updates", "version", "virtual_time", "wall_time", "accuracy", "loss",
+    "staleness_mean", "staleness_max", "train_loss", "deferred", "rejected", "dropped",
+)
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def write_config(run_dir: Path, cfg: Mapping[str, Any]) -> Path:
+    """Write ``config.json`` (sorted keys) and return its path."""
+    path = run_dir / "config.json"
+    _atomic_write_text(path, json.dumps(dict(cfg), indent=2, sort_keys=True) + "\n")
+    return path
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return "nan" if math.isnan(value) else repr(value)
+    return str(value)
+
+
+def write_metrics(run_dir: Path, rows: Sequence[Mapping[str, Any]]) -> Path:
+    """Write ``metrics.csv`` with :data:`METRIC_COLUMNS`; floats in shortest round-trip form."""
+    path = run_dir / "metrics.csv"
+    tmp = path.with_suffix(".csv.tmp")
+    with tmp.open("w", newline="") as fh:
+        writer = csv.writer(fh, lineterminator="\n")
+        writer.writerow(METRIC_COLUMNS)
+        for row in rows:
+            writer.writerow([_fmt(row.get(col, "")) for col in METRIC_COLUMNS])
+    os.replace(tmp, path)
+    return path
+
+
+def summarize(
+    rows: Sequence[Mapping[str, Any]],
+    counters: Mapping[str, int],
+    rejections: Mapping[str, int],
+    staleness_mean: float,
+    staleness_max: int,
+    wall_seconds: float,
+    virtual_seconds: float,
+) -> dict[str, Any]:
+    """Summary figures of one run (GSGM.md, "Measuring stability").
+
+    Accuracy figures are fractions in [0, 1]; MASD and std are over the second half
+    of the evaluations; times are seconds.
+    """
+    acc = [float(r["accuracy"]) for r in rows]
+    return {
+        "final_accuracy": stability.final_accuracy(acc),
+        "masd": stability.masd(acc),
+        "accuracy_std": stability.accuracy_std(acc),
+        "evaluations": len(acc),
+        "updates_received": int(counters.get("received", 0)),
+        "steps_applied": int(counters.get("steps", 0)),
+        "updates_deferred": int(counters.get("deferred", 0)),
+        "rejected": int(sum(rejections.values())),
+        "rejected_by_reason": dict(sorted(rejections.items())),
+        "dropped": int(counters.get("dropped", 0)),
+        "error_replies": int(counters.get("error-replies", 0)),
+        "nodes_lost": int(counters.get("nodes-lost", 0)),
+        "staleness_mean": float(staleness_mean),
+        "staleness_max": int(staleness_max),
+        "virtual_seconds": float(virtual_seconds),
+        "wall_seconds": float(wall_seconds),
+    }
+
+
+def write_summary(run_dir: Path, summary: Mapping[str, Any]) -> Path:
+    """Write ``summary.json`` (NaN written as null) and return its path."""
+    clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in summary.items()}
+    path = run_dir / "summary.json"
+    _atomic_write_text(path, json.dumps(clean, indent=2) + "\n")
+    return path
+
+
+def plot_accuracy(run_dir: Path, rows: Sequence[Mapping[str, Any]], title: str) -> Path:
+    """Write ``accuracy.png``: test accuracy vs client updates and vs virtual time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    updates = [r["updates"] for r in rows]
+    vtime = [r["virtual_time"] for r in rows]
+    acc = [100.0 * float(r["accuracy"]) for r in rows]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    axes[0].plot(updates, acc, marker=".")
+    axes[0].set_xlabel("client updates received")
+    axes[1].plot(vtime, acc, marker=".", color="tab:orange")
+    axes[1].set_xlabel("virtual time (s)")
+    axes[0].set_ylabel("test accuracy (%)")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    path = run_dir / "accuracy.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

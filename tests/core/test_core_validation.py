@@ -1,0 +1,254 @@
+"""Rejections leave the state bit-identical; state_dict round trips; registry."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+from core_testutil import (
+    Engine,
+    assert_bits_equal,
+    assert_state_equal,
+    assert_unchanged_but_rejected,
+    f32,
+)
+
+from flwr_gsgm.core import (
+    GSGM,
+    OPTIMIZERS,
+    Outcome,
+    UpdateRejected,
+    make_optimizer,
+    optimizer_params,
+)
+
+SHAPES = [(2,), (2, 2)]
+
+
+def arrays(*values):
+    """Two arrays shaped like SHAPES from 6 values."""
+    return [f32(*values[:2]), np.array(values[2:], np.float32).reshape(2, 2)]
+
+
+def busy(name, **kw):
+    """An optimizer mid-run: momentum, slots, buffers, backups all non-trivial."""
+    params = dict(lr=0.5, max_norm=100.0)
+    params.update(kw)
+    opt = make_optimizer(name, arrays(1, 2, 3, 4, 5, 6), [1, 2, 3], **params)
+    eng = Engine(opt, [1, 2, 3])
+    for node, v in [(1, 1.0), (1, 2.0), (2, 0.5), (1, -1.0), (3, 0.25), (1, 3.0)]:
+        eng.update(node, arrays(v, -v, 2 * v, v, 0.5, -0.5))
+    return opt, eng
+
+
+BAD = {
+    "num-arrays": lambda: arrays(1, 1, 1, 1, 1, 1)[:1],
+    "shape": lambda: [f32(1, 1), f32(1, 1, 1, 1)],
+    "dtype": lambda: [np.array([1, 1], np.float64), np.ones((2, 2), np.float32)],
+    "non-finite": lambda: arrays(1, 1, 1, np.nan, 1, 1),
+    "norm": lambda: arrays(1000, 1, 1, 1, 1, 1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("reason", sorted(BAD))
+def test_each_reason_leaves_state_bit_identical(name, reason):
+    opt, eng = busy(name)
+    before = opt.state_dict()
+    with pytest.raises(UpdateRejected) as info:
+        opt.on_update(1, BAD[reason](), eng.sent[1], now=eng.now + 1)
+    assert info.value.reason == reason
+    assert isinstance(info.value, ValueError)
+    assert_unchanged_but_rejected(before, opt.state_dict())
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_unknown_node_and_base_version(name):
+    opt, eng = busy(name)
+    good = arrays(1, 1, 1, 1, 1, 1)
+    cases = [
+        ("unknown-node", dict(node_id=99, base_version=0)),
+        ("unknown-node", dict(node_id="1", base_version=0)),
+        ("base-version", dict(node_id=2, base_version=opt.version + 1)),
+        ("base-version", dict(node_id=2, base_version=-1)),
+        ("base-version", dict(node_id=2, base_version=1.0)),
+    ]
+    opt.on_node_lost(3)
+    cases.append(("unknown-node", dict(node_id=3, base_version=0)))
+    for reason, kw in cases:
+        before = opt.state_dict()
+        with pytest.raises(UpdateRejected) as info:
+            opt.on_update(update=good, **kw)
+        assert info.value.reason == reason, (kw, info.value)
+        assert_unchanged_but_rejected(before, opt.state_dict())
+    assert opt.counters["rejected"] == len(cases)
+
+
+def test_rejection_messages_name_value_and_expectation():
+    opt = GSGM(arrays(0, 0, 0, 0, 0, 0), [1], lr=0.5, max_norm=1.0)
+    msgs = {}
+    for reason, make_bad in BAD.items():
+        with pytest.raises(UpdateRejected) as info:
+            opt.on_update(1, make_bad(), 0)
+        msgs[reason] = str(info.value)
+    assert "expected 2 arrays, got 1" in msgs["num-arrays"]
+    assert "(4,)" in msgs["shape"] and "(2, 2)" in msgs["shape"]
+    assert "<f8" in msgs["dtype"] and "float32" in msgs["dtype"]
+    assert "nan" in msgs["non-finite"] and "index 1" in msgs["non-finite"]
+    assert "max_norm 1" in msgs["norm"]
+    with pytest.raises(UpdateRejected, match="got a single numpy.ndarray"):
+        opt.on_update(1, f32(1, 2), 0)
+    with pytest.raises(UpdateRejected, match="expected a numpy float32"):
+        opt.on_update(1, [[1.0, 2.0], np.ones((2, 2), np.float32)], 0)
+
+
+def test_infinity_and_float32_overflow_of_the_norm():
+    opt = GSGM(arrays(0, 0, 0, 0, 0, 0), [1], lr=1e-30)
+    with pytest.raises(UpdateRejected) as info:
+        opt.on_update(1, arrays(1, -np.inf, 1, 1, 1, 1), 0)
+    assert info.value.reason == "non-finite" and "-inf" in str(info.value)
+    # 1e30 ** 2 overflows float32 but the value is finite: accepted.
+    assert opt.on_update(1, arrays(1e30, 1, 1, 1, 1, 1), 0) is Outcome.APPLIED
+
+
+def test_bad_now_is_a_caller_error_and_not_counted():
+    opt = GSGM(arrays(0, 0, 0, 0, 0, 0), [1], lr=0.5)
+    with pytest.raises(ValueError, match="now"):
+        opt.on_update(1, arrays(1, 1, 1, 1, 1, 1), 0, now=float("nan"))
+    assert opt.counters["rejected"] == 0 and opt.counters["arrivals"] == 0
+
+
+# ------------------------------------------------------------------ checkpointing
+GSGM_CONFIGS = [
+    dict(),
+    dict(momentum_form="ema", cycle_quorum=0.5),
+    dict(averaging="table", cycle_max_updates=4),
+    dict(scheduling=False),
+    dict(cycle_max_seconds=2.5, start_time=0.0),
+]
+
+
+def continue_run(opt, eng, steps=12):
+    for i in range(steps):
+        node = [1, 2, 1, 3, 1, 2][i % 6]
+        if node not in eng.sent:  # lost
+            continue
+        v = 0.1 * (i + 1)
+        eng.update(node, arrays(v, 1 - v, v * v, -v, 0.5, v), dt=0.75)
+        if i == 5:
+            eng.lost(2)
+        if i == 8:
+            eng.joined(2)
+
+
+@pytest.mark.parametrize(
+    "name,kw",
+    [("gsgm", c) for c in GSGM_CONFIGS] + [(n, {}) for n in sorted(OPTIMIZERS) if n != "gsgm"],
+)
+def test_restored_mid_cycle_continues_bit_identically(name, kw):
+    opt, eng = busy(name, **kw)
+    if name == "gsgm" and kw.get("scheduling", True):
+        assert opt.slots or opt.cycle_count  # genuinely mid-cycle
+    blob = pickle.dumps(opt.state_dict())
+    snap = eng.snapshot()
+    continue_run(opt, eng)
+
+    fresh = make_optimizer(name, arrays(0, 0, 0, 0, 0, 0), [9], lr=0.25)  # other params
+    views = fresh.weights
+    fresh.load_state_dict(pickle.loads(blob))
+    assert fresh.params == make_optimizer(name, arrays(0, 0, 0, 0, 0, 0), [1], lr=0.5,
+                                          max_norm=100.0, **kw).params
+    assert all(np.shares_memory(v, fresh.flat_weights) for v in views)
+    eng2 = Engine.__new__(Engine)
+    eng2.restore(fresh, snap)
+    continue_run(fresh, eng2)
+    assert_state_equal(opt.state_dict(), fresh.state_dict())
+    for a, b in zip(opt.weights, fresh.weights):
+        assert_bits_equal(a, b)
+
+
+def test_state_dict_is_a_deep_copy_of_plain_values():
+    opt, _ = busy("gsgm")
+    state = opt.state_dict()
+
+    def plain(x):
+        if isinstance(x, dict):
+            return all(isinstance(k, str) and plain(v) for k, v in x.items())
+        if isinstance(x, list):
+            return all(plain(v) for v in x)
+        return x is None or type(x) in (int, float, str, bool, np.ndarray)
+
+    assert plain(state)
+    state["weights"][:] = 123.0
+    state["momentum"][:] = 123.0
+    state["slot_values"][0][:] = 123.0
+    assert not np.any(opt.flat_weights == 123.0)
+    assert not np.any(opt.momentum == 123.0)
+    assert not np.any(next(iter(opt.slots.values()))[0] == 123.0)
+
+
+def test_state_dict_survives_torch_save():
+    torch = pytest.importorskip("torch")
+    import io
+
+    opt, _ = busy("gsgm")
+    buf = io.BytesIO()
+    torch.save(opt.state_dict(), buf)
+    buf.seek(0)
+    # torch >= 2.6 loads with weights_only=True by default: allow numpy arrays.
+    allowed = [np._core.multiarray._reconstruct, np.ndarray, np.dtype,
+               np.dtypes.Float32DType]
+    with torch.serialization.safe_globals(allowed):
+        state = torch.load(buf)
+    assert_state_equal(opt.state_dict(), state)
+
+
+def test_load_state_dict_refuses_foreign_states_and_stays_unchanged():
+    opt, _ = busy("gsgm")
+    before = opt.state_dict()
+    other, _ = busy("asgd")
+    with pytest.raises(ValueError, match="asgd"):
+        opt.load_state_dict(other.state_dict())
+    small = GSGM([f32(0, 0)], [1], lr=0.5)
+    with pytest.raises(ValueError, match="shapes"):
+        opt.load_state_dict(small.state_dict())
+    broken = opt.state_dict()
+    broken["slot_values"] = [np.zeros(3, np.float32)] * len(broken["slot_nodes"])
+    with pytest.raises(ValueError, match="slot_values"):
+        opt.load_state_dict(broken)
+    assert_state_equal(before, opt.state_dict())
+
+
+# ----------------------------------------------------------------------- registry
+def test_registry_names_and_building_every_optimizer():
+    assert sorted(OPTIMIZERS) == ["asgd", "dcasgd", "fedasync", "fedbuff", "gsgm", "masgd"]
+    for name, cls in OPTIMIZERS.items():
+        opt = make_optimizer(name, [f32(0, 0)], [1], lr=0.1)
+        assert type(opt) is cls and opt.name == name
+        assert "lr" in optimizer_params(name)
+
+
+def test_registry_errors():
+    with pytest.raises(ValueError) as info:
+        make_optimizer("adam", [f32(0, 0)], [1], lr=0.1)
+    msg = str(info.value)
+    assert "'adam'" in msg and all(n in msg for n in OPTIMIZERS)
+    with pytest.raises(ValueError) as info:
+        make_optimizer("asgd", [f32(0, 0)], [1], lr=0.1, beta=0.5)
+    assert "'beta'" in str(info.value) and "lr" in str(info.value)
+    with pytest.raises(ValueError, match="'lr'"):
+        make_optimizer("gsgm", [f32(0, 0)], [1])
+    with pytest.raises(ValueError, match="twice"):
+        make_optimizer("gsgm", [f32(0, 0)], [1], lr=0.1, cycle_quorum=0.5,
+                       **{"cycle-quorum": 0.5})
+
+
+def test_registry_accepts_run_config_keys():
+    opt = make_optimizer(
+        "gsgm", [f32(0, 0)], [1, 2], **{"lr": 0.1, "momentum-form": "ema",
+                                       "cycle-quorum": 0.5, "cycle-max-updates": 10},
+    )
+    assert opt.params["momentum_form"] == "ema"
+    assert opt.params["cycle_quorum"] == 0.5
+    assert opt.params["cycle_max_updates"] == 10

@@ -1,0 +1,145 @@
+"""The asynchronous engine on the in-process grid with a quadratic ClientApp.
+
+Node p returns g = w - target_p, so every number here can be followed by hand.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from flwr.app import ArrayRecord, MetricRecord
+
+from flwr_gsgm.async_engine import EngineSettings
+from flwr_gsgm.inprocess_grid import InProcessGrid
+from flwr_gsgm.strategies import ASGD, GSGM
+from flwr_gsgm.virtual_clock import VirtualClock
+from tests.engine.quadratic_app import TARGETS, initial_arrays, make_app
+
+CLOCK = VirtualClock(seed=3, base_duration=1.0, slow_fraction=0.25, slow_factor=4.0, jitter=0.1)
+
+
+def run(strategy, num_nodes=3, max_updates=60, app=None, grid=None, **start):
+    grid = grid or InProcessGrid(app or make_app(), num_nodes, run_config={})
+    return strategy.start(grid, initial_arrays(), max_updates=max_updates, **start), grid
+
+
+def weights(result) -> dict[str, np.ndarray]:
+    return {k: v.numpy() for k, v in result.arrays.items()}
+
+
+def test_asgd_converges_to_mean_target_and_counts_every_update():
+    result, _ = run(ASGD(server_lr=0.1, virtual_clock=CLOCK), num_nodes=3, max_updates=300)
+    rep = result.report
+    assert rep.counters["received"] == 300
+    assert rep.counters["applied"] == 300
+    assert rep.counters["steps"] == 300
+    # The optimum of sum_p 0.5||w - t_p||^2 over p = 0, 1, 2 is mean(t) = (2/3, 2/3);
+    # with a fast node 4x more frequent, ASGD is biased toward the fast nodes' targets,
+    # but stays within 0.25 of the optimum and b converges to 0.5.
+    w = weights(result)
+    assert np.abs(w["w"] - TARGETS[:3].mean(axis=0)).max() < 0.25
+    assert w["b"][0] == pytest.approx(0.5, abs=1e-3)
+
+
+def test_replies_are_applied_in_virtual_finish_order():
+    calls: list[tuple[int, int]] = []
+    run(ASGD(server_lr=0.1, virtual_clock=CLOCK), num_nodes=4, max_updates=40, app=make_app(calls=calls))
+    speeds = CLOCK.speed_factors([0, 1, 2, 3])
+    slow = [p for p, f in speeds.items() if f > 1]
+    assert len(slow) == 1  # a quarter of 4 nodes
+    per_node = {p: sum(1 for q, _ in calls if q == p) for p in range(4)}
+    # A node 4x slower computes about a quarter as often as each fast one.
+    fast_mean = np.mean([per_node[p] for p in range(4) if p not in slow])
+    assert per_node[slow[0]] <= fast_mean / 2.5
+
+
+def test_same_seed_gives_identical_rows_and_weights():
+    a, _ = run(GSGM(server_lr=0.1, beta=0.5, virtual_clock=CLOCK), max_updates=90, eval_every=10,
+               evaluate_fn=lambda step, arr: MetricRecord({"accuracy": float(arr["w"].numpy()[0]), "loss": 0.0}))
+    b, _ = run(GSGM(server_lr=0.1, beta=0.5, virtual_clock=CLOCK), max_updates=90, eval_every=10,
+               evaluate_fn=lambda step, arr: MetricRecord({"accuracy": float(arr["w"].numpy()[0]), "loss": 0.0}))
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "wall_time"} for r in rows]  # noqa: E731
+    assert strip(a.rows) == strip(b.rows)
+    assert len(a.rows) == 10  # at 0, 10, ..., 90 updates
+    for k in ("w", "b"):
+        assert np.array_equal(weights(a)[k], weights(b)[k])
+
+
+def test_gsgm_applies_fewer_steps_than_updates_received_with_a_slow_node():
+    result, _ = run(GSGM(server_lr=0.1, beta=0.5, virtual_clock=CLOCK), num_nodes=4, max_updates=80)
+    c = result.report.counters
+    assert c["received"] == 80
+    assert c["applied"] + c.get("deferred", 0) == 80
+    assert c.get("deferred", 0) > 0  # fast nodes' extra updates went into slots
+
+
+def test_error_replies_lose_the_node_and_the_run_finishes_with_the_others():
+    app = make_app(raise_for={1})
+    result, _ = run(ASGD(server_lr=0.1, virtual_clock=CLOCK), num_nodes=3, max_updates=50, app=app)
+    c = result.report.counters
+    assert c["error-replies"] == 3  # EngineSettings.max_consecutive_errors
+    assert c["nodes-lost"] == 1
+    assert c["received"] == 50
+
+
+def test_a_node_that_vanishes_is_lost_after_reply_timeout():
+    grid = InProcessGrid(make_app(), 3, run_config={})
+    strategy = ASGD(server_lr=0.1, virtual_clock=None,
+                    engine=EngineSettings(reply_timeout=0.3, poll_interval=0.001))
+    vanished = {}
+
+    def evaluate_fn(step, arrays):
+        if step == 10 and not vanished:  # node of partition 2 goes away mid-run
+            vanished["node"] = 3
+            grid.remove_node(3)
+        return MetricRecord({"accuracy": 0.0, "loss": 0.0})
+
+    result, _ = run(strategy, grid=grid, max_updates=40, evaluate_fn=evaluate_fn, eval_every=10)
+    c = result.report.counters
+    assert vanished == {"node": 3}
+    assert c["nodes-lost"] == 1
+    assert c["lost-in-flight"] == 1
+    assert c["received"] == 40
+
+
+def _nan_update(pid, grad, metrics):
+    grad["w"] = np.array([np.nan, 0.0], np.float32)
+    return grad, metrics
+
+
+def _wrong_partition(pid, grad, metrics):
+    metrics["partition-id"] = 7
+    return grad, metrics
+
+
+def _no_metrics(pid, grad, metrics):
+    return grad, MetricRecord({"num-examples": 1})
+
+
+@pytest.mark.parametrize(
+    "bad, reason",
+    [(_nan_update, "non-finite"), (_wrong_partition, "partition-id"), (_no_metrics, "missing-metrics")],
+)
+def test_rejected_replies_are_counted_and_never_touch_the_model(bad, reason):
+    # Same run twice: node 2 misbehaving vs node 2 ... also misbehaving but in a way we
+    # can compare: its rejected updates must leave w as if it had sent nothing.
+    result, _ = run(ASGD(server_lr=0.1, virtual_clock=CLOCK), num_nodes=3, max_updates=30,
+                    app=make_app(misbehave={2: bad}))
+    rep = result.report
+    assert rep.rejections[reason] > 0
+    assert rep.counters["applied"] + rep.rejections[reason] == 30
+    w = weights(result)
+    assert np.all(np.isfinite(w["w"]))
+    # Only partitions 0 and 1 moved w: both pull toward x + y <= 1 (targets (1,0), (0,1)).
+    assert w["w"].sum() <= 1.0 + 1e-5
+    assert not math.isnan(rep.staleness_mean)
+
+
+def test_time_budget_in_virtual_seconds():
+    result, _ = run(ASGD(server_lr=0.1, virtual_clock=CLOCK), num_nodes=3, max_updates=10_000,
+                    max_seconds=20.0)
+    assert result.report.virtual_seconds <= 20.0
+    # Two fast nodes (about 1 s each) and one 4x slower: about 2*20 + 20/4 = 45 updates.
+    assert 38 <= result.report.counters["received"] <= 52

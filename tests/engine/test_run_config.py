@@ -1,0 +1,67 @@
+"""Run config validation: every bad value fails before training, naming the key."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from flwr_gsgm.inprocess_grid import InProcessGrid
+from flwr_gsgm.run_config import RUN_CONFIG, parse_run_config
+from flwr_gsgm.server_app import main
+from tests.engine.quadratic_app import make_app
+
+PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
+
+
+def test_pyproject_run_config_equals_the_documented_defaults():
+    app_config = tomllib.loads(PYPROJECT.read_text())["tool"]["flwr"]["app"]["config"]
+    assert app_config == {k: spec.default for k, spec in RUN_CONFIG.items()}
+
+
+def test_defaults_parse_to_the_main_job():
+    cfg = parse_run_config({})
+    assert (cfg["strategy"], cfg["dataset"], cfg["classes-per-node"]) == ("gsgm", "fashion-mnist", 2)
+
+
+@pytest.mark.parametrize(
+    "key, value, expected",
+    [
+        ("strategy", "sgd", "run config strategy='sgd': expected one of gsgm, asgd"),
+        ("server-lr", 0.0, "run config server-lr=0.0: expected > 0"),
+        ("server-lr", -0.1, "run config server-lr=-0.1: expected > 0"),
+        ("local-lr", 0, "run config local-lr=0.0: expected > 0"),
+        ("classes-per-node", 11, "run config classes-per-node=11: expected an integer in [1, 10]"),
+        ("beta", 1.0, "run config beta=1.0: expected in [0, 1)"),
+        ("beta", -0.2, "run config beta=-0.2: expected in [0, 1)"),
+        ("cycle-quorum", 0.0, "run config cycle-quorum=0.0: expected in (0, 1]"),
+        ("max-updates", 2.5, "run config max-updates=2.5: expected an integer > 0"),
+        ("scheduling", "maybe", "run config scheduling='maybe': expected true or false"),
+    ],
+)
+def test_bad_values_name_the_key(key, value, expected):
+    with pytest.raises(ValueError) as err:
+        parse_run_config({key: value})
+    assert str(err.value).startswith(expected)
+
+
+def test_unknown_key_is_named():
+    with pytest.raises(ValueError, match=r"\['sever-lr'\] unknown"):
+        parse_run_config({"sever-lr": 0.1})
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [{"strategy": "sgd"}, {"server-lr": 0.0}, {"classes-per-node": 11}, {"beta": 1.0}],
+)
+def test_server_app_fails_before_any_message_is_sent(bad, tmp_path):
+    grid = InProcessGrid(make_app(), 2, run_config={})
+
+    class Context:
+        run_config = {**bad, "output-dir": str(tmp_path)}
+
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        main(grid, Context())  # the ServerApp's main function
+    assert grid._next_message == 0  # nothing was pushed
+    assert list(tmp_path.iterdir()) == []  # no run folder either
