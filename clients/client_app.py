@@ -15,6 +15,15 @@ Node config (``context.node_config``; set by the simulation engine, or by
 - ``partition-id`` (int, ``0 <= id < num-partitions``): which partition of the
   training set this node holds; the server keys its per-node state on it.
 - ``num-partitions`` (int >= 1).
+- ``data-dir`` (str, optional): train on the node's own images, a torchvision
+  ``ImageFolder`` tree of class folders named by class index or class name, instead
+  of partition ``partition-id`` of the data set (:mod:`clients.local_data`); images
+  are converted to the model's input (grayscale 28x28 for Fashion-MNIST).
+- ``cache-dir`` (str, optional): keep the node's decoded training (and evaluation)
+  data in this folder so that the next message's ClientApp process reads them back
+  instead of re-reading and re-partitioning the data set (:mod:`clients.local_data`).
+- ``device`` (str, ``"auto"``): ``auto`` (CUDA if available, else CPU), ``cpu``,
+  ``cuda`` or ``cuda:<i>`` (:mod:`clients.device`).
 
 Run config (``context.run_config``, ``[tool.flwr.app.config]``), all optional:
 
@@ -69,7 +78,9 @@ Run config (``context.run_config``, ``[tool.flwr.app.config]``), all optional:
 train (``"config"`` ignored). The node evaluates w on the test-set images whose
 class occurs in its training partition (its own label distribution's support;
 the training partition is left whole), at most ``eval-max-examples`` of them (a
-fixed subset drawn with the partitioning seed and the partition-id). Reply content:
+fixed subset drawn with the partitioning seed and the partition-id); with a
+``data-dir``, on the images of ``<data-dir>/test`` if that folder exists, else on
+the training images (same cap). Reply content:
 
 - ``"metrics"``: MetricRecord ``{"num-examples": int, "eval-loss": float (mean
   cross-entropy), "eval-accuracy": float (fraction in [0, 1])}``.
@@ -87,6 +98,7 @@ weight decay.
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass
 from functools import lru_cache
@@ -105,6 +117,8 @@ from flwr.app import (
 from flwr.clientapp import ClientApp
 
 from clients.datasets import ImageData, dataset_info, load_dataset
+from clients.device import choose_device
+from clients.local_data import disk_cached, folder_fingerprint, image_folder_split, load_image_folder
 from clients.models import build_model
 from clients.partitioning import PartitionConfig, load_partition
 from clients.training import MODES, compute_update, evaluate, num_examples_used
@@ -172,6 +186,9 @@ class RunSettings:
     partition_id: int
     client_threads: int
     eval_max_examples: int
+    data_dir: str | None = None
+    cache_dir: str | None = None
+    device: str = "auto"
 
     @classmethod
     def from_context(cls, context: Context) -> RunSettings:
@@ -181,7 +198,7 @@ class RunSettings:
         ------
         ValueError
             Missing ``partition-id`` / ``num-partitions`` in the node config, or a
-            bad value; the message names the key.
+            bad value (``device`` included); the message names the key.
         """
         rc = dict(context.run_config)
         nc = dict(context.node_config)
@@ -209,6 +226,8 @@ class RunSettings:
             seed=_get_int(rc, "seed", d["seed"]),
         )
         partition.validate(info.num_classes)
+        device = _get_str(nc, "device", "auto")
+        choose_device(device)  # ValueError naming `device` if unusable on this node
         return cls(
             dataset=dataset,
             data_root=_get_str(rc, "data-root", d["data-root"]),
@@ -218,6 +237,9 @@ class RunSettings:
             eval_max_examples=_get_int(
                 rc, "eval-max-examples", d["eval-max-examples"], minimum=1
             ),
+            data_dir=_get_str(nc, "data-dir", "") or None,
+            cache_dir=_get_str(nc, "cache-dir", "") or None,
+            device=device,
         )
 
     def apply_threads(self) -> None:
@@ -227,27 +249,76 @@ class RunSettings:
 
 
 # -------------------------------------------------------------------- node data
+def _source_key(dataset: str, root: str, data_dir: str | None) -> dict[str, str]:
+    """What a node's data are read from, for the on-disk cache key."""
+    if data_dir:
+        folder = os.path.realpath(os.path.expanduser(data_dir))
+        return {"dataset": dataset, "data-dir": folder, "files": folder_fingerprint(folder)}
+    folder = os.path.realpath(os.path.expanduser(root))
+    return {"dataset": dataset, "data-root": folder, "files": folder_fingerprint(folder)}
+
+
 @lru_cache(maxsize=256)
 def _train_data(
-    dataset: str, root: str, config: PartitionConfig, partition_id: int
+    dataset: str,
+    root: str,
+    config: PartitionConfig,
+    partition_id: int,
+    data_dir: str | None = None,
+    cache_dir: str | None = None,
 ) -> ImageData:
-    train, _ = load_dataset(dataset, root)
-    return train.subset(load_partition(dataset, root, config, partition_id))
+    """The node's training set: its partition of ``dataset``, or its ``data_dir``."""
+    if data_dir:
+        def build() -> ImageData:
+            return load_image_folder(image_folder_split(data_dir, "train"), dataset_info(dataset))
+        key = _source_key(dataset, root, data_dir)
+    else:
+        def build() -> ImageData:
+            train, _ = load_dataset(dataset, root)
+            return train.subset(load_partition(dataset, root, config, partition_id))
+        key = {**_source_key(dataset, root, None), "partition": repr(config),
+               "partition-id": partition_id}
+    return disk_cached(cache_dir, "train", key, build)
 
 
 @lru_cache(maxsize=256)
 def _eval_data(
-    dataset: str, root: str, config: PartitionConfig, partition_id: int, max_examples: int
+    dataset: str,
+    root: str,
+    config: PartitionConfig,
+    partition_id: int,
+    max_examples: int,
+    data_dir: str | None = None,
+    cache_dir: str | None = None,
 ) -> ImageData:
-    _, test = load_dataset(dataset, root)
-    classes = torch.unique(_train_data(dataset, root, config, partition_id).labels)
-    rows = torch.nonzero(torch.isin(test.labels, classes)).flatten()
-    if len(rows) > max_examples:
-        gen = torch.Generator().manual_seed(
-            _derive_seed(config.seed, partition_id, 0x5EED_E7A1)
-        )
-        rows = rows[torch.randperm(len(rows), generator=gen)[:max_examples]].sort().values
-    return test.subset(rows)
+    """The node's evaluation set (see the module docstring), at most ``max_examples``."""
+    def subsample(data: ImageData, rows: torch.Tensor) -> ImageData:
+        if len(rows) > max_examples:
+            gen = torch.Generator().manual_seed(
+                _derive_seed(config.seed, partition_id, 0x5EED_E7A1)
+            )
+            rows = rows[torch.randperm(len(rows), generator=gen)[:max_examples]].sort().values
+        return data.subset(rows)
+
+    if data_dir:
+        def build() -> ImageData:
+            test = load_image_folder(image_folder_split(data_dir, "test"), dataset_info(dataset))
+            return subsample(test, torch.arange(len(test)))
+    else:
+        def build() -> ImageData:
+            _, test = load_dataset(dataset, root)
+            classes = torch.unique(_train_data(dataset, root, config, partition_id).labels)
+            return subsample(test, torch.nonzero(torch.isin(test.labels, classes)).flatten())
+    key = {**_source_key(dataset, root, data_dir), "partition": repr(config),
+           "partition-id": partition_id, "max-examples": max_examples}
+    return disk_cached(cache_dir, "eval", key, build)
+
+
+def _node_train_data(settings: RunSettings) -> ImageData:
+    return _train_data(
+        settings.dataset, settings.data_root, settings.partition, settings.partition_id,
+        settings.data_dir, settings.cache_dir,
+    )
 
 
 def _derive_seed(*parts: int) -> int:
@@ -307,9 +378,7 @@ def _model_from_message(msg: Message, settings: RunSettings) -> tuple[torch.nn.M
 def query(msg: Message, context: Context) -> Message:
     """Reply with this node's identity and partition size (see module docstring)."""
     settings = RunSettings.from_context(context)
-    data = _train_data(
-        settings.dataset, settings.data_root, settings.partition, settings.partition_id
-    )
+    data = _node_train_data(settings)
     metrics = MetricRecord(
         {
             "partition-id": settings.partition_id,
@@ -341,10 +410,9 @@ def train(msg: Message, context: Context) -> Message:
         server_round = _get_int(config, "server-round", 0)
         seed = _derive_seed(settings.partition.seed, settings.partition_id, server_round)
 
-    data = _train_data(
-        settings.dataset, settings.data_root, settings.partition, settings.partition_id
-    )
+    data = _node_train_data(settings)
     model, source = _model_from_message(msg, settings)
+    device = choose_device(settings.device)
 
     start = time.perf_counter()
     update, train_loss = compute_update(
@@ -357,6 +425,7 @@ def train(msg: Message, context: Context) -> Message:
         local_steps=local_steps,
         local_lr=local_lr,
         seed=seed,
+        device=device,
     )
     compute_time = time.perf_counter() - start
 
@@ -398,9 +467,11 @@ def evaluate_handler(msg: Message, context: Context) -> Message:
         settings.partition,
         settings.partition_id,
         settings.eval_max_examples,
+        settings.data_dir,
+        settings.cache_dir,
     )
     model, _ = _model_from_message(msg, settings)
-    loss, accuracy = evaluate(model, data.images, data.labels)
+    loss, accuracy = evaluate(model, data.images, data.labels, device=choose_device(settings.device))
     metrics = MetricRecord(
         {"num-examples": len(data), "eval-loss": float(loss), "eval-accuracy": float(accuracy)}
     )

@@ -15,9 +15,24 @@ Registered datasets (:data:`DATASETS`):
   :func:`read_idx`. Offline source: the Debian/Ubuntu package
   ``dataset-fashion-mnist`` (files in ``/usr/share/datasets/fashion-mnist``).
 
-Adding a dataset (for example CIFAR-10/100 from torchvision's python pickle format,
-or an ImageFolder tree) means writing one ``loader(root) -> (train, test)`` function
-and one :class:`DatasetInfo` entry in :data:`DATASETS`; nothing else changes.
+- ``"cifar10"``: CIFAR-10 in its python format (50,000 train and 10,000 test
+  images, 3x32x32, 10 classes): the folder ``cifar-10-batches-py`` with the pickled
+  batches ``data_batch_1`` .. ``data_batch_5``, ``test_batch`` and ``batches.meta``,
+  read by :func:`read_cifar_batch`.
+- ``"cifar100"``: CIFAR-100 in its python format (50,000 / 10,000 images, 3x32x32,
+  100 fine classes): the folder ``cifar-100-python`` with ``train``, ``test`` and
+  ``meta``; the labels are the ``fine_labels``.
+
+  For both, ``data-root`` may be the folder holding ``cifar-10-batches-py`` /
+  ``cifar-100-python`` (torchvision's ``root``) or that folder itself. There is no
+  offline package; with internet access, ``python -m clients.datasets download
+  cifar10 DIR`` (or ``cifar100``) fetches the archive through torchvision
+  (``download=True``) and unpacks it under ``DIR``; then set ``data-root=DIR``.
+  Nothing else in this project downloads anything.
+
+Adding a dataset (for example an ImageFolder tree) means writing one
+``loader(root) -> (train, test)`` function and one :class:`DatasetInfo` entry in
+:data:`DATASETS` (and a model in :mod:`clients.models`); nothing else changes.
 
 Loading is cached per process (:func:`functools.lru_cache` keyed on name and root):
 a Flower simulation calls the ClientApp many times in the same worker process, and
@@ -29,6 +44,8 @@ from __future__ import annotations
 
 import gzip
 import os
+import pickle
+import sys
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,7 +60,9 @@ __all__ = [
     "DatasetInfo",
     "ImageData",
     "dataset_info",
+    "download",
     "load_dataset",
+    "read_cifar_batch",
     "read_idx",
 ]
 
@@ -102,6 +121,26 @@ class ImageData:
     def subset(self, indices: torch.Tensor) -> ImageData:
         """Return the rows ``indices`` (int64 ``[M]``) as a new ImageData (a copy)."""
         return ImageData(self.images[indices], self.labels[indices], self.num_classes)
+
+    def balanced_subset(self, n: int, seed: int = 0) -> ImageData:
+        """A fixed, class-balanced subset of ``n`` rows (all rows if ``n`` is 0 or >= N).
+
+        Each class present gets ``n // C`` rows (the first ``n % C`` classes one
+        more), drawn with a ``torch.Generator`` seeded with ``seed``; a class with
+        fewer rows gives all it has. Rows keep their original order. Used to make
+        frequent server evaluations cheaper: every run evaluated with the same
+        ``n`` and ``seed`` sees the same images.
+        """
+        if n <= 0 or n >= len(self):
+            return self
+        classes = torch.unique(self.labels)
+        share = [n // len(classes) + (1 if i < n % len(classes) else 0) for i in range(len(classes))]
+        gen = torch.Generator().manual_seed(seed)
+        picked = []
+        for c, k in zip(classes.tolist(), share):
+            rows = torch.nonzero(self.labels == c).flatten()
+            picked.append(rows[torch.randperm(len(rows), generator=gen)[:k]])
+        return self.subset(torch.cat(picked).sort().values)
 
 
 @dataclass(frozen=True)
@@ -268,6 +307,173 @@ def _load_fashion_mnist(root: Path) -> tuple[ImageData, ImageData]:
     return _load_mnist_like(root, 10, _FASHION_MNIST_HINT)
 
 
+# ------------------------------------------------------------------------- CIFAR
+_CIFAR_FOLDERS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python"}
+
+
+def _cifar_hint(name: str) -> str:
+    folder = _CIFAR_FOLDERS[name]
+    return (
+        f"{name} has no offline package. With internet access, run "
+        f"`python -m clients.datasets download {name} DIR` (torchvision, download=True), "
+        f"which unpacks {folder}/ under DIR, then set the run config key `data-root=DIR`; "
+        f"or point `data-root` at a folder holding {folder}/ (or at {folder}/ itself) "
+        "in the CIFAR python format (https://www.cs.toronto.edu/~kriz/cifar.html)."
+    )
+
+
+class _NumpyOnlyUnpickler(pickle.Unpickler):
+    """Unpickler that only builds numpy arrays besides plain Python containers.
+
+    The CIFAR files are pickles; refusing every other global keeps a tampered file
+    from running code when it is read.
+    """
+
+    _ALLOWED = {
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy.core.multiarray", "scalar"),
+        ("numpy._core.multiarray", "scalar"),
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+        ("_codecs", "encode"),
+    }
+
+    def find_class(self, module: str, name: str):  # noqa: D401 - pickle API
+        if (module, name) in self._ALLOWED:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"global {module}.{name} is not allowed in a CIFAR file")
+
+
+def _str_keys(entry: dict) -> dict:
+    return {(k.decode("latin1") if isinstance(k, bytes) else k): v for k, v in entry.items()}
+
+
+def _unpickle(path: Path) -> dict:
+    try:
+        with path.open("rb") as fh:
+            entry = _NumpyOnlyUnpickler(fh, encoding="latin1").load()
+    except FileNotFoundError:
+        raise
+    except Exception as err:  # truncated, not a pickle, forbidden global, ...
+        raise ValueError(f"Corrupt CIFAR file {path}: cannot unpickle ({err})") from err
+    if not isinstance(entry, dict):
+        raise ValueError(f"Corrupt CIFAR file {path}: expected a pickled dict, got {type(entry).__name__}")
+    return _str_keys(entry)
+
+
+def read_cifar_batch(
+    path: str | os.PathLike[str], label_key: str = "labels"
+) -> tuple[np.ndarray, np.ndarray]:
+    """Read one pickled batch of the CIFAR python format.
+
+    The file is a pickled dict (keys ``bytes`` or ``str``) with ``data``: uint8
+    ``[N, 3072]`` (each row the 1024 red, then green, then blue values of a 32x32
+    image, row-major) and ``label_key`` (``"labels"`` for CIFAR-10,
+    ``"fine_labels"`` for CIFAR-100): N integers.
+
+    Returns
+    -------
+    (np.ndarray, np.ndarray)
+        Images uint8 ``[N, 3, 32, 32]`` and labels int64 ``[N]``.
+
+    Raises
+    ------
+    FileNotFoundError
+        If ``path`` does not exist.
+    ValueError
+        If the file is not such a dict (a missing key, a bad shape or dtype, or
+        counts that disagree).
+    """
+    path = Path(path)
+    entry = _unpickle(path)
+    for key in ("data", label_key):
+        if key not in entry:
+            raise ValueError(f"Corrupt CIFAR file {path}: no {key!r} entry (keys: {sorted(entry)})")
+    data = np.asarray(entry["data"])
+    if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3 * 32 * 32:
+        raise ValueError(
+            f"Corrupt CIFAR file {path}: expected uint8 data [N, 3072], got {data.dtype} {data.shape}"
+        )
+    labels = np.asarray(entry[label_key])
+    if labels.ndim != 1 or len(labels) != len(data) or (len(labels) and labels.dtype.kind not in "iu"):
+        raise ValueError(
+            f"Corrupt CIFAR file {path}: {label_key!r} must hold {len(data)} integers, "
+            f"got {labels.dtype} {labels.shape}"
+        )
+    return data.reshape(-1, 3, 32, 32).copy(), labels.astype(np.int64)
+
+
+def _cifar_dir(root: Path, name: str) -> Path:
+    """``root/<folder>`` if it exists, else ``root`` itself if it is that folder."""
+    folder = _CIFAR_FOLDERS[name]
+    meta = "batches.meta" if name == "cifar10" else "meta"
+    if (root / folder).is_dir():
+        return root / folder
+    if root.name == folder or (root / meta).is_file():
+        return root
+    return root / folder
+
+
+def _load_cifar(root: Path, name: str, num_classes: int) -> tuple[ImageData, ImageData]:
+    hint = _cifar_hint(name)
+    base = _cifar_dir(root, name)
+    if name == "cifar10":
+        splits = {"train": [f"data_batch_{i}" for i in range(1, 6)], "test": ["test_batch"]}
+        meta_file, names_key, label_key = "batches.meta", "label_names", "labels"
+    else:
+        splits = {"train": ["train"], "test": ["test"]}
+        meta_file, names_key, label_key = "meta", "fine_label_names", "fine_labels"
+    for stem in [meta_file, *splits["train"], *splits["test"]]:
+        if not (base / stem).is_file():
+            raise FileNotFoundError(f"Dataset file {stem} not found in {base}. {hint}")
+    meta = _unpickle(base / meta_file)
+    if len(meta.get(names_key, ())) != num_classes:
+        raise ValueError(
+            f"Corrupt CIFAR file {base / meta_file}: expected {num_classes} {names_key!r}, "
+            f"got {len(meta.get(names_key, ()))}"
+        )
+    out = []
+    for split in ("train", "test"):
+        parts = [read_cifar_batch(base / stem, label_key) for stem in splits[split]]
+        images = np.concatenate([p[0] for p in parts])
+        labels = np.concatenate([p[1] for p in parts])
+        if len(labels) and (labels.min() < 0 or labels.max() >= num_classes):
+            raise ValueError(
+                f"Corrupt CIFAR {split} files in {base}: label range "
+                f"[{labels.min()}, {labels.max()}] outside [0, {num_classes})"
+            )
+        out.append(ImageData(torch.from_numpy(images), torch.from_numpy(labels), num_classes))
+    return out[0], out[1]
+
+
+def _load_cifar10(root: Path) -> tuple[ImageData, ImageData]:
+    return _load_cifar(root, "cifar10", 10)
+
+
+def _load_cifar100(root: Path) -> tuple[ImageData, ImageData]:
+    return _load_cifar(root, "cifar100", 100)
+
+
+def download(name: str, root: str | os.PathLike[str]) -> Path:
+    """Download a data set with torchvision (needs internet) and return ``data-root``.
+
+    Only CIFAR-10 / CIFAR-100 (torchvision ``CIFAR10`` / ``CIFAR100`` with
+    ``download=True``, checksum-verified) and Fashion-MNIST (``FashionMNIST``) are
+    supported. Never called by the tests or by training.
+    """
+    from torchvision import datasets as tv  # imported here: training does not need it
+
+    root = Path(root).expanduser()
+    root.mkdir(parents=True, exist_ok=True)
+    cls = {"cifar10": tv.CIFAR10, "cifar100": tv.CIFAR100, "fashion-mnist": tv.FashionMNIST}
+    if name not in cls:
+        raise ValueError(f"Unknown dataset: dataset={name!r}; downloadable: {sorted(cls)}")
+    for train in (True, False):
+        cls[name](str(root), train=train, download=True)
+    return root
+
+
 # ---------------------------------------------------------------------- registry
 DATASETS: dict[str, DatasetInfo] = {
     "fashion-mnist": DatasetInfo(
@@ -279,6 +485,26 @@ DATASETS: dict[str, DatasetInfo] = {
         std=(0.3530,),
         loader=_load_fashion_mnist,
         install_hint=_FASHION_MNIST_HINT,
+    ),
+    "cifar10": DatasetInfo(
+        name="cifar10",
+        num_classes=10,
+        image_shape=(3, 32, 32),
+        # The usual per-channel statistics of the 50,000 CIFAR-10 training images.
+        mean=(0.4914, 0.4822, 0.4465),
+        std=(0.2470, 0.2435, 0.2616),
+        loader=_load_cifar10,
+        install_hint=_cifar_hint("cifar10"),
+    ),
+    "cifar100": DatasetInfo(
+        name="cifar100",
+        num_classes=100,
+        image_shape=(3, 32, 32),
+        # The usual per-channel statistics of the 50,000 CIFAR-100 training images.
+        mean=(0.5071, 0.4865, 0.4409),
+        std=(0.2673, 0.2564, 0.2762),
+        loader=_load_cifar100,
+        install_hint=_cifar_hint("cifar100"),
     ),
 }
 
@@ -330,9 +556,30 @@ def load_dataset(name: str, root: str | os.PathLike[str]) -> tuple[ImageData, Im
 @lru_cache(maxsize=4)
 def _load_cached(name: str, root: str) -> tuple[ImageData, ImageData]:
     info = dataset_info(name)
-    path = Path(root)
+    path = Path(root).expanduser()
     if not path.is_dir():
         raise FileNotFoundError(
             f"Data root {root!r} for dataset {name!r} does not exist. {info.install_hint}"
         )
     return info.loader(path)
+
+
+def _main(argv: list[str]) -> int:
+    """``python -m clients.datasets download NAME DIR``: fetch a data set (internet)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m clients.datasets")
+    sub = parser.add_subparsers(dest="command", required=True)
+    dl = sub.add_parser("download", help="download a data set with torchvision")
+    dl.add_argument("name", choices=["cifar10", "cifar100", "fashion-mnist"])
+    dl.add_argument("root", help="folder to download into; use it as run config data-root")
+    args = parser.parse_args(argv)
+    root = download(args.name, args.root)
+    train, test = load_dataset(args.name, root)
+    print(f"{args.name}: {len(train)} train and {len(test)} test images in {root}; "
+          f"set data-root={str(root)!r}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

@@ -17,6 +17,16 @@ ReLU, max-pool 2 -> fc 1024->128, ReLU -> fc 128->10; 184,586 parameters.
 ``state_dict`` keys, in order: ``conv1.weight [32,1,5,5]``, ``conv1.bias [32]``,
 ``conv2.weight [64,32,5,5]``, ``conv2.bias [64]``, ``fc1.weight [128,1024]``,
 ``fc1.bias [128]``, ``fc2.weight [10,128]``, ``fc2.bias [10]``.
+
+``"cifar10"`` / ``"cifar100"`` -> :class:`CifarCNN` for 3x32x32 images: three blocks
+conv 3x3 (padding 1) -> ReLU -> max-pool 2 with 32, 64, 64 channels (32 -> 16 -> 8
+-> 4 pixels), then fc 1024->128, ReLU -> fc 128->classes; 188,810 parameters for
+10 classes, 200,420 for 100. No BatchNorm (its statistics do not average well
+across non-IID nodes, and the state_dict stays float32 parameters only).
+``state_dict`` keys, in order: ``conv1.weight [32,3,3,3]``, ``conv1.bias``,
+``conv2.weight [64,32,3,3]``, ``conv2.bias``, ``conv3.weight [64,64,3,3]``,
+``conv3.bias``, ``fc1.weight [128,1024]``, ``fc1.bias``, ``fc2.weight
+[classes,128]``, ``fc2.bias``.
 """
 
 from __future__ import annotations
@@ -32,6 +42,7 @@ from clients.datasets import DatasetInfo, dataset_info
 
 __all__ = [
     "MODELS",
+    "CifarCNN",
     "SmallCNN",
     "build_model",
     "count_parameters",
@@ -105,6 +116,78 @@ class SmallCNN(nn.Module):
         return self.fc2(x)
 
 
+class CifarCNN(nn.Module):
+    """Three 3x3 conv blocks with max-pooling, then two fully connected layers.
+
+    Parameters
+    ----------
+    in_channels : int
+        Image channels C (3 for CIFAR).
+    num_classes : int
+        Number of output logits.
+    image_size : int
+        Height = width of the input, a multiple of 8 (32 for CIFAR).
+    mean, std : sequence of float
+        Per-channel normalisation constants for pixels scaled to [0, 1].
+
+    Shapes
+    ------
+    input: ``[N, C, image_size, image_size]`` uint8 or float pixels in 0..255;
+    output: ``[N, num_classes]`` float32 logits.
+    """
+
+    def __init__(
+        self,
+        in_channels: int = 3,
+        num_classes: int = 10,
+        image_size: int = 32,
+        mean: Sequence[float] = (0.4914, 0.4822, 0.4465),
+        std: Sequence[float] = (0.2470, 0.2435, 0.2616),
+    ) -> None:
+        super().__init__()
+        if len(mean) != in_channels or len(std) != in_channels:
+            raise ValueError(
+                f"mean/std need {in_channels} values, got {len(mean)} and {len(std)}"
+            )
+        if image_size < 8 or image_size % 8:
+            raise ValueError(f"image_size={image_size} must be a multiple of 8 for CifarCNN")
+        side = image_size // 8
+        self.conv1 = nn.Conv2d(in_channels, 32, kernel_size=3, padding=1)
+        self.conv2 = nn.Conv2d(32, 64, kernel_size=3, padding=1)
+        self.conv3 = nn.Conv2d(64, 64, kernel_size=3, padding=1)
+        self.fc1 = nn.Linear(64 * side * side, 128)
+        self.fc2 = nn.Linear(128, num_classes)
+        self.register_buffer(
+            "mean", torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1), persistent=False
+        )
+        self.register_buffer(
+            "scale",
+            (255.0 * torch.tensor(std, dtype=torch.float32)).view(1, -1, 1, 1),
+            persistent=False,
+        )
+
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        """Map pixels 0..255 (uint8 or float) to ``(x / 255 - mean) / std``, float32."""
+        x = x.to(torch.float32)
+        return (x - 255.0 * self.mean) / self.scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.normalize(x)
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv3(x)), 2)
+        x = torch.flatten(x, 1)
+        x = F.relu(self.fc1(x))
+        return self.fc2(x)
+
+
+def _cifar_cnn(info: DatasetInfo) -> nn.Module:
+    channels, height, width = info.image_shape
+    if height != width:
+        raise ValueError(f"CifarCNN needs square images, {info.name} has {height}x{width}")
+    return CifarCNN(channels, info.num_classes, height, info.mean, info.std)
+
+
 def _small_cnn(info: DatasetInfo) -> nn.Module:
     channels, height, width = info.image_shape
     if height != width:
@@ -115,6 +198,8 @@ def _small_cnn(info: DatasetInfo) -> nn.Module:
 # dataset name -> builder(DatasetInfo) -> nn.Module
 MODELS: dict[str, Callable[[DatasetInfo], nn.Module]] = {
     "fashion-mnist": _small_cnn,
+    "cifar10": _cifar_cnn,
+    "cifar100": _cifar_cnn,
 }
 
 

@@ -73,6 +73,37 @@ def _parameters_in_state_order(model: nn.Module) -> list[torch.Tensor]:
     return [params[k] for k in keys]
 
 
+def _model_device(model: nn.Module) -> torch.device:
+    for tensor in model.parameters():
+        return tensor.device
+    return torch.device("cpu")
+
+
+def _on_device(
+    model: nn.Module, device: torch.device | str | None
+) -> tuple[nn.Module, torch.device | None]:
+    """``(model, None)`` if ``device`` is None or the model's device (no copy, no
+    transfer: the CPU path is the plain one); else a copy of the model on ``device``
+    and that device, to which each batch is moved."""
+    if device is None:
+        return model, None
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    if device == _model_device(model):
+        return model, None
+    return copy.deepcopy(model).to(device), device
+
+
+def _batch(
+    images: torch.Tensor, labels: torch.Tensor, idx: torch.Tensor, device: torch.device | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    x, y = images[idx], labels[idx]
+    if device is not None:
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+    return x, y
+
+
 def sample_batches(
     num_examples: int, batch_size: int, num_batches: int, seed: int
 ) -> list[torch.Tensor]:
@@ -141,6 +172,7 @@ def compute_update(
     local_steps: int = 1,
     local_lr: float = 0.05,
     seed: int = 0,
+    device: torch.device | str | None = None,
 ) -> tuple[list[np.ndarray], float]:
     """Compute a node's update at the model's current weights.
 
@@ -166,6 +198,11 @@ def compute_update(
         SGD learning rate of delta and weights modes (finite, > 0).
     seed : int
         Seed of the mini-batch sampling (:func:`sample_batches`).
+    device : torch.device or str, optional
+        Where to compute (e.g. ``"cuda"``, see :mod:`clients.device`). None or the
+        model's own device: computed in place, as without the argument; another
+        device: on a copy of the model moved there, each mini-batch moved there.
+        The batches drawn and the returned arrays (CPU numpy) do not depend on it.
 
     Returns
     -------
@@ -198,6 +235,7 @@ def compute_update(
     _check_positive_int("local-steps", local_steps)
     num_batches = local_batches if mode == "gradient" else local_steps
     batches = sample_batches(len(labels), batch_size, num_batches, seed)
+    model, target = _on_device(model, device)
 
     if mode == "gradient":
         params = _parameters_in_state_order(model)
@@ -207,7 +245,8 @@ def compute_update(
         losses = []
         try:
             for idx in batches:
-                loss = F.cross_entropy(model(images[idx]), labels[idx])
+                x, y = _batch(images, labels, idx, target)
+                loss = F.cross_entropy(model(x), y)
                 grads = torch.autograd.grad(loss, params)
                 for acc, g in zip(total, grads):
                     acc.add_(g)
@@ -225,7 +264,8 @@ def compute_update(
         local.train()
         losses = []
         for idx in batches:
-            loss = F.cross_entropy(local(images[idx]), labels[idx])
+            x, y = _batch(images, labels, idx, target)
+            loss = F.cross_entropy(local(x), y)
             grads = torch.autograd.grad(loss, params)
             with torch.no_grad():
                 for p, g in zip(params, grads):
@@ -245,6 +285,7 @@ def evaluate(
     images: torch.Tensor,
     labels: torch.Tensor,
     batch_size: int = 1000,
+    device: torch.device | str | None = None,
 ) -> tuple[float, float]:
     """Loss and accuracy of ``model`` on a labelled set.
 
@@ -260,6 +301,8 @@ def evaluate(
     batch_size : int
         Forward-pass chunk size (memory only; does not change the result beyond
         float rounding).
+    device : torch.device or str, optional
+        As in :func:`compute_update`.
 
     Returns
     -------
@@ -276,6 +319,7 @@ def evaluate(
     if len(labels) == 0:
         raise ValueError("Cannot evaluate on an empty data set")
     batch_size = _check_positive_int("batch-size", batch_size)
+    model, target = _on_device(model, device)
     was_training = model.training
     model.eval()
     loss_sum = 0.0
@@ -283,8 +327,10 @@ def evaluate(
     try:
         with torch.no_grad():
             for start in range(0, len(labels), batch_size):
-                x = images[start : start + batch_size]
-                y = labels[start : start + batch_size]
+                rows = slice(start, start + batch_size)
+                x, y = images[rows], labels[rows]
+                if target is not None:
+                    x, y = x.to(target), y.to(target)
                 logits = model(x)
                 loss_sum += F.cross_entropy(logits, y, reduction="sum").item()
                 correct += int((logits.argmax(dim=1) == y).sum())

@@ -232,6 +232,7 @@ class AsyncEngine:
         self.window = _Window()
         self.rows: list[dict[str, float]] = []
         self.received = 0
+        self.diverged = False
         self.seq = 0
         self.vnow = 0.0
         self.t0 = time.monotonic()
@@ -253,7 +254,7 @@ class AsyncEngine:
             self._refresh_nodes()
             if not progressed:
                 time.sleep(self.s.poll_interval)
-        if not self.rows or self.rows[-1]["updates"] != self.received:
+        if not self.diverged and (not self.rows or self.rows[-1]["updates"] != self.received):
             self._evaluate()
         return self._report()
 
@@ -565,7 +566,7 @@ class AsyncEngine:
         self.heap.clear()
 
     def _finished(self) -> bool:
-        if self.received >= self.s.max_updates:
+        if self.diverged or self.received >= self.s.max_updates:
             return True
         if not self.in_flight:
             return True  # no node left, or the time budget is spent
@@ -599,6 +600,7 @@ class AsyncEngine:
         row["dropped"] = self._dropped()
         w.reset()
         self.rows.append(row)
+        self._check_divergence(row)
         log(
             INFO,
             "[async] updates %d/%d | version %d | vtime %.1f s | wall %.1f s | "
@@ -614,6 +616,16 @@ class AsyncEngine:
             row["staleness_max"],
         )
 
+    def _check_divergence(self, row: dict[str, float]) -> None:
+        """Stop the run once the model is non-finite: every later update would be rejected."""
+        assert self.optimizer is not None
+        weights_finite = all(bool(np.isfinite(w).all()) for w in self.optimizer.weights)
+        loss_finite = self.evaluate_fn is None or math.isfinite(row["loss"])
+        if not (weights_finite and loss_finite):
+            self.diverged = True
+            log(WARNING, "[async] diverged at %d updates (non-finite %s); stopping",
+                self.received, "weights" if not weights_finite else "test loss")
+
     def _dropped(self) -> int:
         assert self.optimizer is not None
         opt = self.optimizer.counters
@@ -628,6 +640,7 @@ class AsyncEngine:
         w = self.window
         counters = dict(self.counters)
         counters["received"] = self.received
+        counters["diverged"] = int(self.diverged)
         counters["steps"] = self.optimizer.version
         counters["dropped"] = self._dropped()
         counters["slots-dropped"] = int(self.optimizer.counters.get("slots_dropped", 0))

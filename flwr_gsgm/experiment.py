@@ -99,10 +99,15 @@ def build_strategy(cfg: Mapping[str, Any]) -> AsyncStrategy:
 def make_evaluate_fn(cfg: Mapping[str, Any]):
     """Centralized evaluation on the data set's test split.
 
+    Uses the whole test split, or a fixed subset of ``eval-examples`` images.
     Returns ``fn(step, arrays) -> MetricRecord{"accuracy": fraction, "loss": mean CE}``.
     Raises ``FileNotFoundError`` (with install instructions) if the data are missing.
     """
     _, test = load_dataset(cfg["dataset"], cfg["data-root"])
+    if 0 < cfg["eval-examples"] < len(test.labels):
+        # A fixed subset, the same for every seed and method (generator seed 0).
+        rows = torch.randperm(len(test.labels), generator=torch.Generator().manual_seed(0))
+        test = test.subset(rows[: cfg["eval-examples"]].sort().values)
     model = build_model(cfg["dataset"])
 
     def evaluate_fn(step: int, arrays: ArrayRecord) -> MetricRecord:
@@ -160,10 +165,17 @@ def run_experiment(grid: Grid, cfg: Mapping[str, Any], run_dir: Path | None = No
                                         rep.staleness_max, rep.wall_seconds, rep.virtual_seconds)
     run_outputs.write_metrics(run_dir, rows)
     run_outputs.write_summary(run_dir, summary)
-    run_outputs.plot_accuracy(run_dir, rows, f"{cfg['strategy']} on {cfg['dataset']}")
+    run_outputs.plot_accuracy(run_dir, rows, _title(cfg, summary, len(list(grid.get_node_ids()))))
     log(INFO, "[flwr-gsgm] final accuracy %.4f, MASD %.4f -> %s",
         summary["final_accuracy"], summary["masd"], run_dir)
     return summary
+
+
+def _title(cfg: Mapping[str, Any], summary: Mapping[str, Any], num_nodes: int) -> str:
+    split = {"pathological": f"{cfg['classes-per-node']} classes per node",
+             "dirichlet": f"Dirichlet alpha {cfg['dirichlet-alpha']}", "iid": "IID"}[cfg["partitioner"]]
+    return (f"{cfg['strategy'].upper()} on {cfg['dataset']} ({num_nodes} nodes, {split}, seed {cfg['seed']}): "
+            f"final accuracy {100 * summary['final_accuracy']:.1f}%, MASD {summary['masd']:.4f}")
 
 
 def _run_synchronous(grid: Grid, cfg: Mapping[str, Any], initial: ArrayRecord, evaluate_fn):

@@ -75,6 +75,7 @@ def summarize(
     """
     acc = [float(r["accuracy"]) for r in rows]
     return {
+        "diverged": bool(counters.get("diverged", 0)),
         "final_accuracy": stability.final_accuracy(acc),
         "masd": stability.masd(acc),
         "accuracy_std": stability.accuracy_std(acc),

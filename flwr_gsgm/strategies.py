@@ -45,7 +45,7 @@ class GSGM(AsyncStrategy):
         self,
         *,
         beta: float = 0.5,
-        momentum_form: str = "heavy-ball",
+        momentum_form: str = "ema",
         cycle_quorum: float = 1.0,
         cycle_max_updates: int | None = None,
         cycle_max_seconds: float | None = None,

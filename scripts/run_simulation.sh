@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Run the Flower App in Flower's simulation engine with NUM_NODES SuperNodes:
+#   scripts/run_simulation.sh [NUM_NODES] [key=value ...]
+# key=value pairs override the run config (TOML values: strings in quotes, e.g.
+# strategy='"asgd"' or strategy=\"asgd\"). Flower's state (config.toml, the local
+# SuperLink, the run log) lives in $FLWR_HOME, default .flwr/ of this project. The
+# local SuperLink that `flwr run` starts is stopped when the run ends, and the exit
+# code is the run's (flwr run --stream exits 0 even when the ServerApp failed).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+NUM_NODES=${1:-10}
+shift || true
+export FLWR_HOME="${FLWR_HOME:-$PWD/.flwr}"
+export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1  # the SuperLink reads it at start
+export FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1
+mkdir -p "$FLWR_HOME"
+# One Ray worker per core (num-cpus = 1 per ClientApp), NUM_NODES simulated SuperNodes.
+cat > "$FLWR_HOME/config.toml" <<TOML
+[superlink]
+default = "local"
+
+[superlink.local]
+address = ":local-in-memory:"
+options.num-supernodes = $NUM_NODES
+options.backend.client-resources.num-cpus = 1
+options.backend.client-resources.num-gpus = 0.0
+options.backend.init-args.logging-level = "ERROR"
+TOML
+
+stop_superlink() {
+  # The local SuperLink is the flower-superlink whose log file lies in our FLWR_HOME.
+  pkill -TERM -f "flower-superlink.*$FLWR_HOME/local-superlink" 2>/dev/null || true
+}
+trap stop_superlink EXIT
+
+args=(run . local --stream)
+if [ $# -gt 0 ]; then args+=(--run-config "$*"); fi
+log="$FLWR_HOME/last-run.log"
+flwr "${args[@]}" 2>&1 | tee "$log"
+run_id=$(grep -o "Successfully started run [0-9]*" "$log" | grep -o "[0-9]*$" || true)
+if [ -z "$run_id" ]; then
+  echo "flwr run did not start a run (see above)" >&2
+  exit 1
+fi
+status=$(flwr ls local --run-id "$run_id" --format json 2>/dev/null | grep -o '"finished:[a-z]*"' | head -1 || true)
+if [ "$status" != '"finished:completed"' ]; then
+  echo "run $run_id ended with status ${status:-unknown}; log: $log" >&2
+  exit 1
+fi
+echo "run $run_id completed"

@@ -1,0 +1,468 @@
+"""Sweep presets (TOML) and the runs they expand to.
+
+A preset names *methods* (each a set of run-config overrides plus an optional tuning
+grid) and *questions* (each a set of node counts and partitions, answered on the
+reporting seeds). Layout (every run-config key is a key of
+:data:`flwr_gsgm.run_config.RUN_CONFIG`, kebab-case)::
+
+    [sweep]
+    name = "fashion_mnist"
+    out = "outputs/sweeps/fashion_mnist"   # relative to the current folder
+    seeds = [1, 2, 3]                      # reporting seeds; tuning never sees them
+    target-accuracy = 0.70                 # for time to target
+    chance-margin = 0.05                   # divergence: final accuracy <= 1/classes + margin
+    tie-tolerance = 0.0                    # tuning: final accuracies this close tie
+    reference = "gsgm"                     # stability improvement of it over the others
+    results-md = "docs/RESULTS.md"         # default output of simulations.report
+
+    [base]                                 # run config shared by every run
+    dataset = "fashion-mnist"
+    max-updates = 2000
+
+    [tune]                                 # the single setting tuning runs in
+    seed = 0
+    nodes = 10
+    partition = { partitioner = "pathological", classes-per-node = 2 }
+
+    [methods.gsgm]
+    config = { strategy = "gsgm" }
+    grid = { server-lr = [0.01, 0.02, 0.05], beta = [0.5, 0.9] }
+
+    [methods.gsgm-beta0]                   # an ablation: GSGM's tuned choice, then beta = 0,
+    inherit = "gsgm"                       # then its own grid (tuned after gsgm)
+    config = { beta = 0.0 }
+    grid = { server-lr = [0.01, 0.02, 0.05] }
+
+    [questions.stability]
+    title = "Stability: 10 nodes, 2 classes per node"
+    kind = "stability"                     # stability | scale | noniid | time-to-target
+    nodes = [10]
+    partitions = [{ partitioner = "pathological", classes-per-node = 2 }]
+    methods = ["gsgm", "asgd"]             # optional; default every method
+
+    [estimate]                             # cost model of --dry-run (seconds)
+    updates-per-second = 40.0              # client updates per second, in process
+    eval-seconds-per-10k = 4.0             # one evaluation of 10,000 test images
+    overhead-seconds = 6.0                 # process start, data loading, partitioning
+
+A run is identified by its folder under the sweep's output folder:
+``tune/<method>/<grid point>`` or ``runs/<method>/n<nodes>-<partition>/s<seed>``;
+a run shared by several questions (same method, seed, nodes, partition) runs once.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flwr_gsgm.run_config import DATASET_CLASSES, RUN_CONFIG, SYNC_STRATEGIES, parse_run_config
+
+__all__ = [
+    "Method",
+    "Question",
+    "Preset",
+    "RunSpec",
+    "QUESTION_KINDS",
+    "PARTITION_KEYS",
+    "load_preset",
+    "partition_label",
+    "grid_points",
+    "grid_label",
+    "tune_runs",
+    "report_runs",
+    "estimate_seconds",
+]
+
+QUESTION_KINDS = ("stability", "scale", "noniid", "time-to-target")
+PARTITION_KEYS = ("partitioner", "classes-per-node", "dirichlet-alpha")
+# Keys the sweep sets itself.
+_RESERVED = ("seed", "run-name", "output-dir")
+_ESTIMATE_DEFAULTS = {"updates-per-second": 40.0, "eval-seconds-per-10k": 4.0, "overhead-seconds": 6.0}
+_DATASET_TEST_SIZE = {"fashion-mnist": 10_000, "cifar10": 10_000, "cifar100": 10_000}
+
+
+@dataclass(frozen=True)
+class Method:
+    """A named method: run-config overrides, tuning grid, optional parent."""
+
+    name: str
+    config: dict[str, Any]
+    grid: dict[str, list[Any]]
+    inherit: str | None = None
+
+
+@dataclass(frozen=True)
+class Question:
+    """A question of the sweep: methods x reporting seeds x nodes x partitions."""
+
+    name: str
+    title: str
+    kind: str
+    nodes: list[int]
+    partitions: list[dict[str, Any]]
+    methods: list[str]
+    description: str = ""
+
+
+@dataclass
+class Preset:
+    """A validated preset (see the module docstring for the TOML layout)."""
+
+    name: str
+    path: Path
+    out: Path
+    seeds: list[int]
+    target_accuracy: float
+    chance_margin: float
+    tie_tolerance: float
+    reference: str
+    results_md: Path
+    base: dict[str, Any]
+    tune_seed: int
+    tune_nodes: int
+    tune_partition: dict[str, Any]
+    methods: dict[str, Method]
+    questions: dict[str, Question]
+    estimate: dict[str, float] = field(default_factory=lambda: dict(_ESTIMATE_DEFAULTS))
+
+    @property
+    def num_classes(self) -> int:
+        return DATASET_CLASSES[self.base.get("dataset", RUN_CONFIG["dataset"].default)]
+
+    @property
+    def chance_accuracy(self) -> float:
+        return 1.0 / self.num_classes
+
+    def tune_order(self) -> list[list[str]]:
+        """Methods in layers: a method comes after the method it inherits from."""
+        done: set[str] = set()
+        layers: list[list[str]] = []
+        left = list(self.methods)
+        while left:
+            layer = [m for m in left if self.methods[m].inherit in (None, *done)]
+            layers.append(layer)
+            done.update(layer)
+            left = [m for m in left if m not in done]
+        return layers
+
+    def to_plan(self) -> dict[str, Any]:
+        """What :mod:`simulations.report` needs to know about the preset (``plan.json``)."""
+        return {
+            "name": self.name,
+            "preset": str(self.path),
+            "seeds": self.seeds,
+            "tune": {"seed": self.tune_seed, "nodes": self.tune_nodes, "partition": self.tune_partition},
+            "target_accuracy": self.target_accuracy,
+            "chance_accuracy": self.chance_accuracy,
+            "chance_margin": self.chance_margin,
+            "tie_tolerance": self.tie_tolerance,
+            "reference": self.reference,
+            "results_md": str(self.results_md),
+            "base": self.base,
+            "methods": list(self.methods),
+            "questions": {
+                q.name: {"title": q.title, "kind": q.kind, "nodes": q.nodes, "partitions": q.partitions,
+                         "methods": q.methods, "description": q.description}
+                for q in self.questions.values()
+            },
+        }
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run: where it goes, what it runs and which questions it answers."""
+
+    run_id: str
+    stage: str  # "tune" or "report"
+    method: str
+    seed: int
+    nodes: int
+    partition: dict[str, Any]
+    run_config: dict[str, Any]
+    questions: tuple[str, ...] = ()
+    grid_point: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def partition_label(self) -> str:
+        return partition_label(self.partition)
+
+
+# ------------------------------------------------------------------ helpers
+def partition_label(partition: Mapping[str, Any]) -> str:
+    """``k2`` (2 classes per node), ``dir0.5`` (Dirichlet alpha 0.5) or ``iid``."""
+    kind = partition.get("partitioner", RUN_CONFIG["partitioner"].default)
+    if kind == "pathological":
+        return f"k{partition.get('classes-per-node', RUN_CONFIG['classes-per-node'].default)}"
+    if kind == "dirichlet":
+        return f"dir{float(partition.get('dirichlet-alpha', RUN_CONFIG['dirichlet-alpha'].default)):g}"
+    return kind
+
+
+def grid_points(grid: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
+    """Every combination of the grid's values (first key varies slowest); ``[{}]`` if empty."""
+    keys = list(grid)
+    return [dict(zip(keys, values)) for values in itertools.product(*(grid[k] for k in keys))]
+
+
+def grid_label(point: Mapping[str, Any]) -> str:
+    """Folder name of a grid point, e.g. ``server-lr=0.02__beta=0.5`` (``default`` if empty)."""
+    if not point:
+        return "default"
+    return "__".join(f"{k}={_fmt_value(v)}" for k, v in point.items())
+
+
+def _fmt_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float):
+        return f"{v:g}"
+    return str(v)
+
+
+def _fail(path: Path, msg: str) -> None:
+    raise ValueError(f"preset {path}: {msg}")
+
+
+def _check_config(path: Path, where: str, config: Mapping[str, Any]) -> None:
+    for key in config:
+        if key not in RUN_CONFIG:
+            _fail(path, f"{where}: unknown run config key {key!r}")
+        if key in _RESERVED:
+            _fail(path, f"{where}: {key!r} is set by the sweep, not by a preset")
+
+
+def _partition(path: Path, where: str, raw: Any) -> dict[str, Any]:
+    if not isinstance(raw, Mapping):
+        _fail(path, f"{where}: a partition is a table like {{ partitioner = \"iid\" }}")
+    part = dict(raw)
+    bad = set(part) - set(PARTITION_KEYS)
+    if bad:
+        _fail(path, f"{where}: partition keys must be among {PARTITION_KEYS}, got {sorted(bad)}")
+    if "partitioner" not in part:
+        _fail(path, f"{where}: a partition needs a 'partitioner'")
+    return part
+
+
+def load_preset(path: str | Path, out: str | Path | None = None) -> Preset:
+    """Read and validate a preset; every run config it implies is checked here.
+
+    Raises
+    ------
+    ValueError
+        Naming the preset file and what is wrong (unknown key, bad value, unknown
+        method in a question, tuning seed among the reporting seeds, ...).
+    """
+    path = Path(path)
+    raw = tomllib.loads(path.read_text())
+    unknown = set(raw) - {"sweep", "base", "tune", "methods", "questions", "estimate"}
+    if unknown:
+        _fail(path, f"unknown table(s) {sorted(unknown)}")
+    sweep = raw.get("sweep", {})
+    base = dict(raw.get("base", {}))
+    _check_config(path, "[base]", base)
+    tune = raw.get("tune", {})
+    seeds = [int(s) for s in sweep.get("seeds", [1, 2, 3])]
+    tune_seed = int(tune.get("seed", 0))
+    if tune_seed in seeds:
+        _fail(path, f"the tuning seed {tune_seed} is also a reporting seed {seeds}")
+    if not seeds or len(set(seeds)) != len(seeds):
+        _fail(path, f"[sweep] seeds must be distinct and non-empty, got {seeds}")
+
+    methods: dict[str, Method] = {}
+    for name, spec in raw.get("methods", {}).items():
+        extra = set(spec) - {"config", "grid", "inherit"}
+        if extra:
+            _fail(path, f"[methods.{name}]: unknown key(s) {sorted(extra)}")
+        config = dict(spec.get("config", {}))
+        grid = {k: list(v) for k, v in spec.get("grid", {}).items()}
+        _check_config(path, f"[methods.{name}] config", config)
+        _check_config(path, f"[methods.{name}] grid", grid)
+        for k, values in grid.items():
+            if not values:
+                _fail(path, f"[methods.{name}] grid {k!r} is empty")
+        methods[name] = Method(name, config, grid, spec.get("inherit"))
+    if not methods:
+        _fail(path, "no [methods.*]")
+    for m in methods.values():
+        seen = {m.name}
+        parent = m.inherit
+        while parent is not None:
+            if parent not in methods:
+                _fail(path, f"[methods.{m.name}] inherits from unknown method {parent!r}")
+            if parent in seen:
+                _fail(path, f"[methods.{m.name}]: inheritance cycle through {parent!r}")
+            seen.add(parent)
+            parent = methods[parent].inherit
+
+    questions: dict[str, Question] = {}
+    for name, spec in raw.get("questions", {}).items():
+        extra = set(spec) - {"title", "kind", "nodes", "partitions", "methods", "description"}
+        if extra:
+            _fail(path, f"[questions.{name}]: unknown key(s) {sorted(extra)}")
+        kind = spec.get("kind", "stability")
+        if kind not in QUESTION_KINDS:
+            _fail(path, f"[questions.{name}] kind {kind!r}: expected one of {QUESTION_KINDS}")
+        qmethods = list(spec.get("methods", list(methods)))
+        for m in qmethods:
+            if m not in methods:
+                _fail(path, f"[questions.{name}] names unknown method {m!r}")
+        nodes = [int(n) for n in spec.get("nodes", [10])]
+        if any(n < 1 for n in nodes):
+            _fail(path, f"[questions.{name}] nodes must be >= 1")
+        parts = [_partition(path, f"[questions.{name}]", p) for p in spec.get("partitions", [{"partitioner": "iid"}])]
+        questions[name] = Question(name, spec.get("title", name), kind, nodes, parts, qmethods,
+                                   spec.get("description", ""))
+    if not questions:
+        _fail(path, "no [questions.*]")
+
+    estimate = dict(_ESTIMATE_DEFAULTS)
+    for k, v in raw.get("estimate", {}).items():
+        if k not in estimate:
+            _fail(path, f"[estimate] unknown key {k!r}; known: {sorted(estimate)}")
+        estimate[k] = float(v)
+
+    reference = sweep.get("reference", "gsgm")
+    if reference not in methods:
+        _fail(path, f"[sweep] reference {reference!r} is not a method")
+    name = sweep.get("name", path.stem)
+    preset = Preset(
+        name=name,
+        path=path,
+        out=Path(out if out is not None else sweep.get("out", f"outputs/sweeps/{name}")),
+        seeds=seeds,
+        target_accuracy=float(sweep.get("target-accuracy", 0.7)),
+        chance_margin=float(sweep.get("chance-margin", 0.05)),
+        tie_tolerance=float(sweep.get("tie-tolerance", 0.0)),
+        reference=reference,
+        results_md=Path(sweep.get("results-md", "docs/RESULTS.md")),
+        base=base,
+        tune_seed=tune_seed,
+        tune_nodes=int(tune.get("nodes", 10)),
+        tune_partition=_partition(path, "[tune]", tune.get("partition", {"partitioner": "iid"})),
+        methods=methods,
+        questions=questions,
+        estimate=estimate,
+    )
+    # Check every run config the preset can produce (with the first grid point of
+    # each ancestor standing in for its tuned choice).
+    stand_in = {m: grid_points(methods[m].grid)[0] for m in methods}
+    for m in methods:
+        for point in grid_points(methods[m].grid):
+            cfg = {**base, **_lineage_config(preset, m, stand_in), **point, **preset.tune_partition,
+                   "seed": tune_seed}
+            try:
+                parse_run_config(cfg)
+            except ValueError as err:
+                _fail(path, f"method {m!r} grid point {point}: {err}")
+    for q in questions.values():
+        for part in q.partitions:
+            try:
+                parse_run_config({**base, **part})
+            except ValueError as err:
+                _fail(path, f"[questions.{q.name}] partition {part}: {err}")
+    return preset
+
+
+def _lineage_config(preset: Preset, method: str, chosen: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """Config of ``method`` before its own grid point: ancestors' configs and choices, then its own."""
+    m = preset.methods[method]
+    cfg: dict[str, Any] = {}
+    if m.inherit is not None:
+        cfg.update(_lineage_config(preset, m.inherit, chosen))
+        cfg.update(chosen[m.inherit])
+    cfg.update(m.config)
+    return cfg
+
+
+def method_base_config(preset: Preset, method: str, tuned: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """Overrides of ``method`` before its own grid: its parent's tuned config, then its config.
+
+    ``tuned`` maps a method name to its full tuned overrides (as in ``tuned.toml``).
+    """
+    m = preset.methods[method]
+    cfg: dict[str, Any] = {}
+    if m.inherit is not None:
+        if m.inherit not in tuned:
+            raise KeyError(f"method {method!r} inherits from {m.inherit!r}, which is not tuned yet")
+        cfg.update(tuned[m.inherit])
+    cfg.update(m.config)
+    return cfg
+
+
+def tune_runs(preset: Preset, method: str, tuned: Mapping[str, Mapping[str, Any]]) -> list[RunSpec]:
+    """The tuning runs of ``method`` (empty if it has no grid), on the tuning seed."""
+    m = preset.methods[method]
+    if not m.grid:
+        return []
+    base = method_base_config(preset, method, tuned)
+    runs = []
+    for point in grid_points(m.grid):
+        cfg = {**preset.base, **base, **point, **preset.tune_partition, "seed": preset.tune_seed}
+        runs.append(RunSpec(
+            run_id=f"tune/{method}/{grid_label(point)}", stage="tune", method=method,
+            seed=preset.tune_seed, nodes=preset.tune_nodes, partition=dict(preset.tune_partition),
+            run_config=cfg, grid_point=dict(point),
+        ))
+    return runs
+
+
+def report_runs(
+    preset: Preset, tuned: Mapping[str, Mapping[str, Any]], only: Sequence[str] | None = None
+) -> list[RunSpec]:
+    """The reporting runs of the questions (all, or those in ``only``), deduplicated.
+
+    ``tuned[method]`` is the method's full set of overrides (its tuned choice).
+    """
+    by_id: dict[str, RunSpec] = {}
+    questions_of: dict[str, list[str]] = {}
+    for q in preset.questions.values():
+        if only and q.name not in only:
+            continue
+        for method in q.methods:
+            for nodes in q.nodes:
+                for part in q.partitions:
+                    for seed in preset.seeds:
+                        run_id = f"runs/{method}/n{nodes}-{partition_label(part)}/s{seed}"
+                        if run_id not in by_id:
+                            cfg = {**preset.base, **tuned[method], **part, "seed": seed}
+                            by_id[run_id] = RunSpec(run_id, "report", method, seed, nodes, dict(part), cfg)
+                        questions_of.setdefault(run_id, []).append(q.name)
+    return [
+        RunSpec(**{**spec.__dict__, "questions": tuple(questions_of[rid])}) for rid, spec in by_id.items()
+    ]
+
+
+def estimate_seconds(spec: RunSpec, estimate: Mapping[str, float]) -> float:
+    """Estimated wall seconds of one run, from the preset's cost model.
+
+    ``overhead + updates / updates-per-second + evaluations * eval cost``, where an
+    evaluation of n test images costs ``n / 10,000 * eval-seconds-per-10k`` and a run
+    evaluates at 0 and every ``eval-every`` client updates (a synchronous run at the
+    same counts, rounded to whole rounds).
+    """
+    cfg = parse_run_config(spec.run_config)
+    updates = cfg["max-updates"]
+    if cfg["strategy"] in SYNC_STRATEGIES:
+        updates = max(1, updates // spec.nodes) * spec.nodes
+    evaluations = 1 + updates // cfg["eval-every"]
+    test_size = _DATASET_TEST_SIZE[cfg["dataset"]]
+    examples = min(cfg["eval-examples"] or test_size, test_size)
+    eval_cost = examples / 10_000 * estimate["eval-seconds-per-10k"]
+    return estimate["overhead-seconds"] + updates / estimate["updates-per-second"] + evaluations * eval_cost
+
+
+def human_seconds(seconds: float) -> str:
+    """``1 h 05 min``, ``12 min 30 s`` or ``42 s``."""
+    if not math.isfinite(seconds):
+        return "n/a"
+    s = int(round(seconds))
+    if s >= 3600:
+        return f"{s // 3600} h {s % 3600 // 60:02d} min"
+    if s >= 60:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s} s"

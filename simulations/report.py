@@ -1,0 +1,527 @@
+"""Plots and a Markdown results table from a finished (or half-finished) sweep.
+
+Usage::
+
+    python -m simulations.report OUT [--md docs/RESULTS.md] [--figures DIR]
+
+Reads ``OUT/runs.csv`` (and, when present, ``OUT/plan.json``, ``OUT/tuned.toml``,
+``OUT/tune.csv``, ``OUT/sweep_log.json`` and each run's ``metrics.csv``), writes the
+Markdown file (default: the preset's ``results-md``, else ``docs/RESULTS.md``) and
+its figures (default: ``<folder of the Markdown file>/figures/<sweep name>/``).
+
+Figures and tables, per question and setting (number of nodes, partition):
+
+- accuracy against client updates per method, the mean over seeds as a line and
+  the seed range (min to max) shaded; for ``time-to-target`` questions against
+  virtual time (each seed interpolated on a common time grid);
+- the stability improvement of the reference method (GSGM) over each other method,
+  ``1 - MASD_ref / MASD_b`` computed per seed (both runs of that seed must have
+  finished without diverging), as bars of the mean with the sample standard
+  deviation and the seeds as dots;
+- ``scale`` questions: final accuracy and MASD against the number of nodes;
+  ``noniid`` questions: final accuracy and MASD per partition, grouped bars;
+- a table per setting: runs that finished / diverged / failed, then mean ± sample
+  standard deviation (ddof = 1) over the seeds that did not diverge of the final
+  accuracy (%), MASD and std of accuracy over the second half (percentage points),
+  time to the target accuracy (virtual seconds, over the seeds that reached it),
+  and mean and max staleness.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from simulations.results import read_csv, read_metrics
+
+__all__ = ["Stat", "stat", "question_rows", "settings_of", "method_summary", "improvements", "write_report", "main"]
+
+
+# ------------------------------------------------------------------ numbers
+@dataclass(frozen=True)
+class Stat:
+    """Mean, sample standard deviation (ddof = 1; NaN if n < 2) and count of values."""
+
+    mean: float
+    std: float
+    n: int
+    values: tuple[float, ...] = ()
+
+
+def stat(values: Iterable[Any]) -> Stat:
+    """:class:`Stat` of the finite values among ``values``."""
+    vals = []
+    for v in values:
+        try:
+            f = float(v)
+        except (TypeError, ValueError):
+            continue
+        if math.isfinite(f):
+            vals.append(f)
+    if not vals:
+        return Stat(math.nan, math.nan, 0)
+    arr = np.asarray(vals)
+    return Stat(float(arr.mean()), float(arr.std(ddof=1)) if len(arr) > 1 else math.nan, len(arr), tuple(vals))
+
+
+def question_rows(rows: Sequence[Mapping[str, Any]], question: str) -> list[Mapping[str, Any]]:
+    """Rows of the reporting runs that answer ``question``."""
+    return [r for r in rows if question in str(r.get("questions", "")).split(";")]
+
+
+def settings_of(rows: Sequence[Mapping[str, Any]]) -> list[tuple[int, str]]:
+    """Distinct ``(nodes, partition)`` settings, in order of first appearance."""
+    seen: dict[tuple[int, str], None] = {}
+    for r in rows:
+        seen.setdefault((int(r["nodes"]), str(r["partition"])), None)
+    return list(seen)
+
+
+def _in_setting(rows, setting):
+    return [r for r in rows if (int(r["nodes"]), str(r["partition"])) == setting]
+
+
+def _ok(r: Mapping[str, Any]) -> bool:
+    return r.get("status") == "ok"
+
+
+def method_summary(rows: Sequence[Mapping[str, Any]], method: str) -> dict[str, Any]:
+    """Counts and :class:`Stat` figures of one method's runs (one setting)."""
+    mine = [r for r in rows if r["method"] == method]
+    ok = [r for r in mine if _ok(r)]
+    reached = [r for r in ok if math.isfinite(float(r.get("time_to_target", math.nan)))]
+    return {
+        "method": method,
+        "runs": len(mine),
+        "ok": len(ok),
+        "diverged": sum(r.get("status") == "diverged" for r in mine),
+        "failed": sum(r.get("status") == "failed" for r in mine),
+        "pending": sum(r.get("status") == "pending" for r in mine),
+        "final_accuracy": stat(r["final_accuracy"] for r in ok),
+        "masd": stat(r["masd"] for r in ok),
+        "accuracy_std": stat(r["accuracy_std"] for r in ok),
+        "time_to_target": stat(r["time_to_target"] for r in reached),
+        "reached": len(reached),
+        "staleness_mean": stat(r["staleness_mean"] for r in ok),
+        "staleness_max": stat(r["staleness_max"] for r in ok),
+    }
+
+
+def improvements(rows: Sequence[Mapping[str, Any]], reference: str, methods: Sequence[str]) -> list[dict[str, Any]]:
+    """Per other method: stability improvement of ``reference`` over it, paired by seed.
+
+    For each seed where both runs are ``ok``: ``1 - MASD_ref / MASD_b`` and the
+    difference of final accuracy ``acc_ref - acc_b``; returned as :class:`Stat`
+    over those seeds (one setting's rows).
+    """
+    ref = {r["seed"]: r for r in rows if r["method"] == reference and _ok(r)}
+    out = []
+    for m in methods:
+        if m == reference:
+            continue
+        imp, dacc, seeds = [], [], []
+        for r in rows:
+            if r["method"] != m or not _ok(r) or r["seed"] not in ref:
+                continue
+            a, b = float(ref[r["seed"]]["masd"]), float(r["masd"])
+            imp.append(1.0 - a / b if b else math.nan)
+            dacc.append(float(ref[r["seed"]]["final_accuracy"]) - float(r["final_accuracy"]))
+            seeds.append(r["seed"])
+        if not seeds and not any(r["method"] == m for r in rows):
+            continue
+        out.append({"baseline": m, "improvement": stat(imp), "delta_accuracy": stat(dacc), "seeds": seeds})
+    return out
+
+
+# ------------------------------------------------------------------ formatting
+def _pm(s: Stat, scale: float = 1.0, digits: int = 1, signed: bool = False) -> str:
+    if s.n == 0:
+        return "–"
+    fmt = f"{{:{'+' if signed else ''}.{digits}f}}"
+    text = fmt.format(s.mean * scale)
+    if s.n > 1:
+        text += f" ± {s.std * scale:.{digits}f}"
+    return text
+
+
+def _setting_name(setting: tuple[int, str]) -> str:
+    nodes, part = setting
+    if part.startswith("k"):
+        desc = f"{part[1:]} classes per node"
+    elif part.startswith("dir"):
+        desc = f"Dirichlet alpha = {part[3:]}"
+    else:
+        desc = part.upper() if part == "iid" else part
+    return f"{nodes} nodes, {desc}"
+
+
+def _methods_in(rows, order: Sequence[str]) -> list[str]:
+    present = {r["method"] for r in rows}
+    ordered = [m for m in order if m in present]
+    return ordered + sorted(present - set(ordered))
+
+
+def _rel(path: Path, start: Path) -> str:
+    return Path(os.path.relpath(path, start)).as_posix()
+
+
+# ------------------------------------------------------------------ plots
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _colors(methods: Sequence[str]) -> dict[str, Any]:
+    plt = _plt()
+    cmap = plt.get_cmap("tab10")
+    return {m: cmap(i % 10) for i, m in enumerate(methods)}
+
+
+def _load_curve(row: Mapping[str, Any], out: Path) -> list[dict[str, float]] | None:
+    run_dir = Path(str(row.get("run_dir", "")))
+    if not run_dir.is_absolute():
+        run_dir = out / run_dir
+    path = run_dir / "metrics.csv"
+    if not run_dir.name or not path.is_file():
+        path = out / str(row.get("run_id", "")) / "metrics.csv"
+        if not path.is_file():
+            return None
+    return read_metrics(path)
+
+
+def plot_curves(rows, methods, out: Path, path: Path, title: str, x: str = "updates") -> Path | None:
+    """Accuracy curves per method: mean over seeds, seed range shaded (ok runs only)."""
+    plt = _plt()
+    colors = _colors(methods)
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    drawn = False
+    for m in methods:
+        curves = [c for r in rows if r["method"] == m and _ok(r) for c in [_load_curve(r, out)] if c]
+        if not curves:
+            continue
+        if x == "updates":
+            common = sorted(set.intersection(*(set(row["updates"] for row in c) for c in curves)))
+            if not common:
+                continue
+            grid = np.asarray(common)
+            ys = np.asarray([[next(row["accuracy"] for row in c if row["updates"] == u) for u in common]
+                             for c in curves])
+        else:
+            end = min(max(row[x] for row in c) for c in curves)
+            grid = np.linspace(0.0, end, 200)
+            ys = np.asarray([np.interp(grid, [row[x] for row in c], [row["accuracy"] for row in c]) for c in curves])
+        ys = 100.0 * ys
+        n_bad = sum(1 for r in rows if r["method"] == m and r.get("status") in ("diverged", "failed"))
+        label = f"{m} ({len(curves)} seeds" + (f", {n_bad} diverged/failed" if n_bad else "") + ")"
+        ax.plot(grid, ys.mean(axis=0), color=colors[m], label=label, lw=1.6)
+        if len(curves) > 1:
+            ax.fill_between(grid, ys.min(axis=0), ys.max(axis=0), color=colors[m], alpha=0.18, lw=0)
+        drawn = True
+    if not drawn:
+        plt.close(fig)
+        return None
+    ax.set_xlabel("client updates received" if x == "updates" else "virtual time (s)")
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_improvement(imps: Sequence[Mapping[str, Any]], reference: str, path: Path, title: str) -> Path | None:
+    """Bars: stability improvement (%) of ``reference`` over each baseline, seeds as dots."""
+    imps = [i for i in imps if i["improvement"].n]
+    if not imps:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(max(5, 1.1 * len(imps) + 2), 4.2))
+    xs = np.arange(len(imps))
+    means = [100 * i["improvement"].mean for i in imps]
+    errs = [100 * i["improvement"].std if i["improvement"].n > 1 else 0.0 for i in imps]
+    colors = ["tab:green" if v >= 0 else "tab:red" for v in means]
+    ax.bar(xs, means, yerr=errs, color=colors, alpha=0.75, capsize=4)
+    for x, i in zip(xs, imps):
+        ax.scatter([x] * i["improvement"].n, [100 * v for v in i["improvement"].values], color="k", s=12, zorder=3)
+    ax.axhline(0, color="k", lw=0.8)
+    ax.axhline(20, color="gray", lw=0.8, ls="--", label="20% (paper's claim)")
+    ax.set_xticks(xs, [i["baseline"] for i in imps], rotation=30, ha="right")
+    ax.set_ylabel(f"stability improvement of {reference} (%)\n1 - MASD_{reference} / MASD_baseline")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_scale(rows, methods, path: Path, title: str) -> Path | None:
+    """Final accuracy and MASD against the number of nodes, mean ± std per method."""
+    plt = _plt()
+    colors = _colors(methods)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    nodes = sorted({int(r["nodes"]) for r in rows})
+    drawn = False
+    for m in methods:
+        pts = []
+        for n in nodes:
+            s = method_summary([r for r in rows if int(r["nodes"]) == n], m)
+            if s["ok"]:
+                pts.append((n, s["final_accuracy"], s["masd"]))
+        if not pts:
+            continue
+        drawn = True
+        ns = [p[0] for p in pts]
+        for ax, k, scale in ((axes[0], 1, 100.0), (axes[1], 2, 100.0)):
+            ax.errorbar(ns, [scale * p[k].mean for p in pts],
+                        yerr=[scale * (p[k].std if p[k].n > 1 else 0.0) for p in pts],
+                        color=colors[m], marker="o", capsize=3, label=m)
+    if not drawn:
+        plt.close(fig)
+        return None
+    axes[0].set_ylabel("final accuracy (%)")
+    axes[1].set_ylabel("MASD of accuracy (percentage points)")
+    for ax in axes:
+        ax.set_xscale("log")
+        ax.set_xticks(nodes, [str(n) for n in nodes])
+        ax.set_xlabel("number of nodes")
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_grouped(rows, methods, settings, path: Path, title: str) -> Path | None:
+    """Final accuracy and MASD per setting (grouped bars), mean ± std per method."""
+    plt = _plt()
+    colors = _colors(methods)
+    fig, axes = plt.subplots(2, 1, figsize=(max(7, 1.3 * len(settings) + 3), 7), sharex=True)
+    width = 0.8 / max(1, len(methods))
+    xs = np.arange(len(settings))
+    drawn = False
+    for j, m in enumerate(methods):
+        sums = [method_summary(_in_setting(rows, s), m) for s in settings]
+        for ax, key in ((axes[0], "final_accuracy"), (axes[1], "masd")):
+            vals = [100 * s[key].mean if s[key].n else np.nan for s in sums]
+            errs = [100 * s[key].std if s[key].n > 1 else 0.0 for s in sums]
+            if not all(np.isnan(vals)):
+                drawn = True
+            ax.bar(xs + (j - (len(methods) - 1) / 2) * width, vals, width, yerr=errs, color=colors[m],
+                   label=m, capsize=2)
+    if not drawn:
+        plt.close(fig)
+        return None
+    axes[0].set_ylabel("final accuracy (%)")
+    axes[1].set_ylabel("MASD (percentage points)")
+    axes[1].set_xticks(xs, [s[1] for s in settings])
+    axes[1].set_xlabel("partition (k = classes per node, dir = Dirichlet alpha)")
+    axes[0].legend(fontsize=7, ncol=min(5, len(methods)))
+    for ax in axes:
+        ax.grid(alpha=0.3, axis="y")
+    fig.suptitle(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# ------------------------------------------------------------------ markdown
+def _method_table(rows, methods, show_target: bool, target: float) -> list[str]:
+    head = ["method", "finished / diverged / failed", "final accuracy (%)", "MASD (pp)", "std of accuracy (pp)"]
+    if show_target:
+        head.append(f"time to {100 * target:.0f}% (virtual s; seeds that reached it)")
+    head += ["staleness mean", "staleness max"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for m in methods:
+        s = method_summary(rows, m)
+        cells = [m, f"{s['ok'] + s['diverged']}/{s['runs']} / {s['diverged']} / {s['failed']}"
+                 + (f" ({s['pending']} pending)" if s["pending"] else ""),
+                 _pm(s["final_accuracy"], 100), _pm(s["masd"], 100, 2), _pm(s["accuracy_std"], 100, 2)]
+        if show_target:
+            cells.append(f"{_pm(s['time_to_target'], 1, 0)} ({s['reached']}/{s['ok']})" if s["ok"] else "–")
+        cells += [_pm(s["staleness_mean"], 1, 2), _pm(s["staleness_max"], 1, 1)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _improvement_table(imps, reference) -> list[str]:
+    lines = [f"| {reference} vs | stability improvement (%) | Δ final accuracy (pp) | seeds paired |",
+             "|---|---|---|---|"]
+    for i in imps:
+        lines.append(f"| {i['baseline']} | {_pm(i['improvement'], 100, 0, signed=True)} | "
+                     f"{_pm(i['delta_accuracy'], 100, 1, signed=True)} | {len(i['seeds'])} |")
+    return lines
+
+
+def _tuned_section(out: Path) -> list[str]:
+    path = out / "tuned.toml"
+    if not path.is_file():
+        return []
+    import tomllib
+
+    data = tomllib.loads(path.read_text())
+    lines = ["## Tuned choices (seed 0 only)", "",
+             "| method | choice (run config) | seed-0 final accuracy (%) | seed-0 MASD (pp) | grid points | "
+             "diverged |", "|---|---|---|---|---|---|"]
+    for m, cfg in data.get("methods", {}).items():
+        sel = data.get("selection", {}).get(m, {})
+        choice = ", ".join(f"`{k}={v}`" for k, v in cfg.items())
+        fa, ms = sel.get("final-accuracy", math.nan), sel.get("masd", math.nan)
+        flag = " (all diverged)" if sel.get("all-diverged") else ""
+        lines.append(f"| {m} | {choice} | {100 * fa:.1f} | {100 * ms:.2f} | {sel.get('candidates', 0)} | "
+                     f"{sel.get('diverged', 0)}{flag} |" if sel.get("candidates") else
+                     f"| {m} | {choice} | – | – | 0 | – |")
+    return lines + [""]
+
+
+def _wall_time(out: Path) -> tuple[float, int, int]:
+    path = out / "sweep_log.json"
+    if not path.is_file():
+        return math.nan, 0, 0
+    log = json.loads(path.read_text())
+    return (sum(float(e.get("wall_seconds", 0.0)) for e in log), sum(int(e.get("executed", 0)) for e in log),
+            len(log))
+
+
+def _human(seconds: float) -> str:
+    from simulations.preset import human_seconds
+
+    return human_seconds(seconds)
+
+
+def write_report(out: Path, md_path: Path | None = None, figures: Path | None = None) -> Path:
+    """Write the Markdown results file and its figures; return the Markdown path."""
+    rows = read_csv(out / "runs.csv")
+    plan = json.loads((out / "plan.json").read_text()) if (out / "plan.json").is_file() else {}
+    name = plan.get("name", out.name)
+    md_path = Path(md_path or plan.get("results_md") or "docs/RESULTS.md")
+    figures = Path(figures or md_path.parent / "figures" / name)
+    figures.mkdir(parents=True, exist_ok=True)
+    reference = plan.get("reference", "gsgm")
+    target = float(plan.get("target_accuracy", 0.7))
+    order = plan.get("methods") or []
+    questions = plan.get("questions") or {
+        q: {"title": q, "kind": "stability"}
+        for q in dict.fromkeys(x for r in rows for x in str(r["questions"]).split(";") if x)
+    }
+    base = plan.get("base", {})
+    wall, executed, invocations = _wall_time(out)
+    run_total = sum(float(r["run_seconds"]) for r in rows if math.isfinite(float(r.get("run_seconds", math.nan))))
+    tune_rows = read_csv(out / "tune.csv") if (out / "tune.csv").is_file() else []
+    tune_total = sum(float(r["run_seconds"]) for r in tune_rows
+                     if math.isfinite(float(r.get("run_seconds", math.nan))))
+    status = {s: sum(r["status"] == s for r in rows) for s in ("ok", "diverged", "failed", "pending")}
+
+    md = [f"# Results: {name}", ""]
+    md.append(f"Produced by `python -m simulations.sweep {plan.get('preset', 'PRESET.toml')}` then "
+              f"`python -m simulations.report {out}` on {time.strftime('%Y-%m-%d', time.gmtime())}.")
+    md.append("")
+    md.append(f"- Sweep wall time: **{_human(wall)}** over {invocations} invocation(s) of the sweep command "
+              f"({executed} runs executed; the runs themselves took {_human(tune_total)} of tuning and "
+              f"{_human(run_total)} of reporting runs, on {os.cpu_count()} CPU cores).")
+    md.append(f"- Reporting runs: {len(rows)} ({status['ok']} ok, {status['diverged']} diverged, "
+              f"{status['failed']} failed, {status['pending']} pending); seeds {plan.get('seeds', '?')}; "
+              f"tuning on seed {plan.get('tune', {}).get('seed', 0)} only.")
+    if base:
+        keys = ("dataset", "max-updates", "eval-every", "eval-examples", "batch-size", "client-mode",
+                "slow-fraction", "slow-factor", "jitter")
+        md.append("- Common run config: " + ", ".join(f"`{k}={base[k]}`" for k in keys if k in base) + ".")
+    md.append(f"- Final accuracy: mean of the last 5 evaluations. MASD: mean |a(j+1) - a(j)| of test accuracy "
+              f"over the second half of the evaluations; std: its standard deviation there (both in "
+              f"percentage points, pp). Time to target: first virtual time with accuracy >= "
+              f"{100 * target:.0f}%. Stability improvement of {reference} over B: 1 - MASD_{reference} / MASD_B "
+              f"per seed, then mean ± sample std over the seeds.")
+    chance = plan.get("chance_accuracy", 0.1)
+    md.append(f"- Diverged: a non-finite loss or accuracy at some evaluation, or a final accuracy <= "
+              f"{100 * (chance + plan.get('chance_margin', 0.05)):.0f}% (chance + margin). Diverged runs are "
+              f"counted in the tables and left out of the means.")
+    md.append("")
+    md += _tuned_section(out)
+
+    for qname, q in questions.items():
+        qrows = question_rows(rows, qname)
+        if not qrows:
+            continue
+        kind = q.get("kind", "stability")
+        methods = _methods_in(qrows, order)
+        md += [f"## {q.get('title', qname)}", ""]
+        if q.get("description"):
+            md += [q["description"], ""]
+        settings = settings_of(qrows)
+        if kind == "scale" and len(settings) > 1:
+            for part in dict.fromkeys(s[1] for s in settings):
+                prow = [r for r in qrows if r["partition"] == part]
+                p = plot_scale(prow, methods, figures / f"{qname}_{part}_scale.png",
+                               f"{q.get('title', qname)}: final accuracy and MASD vs nodes ({part})")
+                if p:
+                    md += [f"![final accuracy and MASD vs number of nodes]({_rel(p, md_path.parent)})", ""]
+        if kind == "noniid" and len(settings) > 1:
+            p = plot_grouped(qrows, methods, settings, figures / f"{qname}_grouped.png", q.get("title", qname))
+            if p:
+                md += [f"![final accuracy and MASD per partition]({_rel(p, md_path.parent)})", ""]
+        for setting in settings:
+            srows = _in_setting(qrows, setting)
+            label = f"n{setting[0]}-{setting[1]}"
+            md += [f"### {_setting_name(setting)}", ""]
+            md += _method_table(srows, methods, True, target)
+            md.append("")
+            imps = improvements(srows, reference, methods)
+            if imps and any(r["method"] == reference for r in srows):
+                md += [f"Stability improvement of {reference} over each method (paired by seed):", ""]
+                md += _improvement_table(imps, reference)
+                md.append("")
+                p = plot_improvement(imps, reference, figures / f"{qname}_{label}_improvement.png",
+                                     f"{q.get('title', qname)}: {_setting_name(setting)}")
+                if p:
+                    md += [f"![stability improvement]({_rel(p, md_path.parent)})", ""]
+            x = "virtual_time" if kind == "time-to-target" else "updates"
+            p = plot_curves(srows, methods, out, figures / f"{qname}_{label}_curves.png",
+                            f"{_setting_name(setting)}", x=x)
+            if p:
+                md += [f"![accuracy curves]({_rel(p, md_path.parent)})", ""]
+    md_path.parent.mkdir(parents=True, exist_ok=True)
+    md_path.write_text("\n".join(md).rstrip() + "\n")
+    return md_path
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m simulations.report", description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", help="the sweep's output folder (holds runs.csv)")
+    parser.add_argument("--md", help="Markdown file to write (default: the preset's results-md)")
+    parser.add_argument("--figures", help="folder of the figures (default: beside the Markdown file)")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    if not (out / "runs.csv").is_file():
+        print(f"error: {out / 'runs.csv'} not found: run python -m simulations.sweep first", file=sys.stderr)
+        return 2
+    md = write_report(out, Path(args.md) if args.md else None, Path(args.figures) if args.figures else None)
+    print(f"[report] wrote {md}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
