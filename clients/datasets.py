@@ -122,26 +122,6 @@ class ImageData:
         """Return the rows ``indices`` (int64 ``[M]``) as a new ImageData (a copy)."""
         return ImageData(self.images[indices], self.labels[indices], self.num_classes)
 
-    def balanced_subset(self, n: int, seed: int = 0) -> ImageData:
-        """A fixed, class-balanced subset of ``n`` rows (all rows if ``n`` is 0 or >= N).
-
-        Each class present gets ``n // C`` rows (the first ``n % C`` classes one
-        more), drawn with a ``torch.Generator`` seeded with ``seed``; a class with
-        fewer rows gives all it has. Rows keep their original order. Used to make
-        frequent server evaluations cheaper: every run evaluated with the same
-        ``n`` and ``seed`` sees the same images.
-        """
-        if n <= 0 or n >= len(self):
-            return self
-        classes = torch.unique(self.labels)
-        share = [n // len(classes) + (1 if i < n % len(classes) else 0) for i in range(len(classes))]
-        gen = torch.Generator().manual_seed(seed)
-        picked = []
-        for c, k in zip(classes.tolist(), share):
-            rows = torch.nonzero(self.labels == c).flatten()
-            picked.append(rows[torch.randperm(len(rows), generator=gen)[:k]])
-        return self.subset(torch.cat(picked).sort().values)
-
 
 @dataclass(frozen=True)
 class DatasetInfo:

@@ -22,17 +22,22 @@ from __future__ import annotations
 
 import heapq
 import math
+import signal
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from logging import INFO, WARNING
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
+from flwr_gsgm import checkpoint
 from flwr_gsgm.core import Outcome, ServerOptimizer, UpdateRejected
 from flwr_gsgm.virtual_clock import VirtualClock, derive_seed
 
@@ -72,6 +77,13 @@ class EngineSettings:
         Error replies in a row after which a node is treated as lost.
     min_nodes : int
         Nodes to wait for (up to ``reply_timeout``) before training starts [``min-nodes``].
+    checkpoint_every : int
+        Save a checkpoint every this many client updates received (0 = never)
+        [``checkpoint-every``]; also on SIGTERM when checkpoints are on.
+    checkpoint_path : Path | None
+        Where the checkpoint goes (written atomically); required if ``checkpoint_every``.
+    resume : bool
+        Continue from ``checkpoint_path`` if it exists [``resume``].
     virtual_clock : VirtualClock | None
         Simulation clock, or None to use real arrival order (deployment).
     seed : int
@@ -87,6 +99,9 @@ class EngineSettings:
     node_refresh_interval: float = 10.0
     max_consecutive_errors: int = 3
     min_nodes: int = 1
+    checkpoint_every: int = 0
+    checkpoint_path: Path | None = None
+    resume: bool = False
     virtual_clock: VirtualClock | None = None
     seed: int = 0
 
@@ -102,6 +117,10 @@ class EngineSettings:
         for key, (value, ok, expected) in checks.items():
             if not ok:
                 raise ValueError(f"{key} must be {expected}, got {value!r}")
+        if self.checkpoint_every < 0:
+            raise ValueError(f"checkpoint-every must be >= 0, got {self.checkpoint_every!r}")
+        if (self.checkpoint_every or self.resume) and self.checkpoint_path is None:
+            raise ValueError("checkpoint-every / resume need a checkpoint path (a run folder)")
         if self.max_seconds is not None and not self.max_seconds > 0:
             raise ValueError(f"max-seconds must be > 0 or unset, got {self.max_seconds!r}")
 
@@ -118,13 +137,18 @@ class _Node:
 
 @dataclass(order=True)
 class _Dispatch:
+    """One train message in flight; ordered by virtual finish time, then send order."""
+
     v_finish: float
     seq: int
-    message_id: str = field(compare=False)
     partition_id: int = field(compare=False)
-    node_id: int = field(compare=False)
     base_version: int = field(compare=False)
-    sent_at: float = field(compare=False)
+    config: dict[str, Any] = field(compare=False)
+    # The weights sent, kept only when checkpoints are on: a resumed run re-sends them.
+    arrays: list[np.ndarray] | None = field(compare=False, default=None)
+    message_id: str = field(compare=False, default="")
+    node_id: int = field(compare=False, default=0)
+    sent_at: float = field(compare=False, default=0.0)
 
 
 @dataclass
@@ -233,6 +257,8 @@ class AsyncEngine:
         self.rows: list[dict[str, float]] = []
         self.received = 0
         self.diverged = False
+        self.stop_requested = False
+        self.num_partitions = 0
         self.seq = 0
         self.vnow = 0.0
         self.t0 = time.monotonic()
@@ -244,16 +270,24 @@ class AsyncEngine:
         """Train until a budget is spent or no node is left; return the report."""
         self.t0 = time.monotonic()
         self._discover_nodes()
-        self._evaluate()
-        for pid in sorted(self.nodes):
-            self._dispatch(pid)
-        while not self._finished():
-            self._pull()
-            progressed = self._apply_ready()
-            self._expire_timeouts()
-            self._refresh_nodes()
-            if not progressed:
-                time.sleep(self.s.poll_interval)
+        saved = self._load_checkpoint()
+        if saved is None:
+            self._evaluate()
+            for pid in sorted(self.nodes):
+                self._dispatch(pid)
+        else:
+            self._restore(saved)
+        with self._sigterm_checkpoints():
+            while not self._finished():
+                self._pull()
+                progressed = self._apply_ready()
+                self._expire_timeouts()
+                self._refresh_nodes()
+                if self.stop_requested:
+                    self._save_checkpoint()
+                    raise SystemExit(f"SIGTERM: checkpoint saved at {self.received} updates")
+                if not progressed:
+                    time.sleep(self.s.poll_interval)
         if not self.diverged and (not self.rows or self.rows[-1]["updates"] != self.received):
             self._evaluate()
         return self._report()
@@ -277,7 +311,7 @@ class AsyncEngine:
             time.sleep(max(self.s.poll_interval, 0.01))
         pids = sorted(self.nodes)
         if self.s.virtual_clock is not None:
-            num_partitions = max(pids) + 1
+            num_partitions = max(self.num_partitions, max(pids) + 1)
             self.speeds = self.s.virtual_clock.speed_factors(list(range(num_partitions)))
         for pid in pids:
             self.nodes[pid].speed = self.speeds.get(pid, 1.0)
@@ -322,6 +356,7 @@ class AsyncEngine:
         if not isinstance(metrics, MetricRecord) or "partition-id" not in metrics:
             log(WARNING, "[async] node %d query reply has no partition-id; ignored", node_id)
             return None
+        self.num_partitions = max(self.num_partitions, int(metrics.get("num-partitions", 0)))
         return int(metrics["partition-id"])
 
     def _attach(self, pid: int, node_id: int) -> bool:
@@ -379,19 +414,25 @@ class AsyncEngine:
             v_finish = self.vnow + duration
         else:
             v_finish = 0.0  # unused: deployment applies replies in arrival order
-        arrays = ArrayRecord(
-            {k: Array(np.array(w, copy=True)) for k, w in zip(self.keys, self.optimizer.weights)}
-        )
+        weights = [np.array(w, copy=True) for w in self.optimizer.weights]
+        self.seq += 1
+        dispatch = _Dispatch(v_finish, self.seq, pid, version, dict(config),
+                             weights if self.s.checkpoint_every else None)
+        self.optimizer.on_dispatch(pid)
+        self._push(dispatch, weights)
+
+    def _push(self, dispatch: _Dispatch, weights: list[np.ndarray]) -> None:
+        """Send ``dispatch`` to the node now bound to its partition and track it."""
+        node = self.nodes[dispatch.partition_id]
+        arrays = ArrayRecord({k: Array(w) for k, w in zip(self.keys, weights)})
         message = Message(
-            RecordDict({"arrays": arrays, "config": config}),
+            RecordDict({"arrays": arrays, "config": ConfigRecord(dispatch.config)}),
             node.node_id,
             "train",
             ttl=self.s.message_ttl,
         )
-        self.optimizer.on_dispatch(pid)
         (mid,) = list(self.grid.push_messages([message]))
-        self.seq += 1
-        dispatch = _Dispatch(v_finish, self.seq, mid, pid, node.node_id, version, time.monotonic())
+        dispatch.message_id, dispatch.node_id, dispatch.sent_at = mid, node.node_id, time.monotonic()
         self.in_flight[mid] = dispatch
         heapq.heappush(self.heap, dispatch)
 
@@ -458,6 +499,8 @@ class AsyncEngine:
             self._dispatch(node.partition_id)
         if self.received % self.s.eval_every == 0:
             self._evaluate()
+        if self.s.checkpoint_every and self.received % self.s.checkpoint_every == 0:
+            self._save_checkpoint()
 
     def _on_error_reply(self, node: _Node, reply: Message) -> None:
         self.counters["error-replies"] += 1
@@ -634,6 +677,95 @@ class AsyncEngine:
             + int(opt.get("slots_dropped", 0))
             + self.counters["lost-in-flight"]
         )
+
+    # ------------------------------------------------------------- checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue this run bit-identically (numpy + python values).
+
+        In-flight dispatches are saved with the weights they carried; a resumed run
+        re-sends them with the same seed and virtual finish time.
+        """
+        assert self.optimizer is not None
+        return {
+            "keys": list(self.keys),
+            "optimizer": self.optimizer.state_dict(),
+            "nodes": {pid: {"dispatches": n.dispatches, "errors_in_row": n.errors_in_row,
+                            "active": n.active, "speed": n.speed} for pid, n in self.nodes.items()},
+            "in_flight": [
+                {k: v for k, v in asdict(d).items() if k not in ("message_id", "node_id", "sent_at")}
+                for d in sorted(self.in_flight.values())
+            ],
+            "counters": dict(self.counters),
+            "rejections": dict(self.rejections),
+            "window": dict(vars(self.window)),
+            "rows": [dict(r) for r in self.rows],
+            "received": self.received,
+            "diverged": self.diverged,
+            "seq": self.seq,
+            "vnow": self.vnow,
+            "speeds": dict(self.speeds),
+            "num_partitions": self.num_partitions,
+        }
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        assert self.optimizer is not None
+        if state["keys"] != self.keys:
+            raise ValueError(f"checkpoint model keys {state['keys'][:3]}... differ from the model's")
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.counters = Counter(state["counters"])
+        self.rejections = Counter(state["rejections"])
+        vars(self.window).update(state["window"])
+        self.rows = [dict(r) for r in state["rows"]]
+        self.received, self.diverged = state["received"], state["diverged"]
+        self.seq, self.vnow = state["seq"], state["vnow"]
+        self.speeds, self.num_partitions = dict(state["speeds"]), state["num_partitions"]
+        for pid, saved in state["nodes"].items():
+            node = self.nodes.get(pid)
+            if node is None:  # its SuperNode did not come back: known but inactive
+                node = self.nodes[pid] = _Node(pid, -1, saved["speed"], active=False)
+            node.dispatches, node.errors_in_row, node.speed = (
+                saved["dispatches"], saved["errors_in_row"], saved["speed"])
+            node.active = node.active and saved["active"]
+        for saved in state["in_flight"]:
+            dispatch = _Dispatch(**saved)
+            if self.nodes[dispatch.partition_id].active:
+                self._push(dispatch, dispatch.arrays)
+        log(INFO, "[async] resumed at %d updates (version %d, virtual time %.1f s)",
+            self.received, self.optimizer.version, self.vnow)
+        self._top_up()
+
+    def _save_checkpoint(self) -> None:
+        if self.s.checkpoint_path is not None and self.s.checkpoint_every:
+            checkpoint.save(self.s.checkpoint_path, self.state_dict())
+            log(INFO, "[async] checkpoint at %d updates -> %s", self.received, self.s.checkpoint_path)
+
+    def _load_checkpoint(self) -> dict[str, Any] | None:
+        path = self.s.checkpoint_path
+        if not self.s.resume or path is None or not path.exists():
+            if self.s.resume:
+                log(WARNING, "[async] resume: no checkpoint at %s, starting afresh", path)
+            return None
+        return checkpoint.load(path)
+
+    def _sigterm_checkpoints(self):
+        """Context: while checkpoints are on, SIGTERM asks the loop to save and stop."""
+        engine = self
+
+        class _Guard:
+            def __enter__(self):
+                self.previous = None
+                if engine.s.checkpoint_every and threading.current_thread() is threading.main_thread():
+                    self.previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+
+            def _on_sigterm(self, signum, frame):
+                engine.stop_requested = True
+
+            def __exit__(self, *exc):
+                if self.previous is not None:
+                    signal.signal(signal.SIGTERM, self.previous)
+                return False
+
+        return _Guard()
 
     def _report(self) -> EngineReport:
         assert self.optimizer is not None

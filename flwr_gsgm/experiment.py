@@ -48,8 +48,10 @@ def virtual_clock_from(cfg: Mapping[str, Any]) -> VirtualClock:
     )
 
 
-def build_strategy(cfg: Mapping[str, Any]) -> AsyncStrategy:
+def build_strategy(cfg: Mapping[str, Any], run_dir: Path | None = None) -> AsyncStrategy:
     """Build the asynchronous strategy a validated run config asks for.
+
+    Checkpoints (``checkpoint-every``, ``resume``) go to ``run_dir/checkpoint.pt``.
 
     Raises
     ------
@@ -79,6 +81,9 @@ def build_strategy(cfg: Mapping[str, Any]) -> AsyncStrategy:
         reply_timeout=cfg["reply-timeout"],
         poll_interval=cfg["poll-interval"],
         min_nodes=cfg["min-nodes"],
+        checkpoint_every=cfg["checkpoint-every"],
+        checkpoint_path=(run_dir / "checkpoint.pt") if run_dir is not None else None,
+        resume=cfg["resume"],
     )
     return STRATEGIES[name](
         server_lr=cfg["server-lr"],
@@ -154,13 +159,14 @@ def run_experiment(grid: Grid, cfg: Mapping[str, Any], run_dir: Path | None = No
         summary = run_outputs.summarize(rows, counters, {}, 0.0, 0, time.monotonic() - t0,
                                         rows[-1]["virtual_time"] if rows else 0.0)
     else:
-        result = build_strategy(cfg).start(
+        result = build_strategy(cfg, run_dir).start(
             grid, initial, max_updates=cfg["max-updates"],
             max_seconds=_none_if_zero(cfg["max-seconds"]), evaluate_fn=evaluate_fn,
             eval_every=cfg["eval-every"],
         )
         rep = result.report
         rows = result.rows
+        run_outputs.write_model(run_dir, result.arrays)
         summary = run_outputs.summarize(rows, rep.counters, rep.rejections, rep.staleness_mean,
                                         rep.staleness_max, rep.wall_seconds, rep.virtual_seconds)
     run_outputs.write_metrics(run_dir, rows)

@@ -61,7 +61,7 @@ RUN_CONFIG: dict[str, RunConfigKey] = {
                         "budget: virtual seconds (simulation) or wall seconds (deployment)"),
     "eval-every": _key(100, _positive, "an integer > 0", "evaluate every N client updates received"),
     "eval-examples": _key(0, _non_negative, "an integer >= 0 (0 = the whole test set)",
-                          "server evaluation on a fixed class-balanced subset of this many test images"),
+                          "server evaluation on a fixed random subset (seed 0) of this many test images"),
     "seed": _key(0, _non_negative, "an integer >= 0", "seed of partitioning, clock and client sampling"),
     # server optimizer
     "server-lr": _key(0.05, _positive, "> 0", "server learning rate eta"),
@@ -103,6 +103,10 @@ RUN_CONFIG: dict[str, RunConfigKey] = {
     "reply-timeout": _key(300.0, _positive, "> 0 seconds", "a node silent this long is lost"),
     "poll-interval": _key(0.01, _non_negative, ">= 0 seconds", "sleep between pulls when idle"),
     "min-nodes": _key(1, _positive, "an integer > 0", "nodes to wait for before training"),
+    # checkpoints
+    "checkpoint-every": _key(0, _non_negative, "an integer >= 0 (0 = never)",
+                             "save the server state every N client updates (and on SIGTERM)"),
+    "resume": _key(False, _ANY, "true or false", "continue from outputs/<run-name>/checkpoint.pt"),
     # outputs
     "run-name": _key("", _ANY, "a folder name", "outputs/<run-name>/ (empty = strategy and time)"),
     "output-dir": _key("outputs", _ANY, "a folder", "where run folders go"),
@@ -158,6 +162,8 @@ def parse_run_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
         if not spec.check(value):
             raise ValueError(f"run config {key}={value!r}: expected {spec.expected}")
         cfg[key] = value
+    if cfg["resume"] and not cfg["run-name"]:
+        raise ValueError("run config resume=true: expected a run-name naming the run folder to resume")
     num_classes = DATASET_CLASSES[cfg["dataset"]]
     if cfg["partitioner"] == "pathological" and cfg["classes-per-node"] > num_classes:
         raise ValueError(

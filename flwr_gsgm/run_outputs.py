@@ -4,7 +4,9 @@
 - ``metrics.csv``: one row per evaluation (columns :data:`METRIC_COLUMNS`);
 - ``summary.json``: final accuracy, MASD and std of accuracy over the second half,
   counters, staleness, wall seconds (:func:`summarize`);
-- ``accuracy.png``: test accuracy against client updates and against virtual time.
+- ``accuracy.png``: test accuracy against client updates and against virtual time;
+- ``model.pt``: the final global model (torch ``state_dict``; asynchronous strategies);
+- ``checkpoint.pt``: the server state, with run config ``checkpoint-every`` > 0.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 
 from flwr_gsgm import stability
 
-__all__ = ["METRIC_COLUMNS", "write_config", "write_metrics", "summarize", "write_summary", "plot_accuracy"]
+__all__ = ["METRIC_COLUMNS", "write_config", "write_model", "write_metrics", "summarize", "write_summary", "plot_accuracy"]
 
 METRIC_COLUMNS = (
     "updates", "version", "virtual_time", "wall_time", "accuracy", "loss",
@@ -37,6 +39,17 @@ def write_config(run_dir: Path, cfg: Mapping[str, Any]) -> Path:
     """Write ``config.json`` (sorted keys) and return its path."""
     path = run_dir / "config.json"
     _atomic_write_text(path, json.dumps(dict(cfg), indent=2, sort_keys=True) + "\n")
+    return path
+
+
+def write_model(run_dir: Path, arrays: Any) -> Path:
+    """Write the final global model as ``model.pt`` (a torch ``state_dict``; atomic)."""
+    import torch
+
+    path = run_dir / "model.pt"
+    tmp = path.with_suffix(".pt.tmp")
+    torch.save(arrays.to_torch_state_dict(), tmp)
+    os.replace(tmp, path)
     return path
 
 

@@ -226,7 +226,8 @@ def plot_curves(rows, methods, out: Path, path: Path, title: str, x: str = "upda
             ys = np.asarray([np.interp(grid, [row[x] for row in c], [row["accuracy"] for row in c]) for c in curves])
         ys = 100.0 * ys
         n_bad = sum(1 for r in rows if r["method"] == m and r.get("status") in ("diverged", "failed"))
-        label = f"{m} ({len(curves)} seeds" + (f", {n_bad} diverged/failed" if n_bad else "") + ")"
+        label = f"{m} ({len(curves)} seed{'s' if len(curves) > 1 else ''}"
+        label += (f", {n_bad} diverged/failed" if n_bad else "") + ")"
         ax.plot(grid, ys.mean(axis=0), color=colors[m], label=label, lw=1.6)
         if len(curves) > 1:
             ax.fill_between(grid, ys.min(axis=0), ys.max(axis=0), color=colors[m], alpha=0.18, lw=0)
@@ -351,20 +352,26 @@ def plot_grouped(rows, methods, settings, path: Path, title: str) -> Path | None
 
 # ------------------------------------------------------------------ markdown
 def _method_table(rows, methods, show_target: bool, target: float) -> list[str]:
-    head = ["method", "finished / diverged / failed", "final accuracy (%)", "MASD (pp)", "std of accuracy (pp)"]
+    head = ["method", "ok / runs", "diverged", "failed", "final accuracy (%)", "MASD (pp)", "std of accuracy (pp)"]
     if show_target:
         head.append(f"time to {100 * target:.0f}% (virtual s; seeds that reached it)")
     head += ["staleness mean", "staleness max"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for m in methods:
         s = method_summary(rows, m)
-        cells = [m, f"{s['ok'] + s['diverged']}/{s['runs']} / {s['diverged']} / {s['failed']}"
-                 + (f" ({s['pending']} pending)" if s["pending"] else ""),
+        cells = [m, f"{s['ok']}/{s['runs']}" + (f" ({s['pending']} pending)" if s["pending"] else ""),
+                 str(s["diverged"]), str(s["failed"]),
                  _pm(s["final_accuracy"], 100), _pm(s["masd"], 100, 2), _pm(s["accuracy_std"], 100, 2)]
         if show_target:
             cells.append(f"{_pm(s['time_to_target'], 1, 0)} ({s['reached']}/{s['ok']})" if s["ok"] else "–")
         cells += [_pm(s["staleness_mean"], 1, 2), _pm(s["staleness_max"], 1, 1)]
         lines.append("| " + " | ".join(cells) + " |")
+    bad = [r for r in rows if r.get("status") in ("diverged", "failed")]
+    if bad:
+        lines.append("")
+        lines.append("Not in the means: " + "; ".join(
+            f"{r['method']} seed {r['seed']} ({r.get('diverged_reason') or r.get('error') or r['status']})"
+            for r in bad) + ".")
     return lines
 
 

@@ -17,11 +17,6 @@ the partitions are then loaded once per process instead of once per run (about
 uses (the model initialisation, the clock, each client dispatch). If the process
 dies (a crash, a kill on time-out), the sweep marks that run failed and starts a
 new process for the next one.
-
-Run config ``eval-examples`` > 0: the server evaluates on a fixed class-balanced
-subset of that many test images (:meth:`clients.datasets.ImageData.balanced_subset`,
-seed 0, the same images for every run). Until ``run_experiment`` itself honours the
-key, this worker substitutes its evaluation function (:func:`make_evaluate_fn`).
 """
 
 from __future__ import annotations
@@ -32,44 +27,20 @@ import sys
 import traceback
 from pathlib import Path
 
-__all__ = ["make_evaluate_fn", "run_one", "serve", "main"]
-
-EVAL_SUBSET_SEED = 0
-
-
-def make_evaluate_fn(cfg):
-    """``experiment.make_evaluate_fn`` on the ``eval-examples`` subset of the test set."""
-    from flwr.app import MetricRecord
-
-    from clients.datasets import load_dataset
-    from clients.models import build_model
-    from clients.training import evaluate
-
-    _, test = load_dataset(cfg["dataset"], cfg["data-root"])
-    test = test.balanced_subset(cfg.get("eval-examples", 0), seed=EVAL_SUBSET_SEED)
-    model = build_model(cfg["dataset"])
-
-    def evaluate_fn(step, arrays):
-        model.load_state_dict(arrays.to_torch_state_dict())
-        loss, accuracy = evaluate(model, test.images, test.labels)
-        return MetricRecord({"accuracy": float(accuracy), "loss": float(loss)})
-
-    return evaluate_fn
+__all__ = ["run_one", "serve", "main"]
 
 
 def run_one(run_dir: Path) -> dict:
     """Run the experiment described by ``run_dir/spec.json``; return its summary."""
     from clients.client_app import app
-    from flwr_gsgm import experiment
+    from flwr_gsgm.experiment import run_experiment
     from flwr_gsgm.inprocess_grid import InProcessGrid
     from flwr_gsgm.run_config import parse_run_config
 
     spec = json.loads((run_dir / "spec.json").read_text())
     cfg = parse_run_config(spec["run_config"])
-    if cfg["eval-examples"]:
-        experiment.make_evaluate_fn = make_evaluate_fn  # see the module docstring
     grid = InProcessGrid(app, int(spec["nodes"]), cfg)
-    return experiment.run_experiment(grid, cfg, run_dir)
+    return run_experiment(grid, cfg, run_dir)
 
 
 def _run_logged(run_dir: Path) -> int:

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Start a SuperLink (TLS + SuperNode authentication) and N SuperNodes on 127.0.0.1,
+# each SuperNode a separate process with its own key and
+# --node-config "partition-id=i num-partitions=N".
+#
+# Usage: deploy/start_local.sh N
+# Environment (optional): PORT (SuperLink port, default: a free one), RUN_DIR,
+#   CERT_DIR, KEY_DIR, CONNECTION, FLWR_HOME, VENV (see lib.sh),
+#   NODE_CONFIG_EXTRA (appended to every --node-config, e.g. "device='cpu'"),
+#   START_TIMEOUT (seconds to wait for the SuperLink, default 60).
+#
+# Creates the certificates and keys if missing, then writes into $RUN_DIR:
+#   state.env           PORT, ADDRESS, ... of this deployment (read by the other scripts)
+#   flwr-home/          FLWR_HOME of the flwr CLI: config.toml with [superlink.$CONNECTION]
+#   superlink-home/     FLWR_HOME of the SuperLink and its ServerApp processes
+#   supernode-<key>/    FLWR_HOME and cache-dir of each SuperNode
+#   logs/*.log, pids/*.pid, nodes/<key>.node-id
+# Then: FLWR_HOME=$RUN_DIR/flwr-home flwr run . gsgm-local --run-config deploy/run-config.toml --stream
+# Stop everything with deploy/stop_local.sh.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+[[ $# -eq 1 && "$1" =~ ^[1-9][0-9]*$ ]] || die "usage: start_local.sh N (number of SuperNodes)"
+num="$1"
+need flwr flower-superlink flower-supernode openssl setsid
+
+if [[ -n "$(ls "$RUN_DIR/pids/"*.pid 2>/dev/null)" ]]; then
+  die "$RUN_DIR/pids holds PID files: run deploy/stop_local.sh first"
+fi
+mkdir -p "$RUN_DIR"/{logs,pids,nodes} "$RUN_DIR/superlink-home"
+
+[[ -f "$CERT_DIR/server.pem" ]] || "$DEPLOY_DIR/make_certs.sh" "$CERT_DIR"
+"$DEPLOY_DIR/make_node_keys.sh" -o "$KEY_DIR" "$num" >/dev/null
+
+port="${PORT:-$(free_port)}"
+address="127.0.0.1:$port"
+cat >"$RUN_DIR/state.env" <<STATE
+PORT=$port
+ADDRESS=$address
+NUM_PARTITIONS=$num
+CERT_DIR=$CERT_DIR
+KEY_DIR=$KEY_DIR
+CONNECTION=$CONNECTION
+FLWR_HOME=$FLWR_HOME
+STATE
+
+# The flwr CLI's connection to this SuperLink (HTTPS, verified against our CA).
+write_connection "$FLWR_HOME/config.toml" "$CONNECTION" "$address" "$CERT_DIR/ca.crt"
+
+# SuperLink: Fleet, Control and Runtime APIs on one HTTPS port; SuperNodes only get in
+# with a registered key (--enable-supernode-auth requires TLS).
+FLWR_HOME="$RUN_DIR/superlink-home" start_daemon superlink "$RUN_DIR/logs/superlink.log" \
+  flower-superlink \
+  --ssl-ca-certfile "$CERT_DIR/ca.crt" \
+  --ssl-certfile "$CERT_DIR/server.pem" \
+  --ssl-keyfile "$CERT_DIR/server.key" \
+  --enable-supernode-auth \
+  --host 127.0.0.1 --port "$port" \
+  --disable-runtime-dependency-installation
+wait_health "$address" "$CERT_DIR/ca.crt" "${START_TIMEOUT:-60}" \
+  || { tail -n 20 "$RUN_DIR/logs/superlink.log" >&2; die "SuperLink did not start"; }
+echo "SuperLink https://$address (PID $(cat "$RUN_DIR/pids/superlink.pid"), log $RUN_DIR/logs/superlink.log)"
+
+for ((i = 0; i < num; i++)); do
+  "$DEPLOY_DIR/start_supernode.sh" "$i" "node-$i"
+done
+
+cat <<DONE
+
+Run GSGM on it:
+  FLWR_HOME=$FLWR_HOME flwr run $REPO_DIR $CONNECTION --run-config $DEPLOY_DIR/run-config.toml --stream
+Stop: $DEPLOY_DIR/stop_local.sh
+DONE

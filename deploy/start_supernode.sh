@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Start one SuperNode against the SuperLink started by start_local.sh.
+#
+# Usage: deploy/start_supernode.sh PARTITION_ID [KEY_NAME]
+#   PARTITION_ID  its partition-id (num-partitions comes from $RUN_DIR/state.env)
+#   KEY_NAME      key pair in $KEY_DIR to authenticate with (default node-<PARTITION_ID>);
+#                 created and registered if missing, so a new KEY_NAME for a
+#                 partition that already ran simulates a re-provisioned board: a new
+#                 node id with the same partition-id.
+# Environment: as start_local.sh; REGISTER=0 skips registering the key (the SuperLink
+#   then refuses the SuperNode: for tests), NODE_CONFIG_EXTRA.
+# Writes $RUN_DIR/pids/supernode-<KEY_NAME>.pid and $RUN_DIR/logs/supernode-<KEY_NAME>.log.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+[[ $# -ge 1 && "$1" =~ ^[0-9]+$ ]] || die "usage: start_supernode.sh PARTITION_ID [KEY_NAME]"
+[[ -f "$RUN_DIR/state.env" ]] || die "no $RUN_DIR/state.env: run start_local.sh first"
+source "$RUN_DIR/state.env"
+pid_id="$1"
+name="${2:-node-$pid_id}"
+need flower-supernode setsid
+(( pid_id < NUM_PARTITIONS )) || die "partition-id $pid_id >= num-partitions $NUM_PARTITIONS"
+if [[ -f "$RUN_DIR/pids/supernode-$name.pid" ]] && kill -0 "$(cat "$RUN_DIR/pids/supernode-$name.pid")" 2>/dev/null; then
+  die "SuperNode $name already runs (PID $(cat "$RUN_DIR/pids/supernode-$name.pid"))"
+fi
+
+"$DEPLOY_DIR/make_node_keys.sh" -o "$KEY_DIR" "$name" >/dev/null
+if [[ "${REGISTER:-1}" != 0 && ! -f "$RUN_DIR/nodes/$name.node-id" ]]; then
+  "$DEPLOY_DIR/register_nodes.sh" -c "$CONNECTION" "$KEY_DIR/$name.pub" >/dev/null
+fi
+
+home="$RUN_DIR/supernode-$name"
+mkdir -p "$home/cache"
+node_config="partition-id=$pid_id num-partitions=$NUM_PARTITIONS cache-dir='$home/cache'"
+node_config+="${NODE_CONFIG_EXTRA:+ $NODE_CONFIG_EXTRA}"
+FLWR_HOME="$home" start_daemon "supernode-$name" "$RUN_DIR/logs/supernode-$name.log" \
+  flower-supernode \
+  --superlink "$ADDRESS" \
+  --root-certificates "$CERT_DIR/ca.crt" \
+  --auth-supernode-private-key "$KEY_DIR/$name" \
+  --node-config "$node_config" \
+  --host 127.0.0.1 --port "$(free_port)"
+node_id="$(cat "$RUN_DIR/nodes/$name.node-id" 2>/dev/null || echo unregistered)"
+echo "SuperNode $name: partition-id $pid_id, node id $node_id (PID $(cat "$RUN_DIR/pids/supernode-$name.pid"), log $RUN_DIR/logs/supernode-$name.log)"

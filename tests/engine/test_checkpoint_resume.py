@@ -1,0 +1,84 @@
+"""A ServerApp killed mid-run (SIGKILL) and resumed from its checkpoint ends exactly
+like an uninterrupted run: same final weights, same metrics.csv (wall time aside)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from clients.client_app import app as client_app
+from flwr_gsgm.experiment import run_experiment
+from flwr_gsgm.inprocess_grid import InProcessGrid
+from flwr_gsgm.run_config import parse_run_config
+from tests.simulation_engine.test_flower_simulation import without_wall_time
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = {"max-updates": 160, "eval-every": 20, "eval-examples": 1000, "classes-per-node": 5,
+          "checkpoint-every": 20, "run-name": "run"}
+
+# The same experiment as a separate process, so it can be killed like a ServerApp.
+CHILD = """
+import json, sys
+from clients.client_app import app
+from flwr_gsgm.experiment import run_experiment
+from flwr_gsgm.inprocess_grid import InProcessGrid
+from flwr_gsgm.run_config import parse_run_config
+from pathlib import Path
+cfg = parse_run_config(json.loads(sys.argv[1]))
+run_experiment(InProcessGrid(app, 3, run_config=cfg), cfg, Path(sys.argv[2]))
+"""
+
+
+def run_in_process(run_dir: Path, **overrides) -> None:
+    cfg = parse_run_config({**CONFIG, **overrides})
+    run_experiment(InProcessGrid(client_app, 3, run_config=cfg), cfg, run_dir)
+
+
+def kill_after_second_checkpoint(run_dir: Path) -> int:
+    """Start the run in a child process, SIGKILL it once it has checkpointed twice."""
+    child = subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(CONFIG), str(run_dir)],
+                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    ckpt, seen, deadline = run_dir / "checkpoint.pt", set(), time.monotonic() + 300
+    try:
+        while len(seen) < 2 and child.poll() is None and time.monotonic() < deadline:
+            if ckpt.exists():
+                seen.add(ckpt.stat().st_mtime_ns)
+            time.sleep(0.02)
+        assert child.poll() is None, "the run ended before it could be killed"
+        os.kill(child.pid, signal.SIGKILL)
+        return child.wait(timeout=30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+
+
+def test_killed_and_resumed_run_equals_uninterrupted_run(tmp_path):
+    run_in_process(tmp_path / "whole")
+
+    interrupted = tmp_path / "interrupted"
+    assert kill_after_second_checkpoint(interrupted) == -signal.SIGKILL
+    assert not (interrupted / "summary.json").exists()  # it really died mid-run
+    run_in_process(interrupted, resume=True)
+
+    whole = without_wall_time((tmp_path / "whole" / "metrics.csv").read_text())
+    resumed = without_wall_time((interrupted / "metrics.csv").read_text())
+    assert len(whole) == 1 + 9  # header + evaluations at 0, 20, ..., 160
+    assert resumed == whole
+    a = torch.load(tmp_path / "whole" / "model.pt")
+    b = torch.load(interrupted / "model.pt")
+    assert list(a) == list(b)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_checkpointing_does_not_change_the_run(tmp_path):
+    run_in_process(tmp_path / "with", **{"max-updates": 60})
+    run_in_process(tmp_path / "without", **{"max-updates": 60, "checkpoint-every": 0})
+    assert without_wall_time((tmp_path / "with" / "metrics.csv").read_text()) == without_wall_time(
+        (tmp_path / "without" / "metrics.csv").read_text())

@@ -1,0 +1,144 @@
+"""Presets: validation, expansion into runs, the cost model, the divergence rule."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from simulations.preset import (
+    estimate_seconds,
+    grid_label,
+    load_preset,
+    partition_label,
+    report_runs,
+    tune_runs,
+)
+from simulations.results import divergence, run_row
+from simulations.sweep import _standin_tuned, dry_run
+
+PRESETS = Path(__file__).resolve().parents[2] / "simulations" / "presets"
+
+
+def test_fashion_mnist_preset_expands_to_the_issue_4_sweep():
+    preset = load_preset(PRESETS / "fashion_mnist.toml")
+    assert preset.seeds == [1, 2, 3] and preset.tune_seed == 0
+    assert list(preset.questions) == ["stability", "scale", "noniid", "time-to-target"]
+    assert len(preset.methods) == 10
+    tuned = _standin_tuned(preset)
+    tune = {m: tune_runs(preset, m, tuned) for m in preset.methods}
+    assert len(tune["gsgm"]) == 5 * 2 * 2 * 2 * 2  # lr x beta x form x quorum x averaging
+    assert sum(len(v) for v in tune.values()) == 80 + 5 + 5 + 5 + 10 + 5 + 5 + 5 + 5 + 5
+    assert all(s.seed == 0 and s.nodes == 10 for v in tune.values() for s in v)
+    # ablations start from GSGM's choice
+    assert tune["gsgm-beta0"][0].run_config["beta"] == 0.0
+    assert tune["gsgm-nosched"][0].run_config["scheduling"] is False
+    assert tune["gsgm-nosched"][0].run_config["strategy"] == "gsgm"
+    runs = report_runs(preset, tuned)
+    # stability 10 methods; scale 4 more sizes x 7; non-IID 6 more partitions x 7; time-to-target shared
+    assert len(runs) == 3 * (10 + 4 * 7 + 6 * 7)
+    assert {r.seed for r in runs} == {1, 2, 3}
+    shared = next(r for r in runs if r.run_id == "runs/gsgm/n10-k2/s1")
+    assert shared.questions == ("stability", "scale", "noniid", "time-to-target")
+    assert {r.partition_label for r in runs} == {"k1", "k2", "k5", "dir0.1", "dir0.5", "dir1", "iid"}
+    assert {r.nodes for r in runs} == {5, 10, 20, 30, 100}
+    # same budget for every method
+    assert {r.run_config["max-updates"] for r in runs} == {2000}
+    assert {r.run_config["max-updates"] for v in tune.values() for r in v} == {2000}
+
+
+def test_dry_run_counts_runs_and_estimates_time(tmp_path):
+    preset = load_preset(PRESETS / "fashion_mnist.toml", out=tmp_path)
+    text = dry_run(preset, tmp_path, jobs=2)
+    assert "Total: 370 runs" in text and "with --jobs 2" in text
+    assert "gsgm                      80" in text
+
+
+@pytest.mark.parametrize("name", ["smoke", "cifar10", "cifar100"])
+def test_other_presets_load(name):
+    preset = load_preset(PRESETS / f"{name}.toml")
+    assert report_runs(preset, _standin_tuned(preset))
+
+
+def test_cost_model_hand_checked():
+    preset = load_preset(PRESETS / "fashion_mnist.toml")
+    spec = report_runs(preset, _standin_tuned(preset), ["stability"])[0]
+    est = {"overhead-seconds": 3.0, "updates-per-second": 40.0, "eval-seconds-per-10k": 4.0}
+    # 3 + 2000 / 40 + (1 + 2000 / 50) evaluations * 2000 / 10000 * 4 s
+    assert estimate_seconds(spec, est) == pytest.approx(3 + 50 + 41 * 0.8)
+    sync = next(s for s in report_runs(preset, _standin_tuned(preset), ["scale"])
+                if s.method == "fedavg" and s.nodes == 30)
+    # 2000 // 30 = 66 rounds of 30 nodes = 1980 computations, 1 + 1980 // 50 = 40 evaluations
+    assert estimate_seconds(sync, est) == pytest.approx(3 + 1980 / 40 + 40 * 0.8)
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "p.toml"
+    path.write_text(text)
+    return path
+
+
+BASE = """
+[sweep]
+reference = "a"
+seeds = [1, 2]
+[tune]
+seed = 0
+[methods.a]
+config = { strategy = "asgd" }
+[questions.q]
+nodes = [3]
+"""
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (BASE.replace("seeds = [1, 2]", "seeds = [0, 1]"), "tuning seed 0 is also a reporting seed"),
+        (BASE.replace('strategy = "asgd"', 'strategy = "asgd", sever-lr = 1.0'), "unknown run config key 'sever-lr'"),
+        (BASE.replace('strategy = "asgd"', 'strategy = "asgd", seed = 4'), "'seed' is set by the sweep"),
+        (BASE.replace('strategy = "asgd"', 'strategy = "sgd"'), "strategy='sgd'"),
+        (BASE + 'methods = ["b"]\n', "unknown method 'b'"),
+        (BASE + "[methods.c]\ninherit = \"zz\"\n", "inherits from unknown method 'zz'"),
+        (BASE.replace("nodes = [3]", "nodes = [3]\nkind = \"speed\""), "kind 'speed'"),
+        (BASE + "[questions.r]\npartitions = [{ partitioner = \"pathological\", classes-per-node = 11 }]\n",
+         "classes-per-node=11"),
+        (BASE.replace("[methods.a]", "[methods.a]\ngrid = { beta = [0.5, 1.5] }"), "beta=1.5"),
+    ],
+)
+def test_bad_presets_are_refused_naming_the_problem(tmp_path, text, message):
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("(", r"\(")):
+        load_preset(write(tmp_path, text))
+
+
+def test_labels():
+    assert partition_label({"partitioner": "pathological", "classes-per-node": 5}) == "k5"
+    assert partition_label({"partitioner": "dirichlet", "dirichlet-alpha": 1.0}) == "dir1"
+    assert partition_label({"partitioner": "iid"}) == "iid"
+    assert grid_label({"server-lr": 0.02, "scheduling": False}) == "server-lr=0.02__scheduling=false"
+    assert grid_label({}) == "default"
+
+
+def metrics(acc, loss=1.0):
+    return [{"accuracy": a, "loss": loss} for a in acc]
+
+
+def test_divergence_rule():
+    assert divergence(metrics([0.1, 0.5, 0.7]), 0.7, chance=0.1, margin=0.05) == ""
+    assert divergence(metrics([0.1, 0.5, 0.7], loss=math.nan), 0.7, 0.1, 0.05) == "non-finite loss"
+    assert divergence(metrics([0.1, math.inf]), 0.5, 0.1, 0.05) == "non-finite accuracy"
+    assert divergence(metrics([0.1, 0.6, 0.15]), 0.15, 0.1, 0.05) == "final accuracy at chance"  # <= 15%
+    assert divergence(metrics([0.1, 0.6, 0.16]), 0.1501, 0.1, 0.05) == ""
+    assert divergence(metrics([0.1, 0.6]), math.nan, 0.1, 0.05) == "final accuracy at chance"
+
+
+def test_run_row_of_a_pending_and_of_a_failed_run(tmp_path):
+    pending = run_row(tmp_path / "nothing", {"run_id": "x"}, chance=0.1, margin=0.05, target=0.7)
+    assert pending["status"] == "pending"
+    failed = tmp_path / "failed"
+    failed.mkdir()
+    (failed / "log.txt").write_text("starting\n")
+    (failed / "error.txt").write_text("Traceback ...\nFileNotFoundError: no data\n")
+    row = run_row(failed, {"run_id": "y"}, chance=0.1, margin=0.05, target=0.7)
+    assert (row["status"], row["error"]) == ("failed", "FileNotFoundError: no data")

@@ -1,0 +1,135 @@
+"""The report's aggregation, hand-checked on a synthetic runs.csv."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from simulations.report import improvements, method_summary, question_rows, stat, write_report
+from simulations.results import read_csv, write_csv
+
+# (method, seed, status, final accuracy, MASD, time to target)
+RUNS = [
+    ("gsgm", 1, "ok", 0.80, 0.02, 100.0),
+    ("gsgm", 2, "ok", 0.82, 0.03, 120.0),
+    ("gsgm", 3, "ok", 0.78, 0.04, math.nan),
+    ("asgd", 1, "ok", 0.75, 0.04, 150.0),
+    ("asgd", 2, "ok", 0.77, 0.05, math.nan),
+    ("asgd", 3, "ok", 0.79, 0.08, 130.0),
+    ("masgd", 1, "ok", 0.70, 0.05, math.nan),
+    ("masgd", 2, "diverged", 0.10, 0.00, math.nan),
+    ("masgd", 3, "ok", 0.72, 0.10, math.nan),
+]
+
+
+def make_sweep(out: Path) -> Path:
+    rows = []
+    for method, seed, status, acc, masd, ttt in RUNS:
+        rows.append({
+            "run_id": f"runs/{method}/n10-k2/s{seed}", "stage": "report", "questions": "stability;scale",
+            "method": method, "strategy": method, "seed": seed, "nodes": 10, "partitioner": "pathological",
+            "classes_per_node": 2, "partition": "k2", "status": status, "diverged": status == "diverged",
+            "diverged_reason": "final accuracy at chance" if status == "diverged" else "",
+            "final_accuracy": acc, "masd": masd, "accuracy_std": masd / 2, "time_to_target": ttt,
+            "staleness_mean": 2.0 + seed, "staleness_max": 10 * seed, "run_seconds": 60.0,
+            "run_dir": str(out / f"runs/{method}/n10-k2/s{seed}"),
+        })
+        # the same methods at 20 nodes (scale question only), 0.1 lower
+        rows.append({**rows[-1], "run_id": f"runs/{method}/n20-k2/s{seed}", "nodes": 20, "questions": "scale",
+                     "final_accuracy": acc - 0.1, "run_dir": str(out / f"runs/{method}/n20-k2/s{seed}")})
+    out.mkdir(parents=True, exist_ok=True)
+    write_csv(out / "runs.csv", rows)
+    for method in ("gsgm", "asgd"):
+        for seed in (1, 2, 3):
+            d = out / f"runs/{method}/n10-k2/s{seed}"
+            d.mkdir(parents=True)
+            lines = ["updates,version,virtual_time,wall_time,accuracy,loss"]
+            lines += [f"{u},{u},{u / 8},0.0,{min(0.9, 0.1 + u / 1000 + 0.01 * seed)},1.0" for u in range(0, 501, 50)]
+            (d / "metrics.csv").write_text("\n".join(lines) + "\n")
+    plan = {
+        "name": "synthetic", "preset": "x.toml", "seeds": [1, 2, 3], "tune": {"seed": 0}, "target_accuracy": 0.7,
+        "chance_accuracy": 0.1, "chance_margin": 0.05, "reference": "gsgm", "methods": ["gsgm", "asgd", "masgd"],
+        "base": {"dataset": "fashion-mnist", "max-updates": 500},
+        "questions": {
+            "stability": {"title": "Stability at 10 nodes", "kind": "stability"},
+            "scale": {"title": "Scale", "kind": "scale"},
+            "time-to-target": {"title": "TTT", "kind": "time-to-target"},
+        },
+    }
+    (out / "plan.json").write_text(json.dumps(plan))
+    (out / "sweep_log.json").write_text(json.dumps([{"wall_seconds": 3600.0, "executed": 20},
+                                                    {"wall_seconds": 125.0, "executed": 0}]))
+    return out
+
+
+@pytest.fixture
+def rows(tmp_path):
+    out = make_sweep(tmp_path / "sweep")
+    return [r for r in question_rows(read_csv(out / "runs.csv"), "stability")]
+
+
+def test_stat_is_mean_and_sample_std_of_finite_values():
+    s = stat([0.04, 0.05, 0.08, math.nan, ""])
+    assert s.n == 3
+    assert s.mean == pytest.approx(0.17 / 3)
+    assert s.std == pytest.approx(math.sqrt((0.05 / 3) ** 2 + (0.02 / 3) ** 2 + (0.07 / 3) ** 2) / math.sqrt(2))
+    assert s.std == pytest.approx(0.0208167, abs=1e-7)
+    assert math.isnan(stat([0.5]).std) and stat([]).n == 0
+
+
+def test_method_summary_hand_checked(rows):
+    g = method_summary(rows, "gsgm")
+    assert (g["runs"], g["ok"], g["diverged"], g["failed"]) == (3, 3, 0, 0)
+    assert g["final_accuracy"].mean == pytest.approx(0.80)
+    assert g["final_accuracy"].std == pytest.approx(0.02)
+    assert g["masd"].mean == pytest.approx(0.03) and g["masd"].std == pytest.approx(0.01)
+    assert g["time_to_target"].mean == pytest.approx(110.0) and g["reached"] == 2
+    assert g["time_to_target"].std == pytest.approx(math.sqrt(200.0))
+    assert g["staleness_max"].mean == pytest.approx(20.0)
+    m = method_summary(rows, "masgd")
+    assert (m["runs"], m["ok"], m["diverged"]) == (3, 2, 1)
+    # the diverged seed is out of the means
+    assert m["final_accuracy"].mean == pytest.approx(0.71) and m["final_accuracy"].std == pytest.approx(0.0141421, abs=1e-6)
+    assert m["masd"].mean == pytest.approx(0.075)
+
+
+def test_stability_improvement_is_paired_by_seed(rows):
+    imps = {i["baseline"]: i for i in improvements(rows, "gsgm", ["gsgm", "asgd", "masgd"])}
+    assert set(imps) == {"asgd", "masgd"}
+    a = imps["asgd"]
+    # seeds 1, 2, 3: 1 - 0.02/0.04, 1 - 0.03/0.05, 1 - 0.04/0.08 = 0.5, 0.4, 0.5
+    assert a["improvement"].values == pytest.approx((0.5, 0.4, 0.5))
+    assert a["improvement"].mean == pytest.approx(0.4666667, abs=1e-6)
+    assert a["improvement"].std == pytest.approx(0.0577350, abs=1e-6)
+    assert a["delta_accuracy"].mean == pytest.approx(0.03) and a["delta_accuracy"].std == pytest.approx(0.0346410, abs=1e-6)
+    m = imps["masgd"]
+    # seed 2 diverged: only seeds 1 and 3, 1 - 0.02/0.05 = 1 - 0.04/0.10 = 0.6
+    assert m["seeds"] == [1, 3]
+    assert m["improvement"].values == pytest.approx((0.6, 0.6)) and m["improvement"].std == pytest.approx(0.0)
+
+
+def test_markdown_tables_and_figures(tmp_path):
+    out = make_sweep(tmp_path / "sweep")
+    md = write_report(out, tmp_path / "docs" / "RESULTS.md")
+    text = md.read_text()
+    assert "Sweep wall time: **1 h 02 min** over 2 invocation(s)" in text
+    assert "## Stability at 10 nodes" in text and "## Scale" in text
+    assert "## TTT" not in text  # no run answers it
+    stability = text[text.index("## Stability at 10 nodes"):text.index("## Scale")]
+    assert "| gsgm | 3/3 | 0 | 0 | 80.0 ± 2.0 | 3.00 ± 1.00 | 1.50 ± 0.50 | 110 ± 14 (2/3) | 4.00 ± 1.00 | 20.0 ± 10.0 |" \
+        in stability
+    assert "| masgd | 2/3 | 1 | 0 | 71.0 ± 1.4 | 7.50 ± 3.54 |" in stability
+    assert "Not in the means: masgd seed 2 (final accuracy at chance)." in stability
+    assert "| asgd | +47 ± 6 | +3.0 ± 3.5 | 3 |" in stability
+    # accuracy: 0.80 - 0.70 and 0.78 - 0.72 = 0.10, 0.06 -> 8.0 ± 2.8 pp
+    assert "| masgd | +60 ± 0 | +8.0 ± 2.8 | 2 |" in stability
+    figures = tmp_path / "docs" / "figures" / "synthetic"
+    for name in ("stability_n10-k2_curves.png", "stability_n10-k2_improvement.png", "scale_k2_scale.png",
+                 "scale_n20-k2_improvement.png"):
+        assert (figures / name).is_file(), name
+        assert f"(figures/synthetic/{name})" in text
+    # curves only where metrics exist (no metrics.csv at 20 nodes)
+    assert not (figures / "scale_n20-k2_curves.png").exists()
