@@ -20,6 +20,7 @@ and the clock is wall time since the start.
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import math
 import signal
@@ -258,7 +259,10 @@ class AsyncEngine:
         self.received = 0
         self.diverged = False
         self.stop_requested = False
+        # partition-id -> (digest, base version) of its last update, to catch replays
+        self.last_digest: dict[int, tuple[bytes, int]] = {}
         self.num_partitions = 0
+        self.reported_num: dict[int, int] = {}  # partition-id -> num-partitions it reported
         self.seq = 0
         self.vnow = 0.0
         self.t0 = time.monotonic()
@@ -309,6 +313,7 @@ class AsyncEngine:
                     f"{self.s.reply_timeout} s, min-nodes={self.s.min_nodes} required"
                 )
             time.sleep(max(self.s.poll_interval, 0.01))
+        self._refuse_other_partitionings()
         pids = sorted(self.nodes)
         if self.s.virtual_clock is not None:
             num_partitions = max(self.num_partitions, max(pids) + 1)
@@ -318,6 +323,17 @@ class AsyncEngine:
         self.optimizer = self.make_optimizer([a.copy() for a in self.initial], pids)
         slow = [p for p in pids if self.nodes[p].speed > 1.0]
         log(INFO, "[async] %d nodes (partition-ids %s); slow: %s", len(pids), pids, slow)
+
+    def _refuse_other_partitionings(self) -> None:
+        """Keep the nodes that agree on the most common num-partitions; refuse the rest."""
+        counts = Counter(self.reported_num.values())
+        self.num_partitions = max(counts, key=lambda n: (counts[n], n))
+        for pid, num in self.reported_num.items():
+            if num != self.num_partitions:
+                self.counters["nodes-refused"] += 1
+                del self.nodes[pid]
+                log(WARNING, "[async] partition %d refused: it reports num-partitions %d, the run has %d",
+                    pid, num, self.num_partitions)
 
     def _query_new_nodes(self) -> None:
         new_ids = sorted(set(self.grid.get_node_ids()) - self.node_ids_seen)
@@ -356,8 +372,17 @@ class AsyncEngine:
         if not isinstance(metrics, MetricRecord) or "partition-id" not in metrics:
             log(WARNING, "[async] node %d query reply has no partition-id; ignored", node_id)
             return None
-        self.num_partitions = max(self.num_partitions, int(metrics.get("num-partitions", 0)))
-        return int(metrics["partition-id"])
+        pid, num = int(metrics["partition-id"]), int(metrics.get("num-partitions", 0))
+        started = self.optimizer is not None
+        if not 0 <= pid < num or (started and num != self.num_partitions):
+            # A node that does not belong to this federation's partitioning.
+            self.counters["nodes-refused"] += 1
+            log(WARNING, "[async] node %d refused: partition-id %d of %d does not belong (run has %d)",
+                node_id, pid, num, self.num_partitions)
+            return None
+        if not started:
+            self.reported_num[pid] = num
+        return pid
 
     def _attach(self, pid: int, node_id: int) -> bool:
         """Bind ``pid`` to ``node_id``; return True if the partition (re)joins the run."""
@@ -566,9 +591,30 @@ class AsyncEngine:
                 "array-keys", f"reply array keys {list(arrays.keys())[:4]}... differ from the model's"
             )
         try:
-            return arrays.to_numpy_ndarrays()
+            update = arrays.to_numpy_ndarrays()
         except Exception as err:  # a corrupt payload must not stop the run
             raise UpdateRejected("array-format", f"arrays cannot be decoded: {err}") from err
+        self._reject_duplicate(dispatch, update)
+        return update
+
+    def _reject_duplicate(self, dispatch: _Dispatch, update: list[np.ndarray]) -> None:
+        """Reject a replay: the partition's previous update bytes, sent for another version.
+
+        A deterministic client may send the same bytes twice for the same weights
+        (same model version); for weights that changed, equal bytes mean a replay.
+        """
+        digest = hashlib.blake2b(digest_size=16)
+        for arr in update:
+            digest.update(np.ascontiguousarray(arr).view(np.uint8).ravel())
+        value = digest.digest()
+        previous = self.last_digest.get(dispatch.partition_id)
+        self.last_digest[dispatch.partition_id] = (value, dispatch.base_version)
+        if previous is not None and previous[0] == value and previous[1] != dispatch.base_version:
+            raise UpdateRejected(
+                "duplicate",
+                f"partition {dispatch.partition_id} sent the bytes of its update for version "
+                f"{previous[1]} again for version {dispatch.base_version}",
+            )
 
     # ------------------------------------------------------------------- churn
     def _expire_timeouts(self) -> None:
@@ -705,6 +751,7 @@ class AsyncEngine:
             "vnow": self.vnow,
             "speeds": dict(self.speeds),
             "num_partitions": self.num_partitions,
+            "last_digest": dict(self.last_digest),
         }
 
     def _restore(self, state: dict[str, Any]) -> None:
@@ -719,6 +766,7 @@ class AsyncEngine:
         self.received, self.diverged = state["received"], state["diverged"]
         self.seq, self.vnow = state["seq"], state["vnow"]
         self.speeds, self.num_partitions = dict(state["speeds"]), state["num_partitions"]
+        self.last_digest = dict(state["last_digest"])
         for pid, saved in state["nodes"].items():
             node = self.nodes.get(pid)
             if node is None:  # its SuperNode did not come back: known but inactive
