@@ -65,3 +65,11 @@ def test_server_app_fails_before_any_message_is_sent(bad, tmp_path):
         main(grid, Context())  # the ServerApp's main function
     assert grid._next_message == 0  # nothing was pushed
     assert list(tmp_path.iterdir()) == []  # no run folder either
+
+
+def test_readme_documents_every_key_with_its_default():
+    readme = (PYPROJECT.parent / "README.md").read_text()
+    for key, spec in RUN_CONFIG.items():
+        v = spec.default
+        shown = ("true" if v else "false") if isinstance(v, bool) else (f'"{v}"' if isinstance(v, str) else repr(v))
+        assert f"| `{key}` | `{shown}` |" in readme, key
