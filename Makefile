@@ -11,7 +11,7 @@ RUN_CONFIG ?=
 
 .PHONY: setup data run test bench clean
 
-setup: $(STAMP) data
+setup: data $(STAMP)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)

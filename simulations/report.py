@@ -479,6 +479,11 @@ def write_report(out: Path, md_path: Path | None = None, figures: Path | None = 
         if q.get("description"):
             md += [q["description"], ""]
         settings = settings_of(qrows)
+        if q.get("nodes") and q.get("partitions"):  # the preset's order: nodes, then partitions
+            from simulations.preset import partition_label
+
+            planned = [(int(n), partition_label(p)) for n in q["nodes"] for p in q["partitions"]]
+            settings = [s for s in planned if s in settings] + [s for s in settings if s not in planned]
         if kind == "scale" and len(settings) > 1:
             for part in dict.fromkeys(s[1] for s in settings):
                 prow = [r for r in qrows if r["partition"] == part]

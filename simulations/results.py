@@ -7,9 +7,11 @@ Status of a run (column ``status``):
   accuracy (NaN or infinite: the weights blew up), or (b) its final accuracy (mean
   of the last 5 evaluations, GSGM.md) is at most ``chance + margin``, where chance
   is ``1 / number of classes`` and margin the preset's ``chance-margin`` (default
-  0.05: 15% on 10 classes, 6% on 100): it collapsed to, or never left, chance level.
+  0.05: 15% on 10 classes, 6% on 100): it collapsed to, or never left, chance level
+  (a run that never learned is no usable result either), or (c) the engine stopped
+  it because its weights became non-finite (``summary.json`` ``diverged``).
   ``diverged_reason`` says which (``non-finite loss``, ``non-finite accuracy``,
-  ``final accuracy at chance``);
+  ``final accuracy at chance``, ``non-finite weights``);
 - ``"failed"``: the run's process exited with an error or was killed before writing
   ``summary.json`` (``error`` holds the last line of its log);
 - ``"pending"``: not run yet.
@@ -128,6 +130,8 @@ def run_row(
     row["updates_to_target"] = stability.time_to_target([r["updates"] for r in metrics], acc, target)
     final = row["final_accuracy"]
     reason = divergence(metrics, float(final), chance, margin) if metrics else "no evaluation"
+    if not reason and summary.get("diverged"):
+        reason = "non-finite weights"  # the engine stopped the run
     row["diverged"] = bool(reason)
     row["diverged_reason"] = reason
     row["status"] = "diverged" if reason else "ok"

@@ -20,10 +20,6 @@ FILES = (
     "t10k-labels-idx1-ubyte.gz",
 )
 
-requires_fmnist = pytest.mark.skipif(
-    not all((FMNIST_ROOT / f).is_file() for f in FILES),
-    reason="apt-get install dataset-fashion-mnist",
-)
 
 
 def write_idx(path: Path, array: np.ndarray, *, compress: bool = True) -> None:
@@ -51,7 +47,6 @@ def make_fake_root(root: Path, n_train: int = 20, n_test: int = 10, **kw) -> Pat
 
 
 # ------------------------------------------------------------------ real data
-@requires_fmnist
 def test_real_fashion_mnist_sizes_dtypes_and_label_histogram():
     train, test = load_dataset("fashion-mnist", FMNIST_ROOT)
     assert train.images.shape == (60000, 1, 28, 28)
@@ -65,7 +60,6 @@ def test_real_fashion_mnist_sizes_dtypes_and_label_histogram():
     assert int(train.images.max()) == 255 and int(train.images.min()) == 0
 
 
-@requires_fmnist
 def test_normalisation_constants_match_the_real_training_pixels():
     train, _ = load_dataset("fashion-mnist", FMNIST_ROOT)
     x = train.images.to(torch.float64) / 255.0
@@ -74,14 +68,12 @@ def test_normalisation_constants_match_the_real_training_pixels():
     assert info.std[0] == pytest.approx(x.std().item(), abs=1e-4)
 
 
-@requires_fmnist
 def test_load_is_cached_per_process():
     a = load_dataset("fashion-mnist", FMNIST_ROOT)
     b = load_dataset("fashion-mnist", str(FMNIST_ROOT))
     assert a[0] is b[0] and a[1] is b[1]
 
 
-@requires_fmnist
 def test_read_idx_agrees_with_torchvision_reader(tmp_path):
     from torchvision.datasets.mnist import read_sn3_pascalvincent_tensor
 

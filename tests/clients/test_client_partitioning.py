@@ -17,10 +17,6 @@ from clients.partitioning import (
 )
 
 FMNIST_ROOT = Path("/usr/share/datasets/fashion-mnist")
-pytestmark = pytest.mark.skipif(
-    not (FMNIST_ROOT / "train-labels-idx1-ubyte.gz").is_file(),
-    reason="apt-get install dataset-fashion-mnist",
-)
 
 
 @pytest.fixture(scope="module")

@@ -16,10 +16,6 @@ from clients.models import build_model, get_weights
 from clients.training import compute_update, evaluate, num_examples_used, sample_batches
 
 FMNIST_ROOT = Path("/usr/share/datasets/fashion-mnist")
-requires_fmnist = pytest.mark.skipif(
-    not (FMNIST_ROOT / "train-images-idx3-ubyte.gz").is_file(),
-    reason="apt-get install dataset-fashion-mnist",
-)
 EPS32 = 2.0**-24  # unit roundoff of float32
 
 
@@ -92,7 +88,6 @@ def test_gradient_mode_equals_hand_computed_softmax_regression_gradient():
     assert loss == pytest.approx(expected_loss, rel=1e-6)
 
 
-@requires_fmnist
 def test_gradient_mode_equals_autograd_on_the_cnn_and_leaves_model_untouched(node_data):
     images, labels = node_data
     model = build_model("fashion-mnist", seed=0)
@@ -112,7 +107,6 @@ def test_gradient_mode_equals_autograd_on_the_cnn_and_leaves_model_untouched(nod
 
 
 # ------------------------------------------------------- delta / weights mode
-@requires_fmnist
 def test_delta_one_step_equals_gradient_up_to_float32_rounding(node_data):
     """(w - (w - lr*g)) / lr == g in exact arithmetic. In float32, with u = 2**-24:
     the step w_local = fl(w - fl(lr*g)) errs by <= (|w| + lr|g|) u + lr|g| u,
@@ -135,7 +129,6 @@ def test_delta_one_step_equals_gradient_up_to_float32_rounding(node_data):
     assert max(np.abs(d - g).max() for g, d in zip(grad, delta)) < 1e-6
 
 
-@requires_fmnist
 def test_delta_and_weights_modes_equal_manual_sgd(node_data):
     images, labels = node_data
     model = build_model("fashion-mnist", seed=0)
@@ -164,7 +157,6 @@ def test_delta_and_weights_modes_equal_manual_sgd(node_data):
 
 
 # --------------------------------------------------------------- determinism
-@requires_fmnist
 @pytest.mark.parametrize("mode", ["gradient", "delta", "weights"])
 def test_same_seed_bit_identical_other_seed_different(node_data, mode):
     images, labels = node_data
@@ -219,7 +211,6 @@ def test_evaluate_matches_hand_computation_and_batch_size():
         evaluate(model, x[:0], y[:0])
 
 
-@requires_fmnist
 def test_untrained_cnn_is_near_chance_on_real_test_set():
     _, test = load_dataset("fashion-mnist", FMNIST_ROOT)
     loss, acc = evaluate(build_model("fashion-mnist", seed=0), test.images[:2000], test.labels[:2000])

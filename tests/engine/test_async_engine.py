@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 import pytest
-from flwr.app import ArrayRecord, MetricRecord
+from flwr.app import MetricRecord
 
 from flwr_gsgm.async_engine import EngineSettings
 from flwr_gsgm.inprocess_grid import InProcessGrid

@@ -55,7 +55,8 @@ def make_sweep(out: Path) -> Path:
         "base": {"dataset": "fashion-mnist", "max-updates": 500},
         "questions": {
             "stability": {"title": "Stability at 10 nodes", "kind": "stability"},
-            "scale": {"title": "Scale", "kind": "scale"},
+            "scale": {"title": "Scale", "kind": "scale", "nodes": [20, 10],
+                      "partitions": [{"partitioner": "pathological", "classes-per-node": 2}]},
             "time-to-target": {"title": "TTT", "kind": "time-to-target"},
         },
     }
@@ -131,5 +132,7 @@ def test_markdown_tables_and_figures(tmp_path):
                  "scale_n20-k2_improvement.png"):
         assert (figures / name).is_file(), name
         assert f"(figures/synthetic/{name})" in text
+    scale = text[text.index("## Scale"):]
+    assert scale.index("### 20 nodes") < scale.index("### 10 nodes")  # the preset's order
     # curves only where metrics exist (no metrics.csv at 20 nodes)
     assert not (figures / "scale_n20-k2_curves.png").exists()

@@ -22,7 +22,6 @@ REPO = Path(__file__).resolve().parents[2]
 SMOKE = REPO / "simulations" / "presets" / "smoke.toml"
 FMNIST = Path("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz")
 
-pytestmark = pytest.mark.skipif(not FMNIST.is_file(), reason="apt-get install dataset-fashion-mnist")
 
 
 @pytest.fixture(scope="module")
