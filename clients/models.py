@@ -51,6 +51,32 @@ __all__ = [
 ]
 
 
+class PixelNormalize(nn.Module):
+    """Map pixels 0..255 (uint8 or float) to ``(x / 255 - mean) / std``, float32.
+
+    The constants are non-persistent buffers: not in ``state_dict``, never sent over
+    the wire. ``mean`` and ``std`` need one value per channel (ValueError otherwise).
+    """
+
+    def __init__(self, in_channels: int, mean: Sequence[float], std: Sequence[float]) -> None:
+        super().__init__()
+        if len(mean) != in_channels or len(std) != in_channels:
+            raise ValueError(
+                f"mean/std need {in_channels} values, got {len(mean)} and {len(std)}"
+            )
+        self.register_buffer(
+            "mean", torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1), persistent=False
+        )
+        self.register_buffer(
+            "scale",
+            (255.0 * torch.tensor(std, dtype=torch.float32)).view(1, -1, 1, 1),
+            persistent=False,
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x.to(torch.float32) - 255.0 * self.mean) / self.scale
+
+
 class SmallCNN(nn.Module):
     """Two 5x5 conv layers with max-pooling, then two fully connected layers.
 
@@ -81,10 +107,7 @@ class SmallCNN(nn.Module):
         std: Sequence[float] = (0.3530,),
     ) -> None:
         super().__init__()
-        if len(mean) != in_channels or len(std) != in_channels:
-            raise ValueError(
-                f"mean/std need {in_channels} values, got {len(mean)} and {len(std)}"
-            )
+        self.normalize = PixelNormalize(in_channels, mean, std)
         side = ((image_size - 4) // 2 - 4) // 2
         if side < 1:
             raise ValueError(f"image_size={image_size} is too small for SmallCNN")
@@ -92,20 +115,6 @@ class SmallCNN(nn.Module):
         self.conv2 = nn.Conv2d(32, 64, kernel_size=5)
         self.fc1 = nn.Linear(64 * side * side, 128)
         self.fc2 = nn.Linear(128, num_classes)
-        # Non-persistent: not in state_dict, never sent over the wire.
-        self.register_buffer(
-            "mean", torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1), persistent=False
-        )
-        self.register_buffer(
-            "scale",
-            (255.0 * torch.tensor(std, dtype=torch.float32)).view(1, -1, 1, 1),
-            persistent=False,
-        )
-
-    def normalize(self, x: torch.Tensor) -> torch.Tensor:
-        """Map pixels 0..255 (uint8 or float) to ``(x / 255 - mean) / std``, float32."""
-        x = x.to(torch.float32)
-        return (x - 255.0 * self.mean) / self.scale
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.normalize(x)
@@ -145,10 +154,7 @@ class CifarCNN(nn.Module):
         std: Sequence[float] = (0.2470, 0.2435, 0.2616),
     ) -> None:
         super().__init__()
-        if len(mean) != in_channels or len(std) != in_channels:
-            raise ValueError(
-                f"mean/std need {in_channels} values, got {len(mean)} and {len(std)}"
-            )
+        self.normalize = PixelNormalize(in_channels, mean, std)
         if image_size < 8 or image_size % 8:
             raise ValueError(f"image_size={image_size} must be a multiple of 8 for CifarCNN")
         side = image_size // 8
@@ -157,19 +163,6 @@ class CifarCNN(nn.Module):
         self.conv3 = nn.Conv2d(64, 64, kernel_size=3, padding=1)
         self.fc1 = nn.Linear(64 * side * side, 128)
         self.fc2 = nn.Linear(128, num_classes)
-        self.register_buffer(
-            "mean", torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1), persistent=False
-        )
-        self.register_buffer(
-            "scale",
-            (255.0 * torch.tensor(std, dtype=torch.float32)).view(1, -1, 1, 1),
-            persistent=False,
-        )
-
-    def normalize(self, x: torch.Tensor) -> torch.Tensor:
-        """Map pixels 0..255 (uint8 or float) to ``(x / 255 - mean) / std``, float32."""
-        x = x.to(torch.float32)
-        return (x - 255.0 * self.mean) / self.scale
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.normalize(x)

@@ -3,7 +3,7 @@
 It owns dispatch, staleness, reply validation, time-outs, node churn, the virtual
 clock and the evaluation schedule, and hands every update to a framework-free
 server optimizer (``flwr_gsgm.core``) for the math
-(``../shared/design/ARCHITECTURE.md``, layer 2).
+(``docs/ARCHITECTURE.md``, layer 2).
 
 Loop, per reply: validate the reply envelope -> staleness ``s = t - tau`` ->
 ``optimizer.on_update`` -> maybe evaluate -> send that node the newest weights at

@@ -1,4 +1,4 @@
-"""Training-stability figures of ``../shared/design/GSGM.md`` ("Measuring stability").
+"""Training-stability figures of ``docs/GSGM.md`` ("Measuring stability").
 
 All functions take the sequence of test accuracies at the evaluation points of one
 run (fractions in [0, 1], oldest first) and use its second half, where the run is

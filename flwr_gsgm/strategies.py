@@ -20,7 +20,7 @@ class GSGM(AsyncStrategy):
 
     See :class:`flwr_gsgm.core.GSGM` for the rule (white-list scheduling per cycle,
     running-mean pending slots, cycle-level global momentum) and
-    ``../shared/design/GSGM.md`` for its definition in this project.
+    ``docs/GSGM.md`` for its definition in this project.
 
     Parameters
     ----------

@@ -4,7 +4,7 @@ In a simulation every node runs on the same machine, so real arrival order depen
 on the machine's load. The engine instead draws each dispatch's *virtual* duration
 when it sends the message, from the node's seeded speed factor and a seeded jitter,
 and applies replies in order of virtual finish time
-(``../shared/design/ARCHITECTURE.md``, "Making asynchronous simulation reproducible").
+(``docs/ARCHITECTURE.md``, "Making asynchronous simulation reproducible").
 
 Every draw depends only on ``(seed, partition_id, dispatch_index)``, never on the
 order in which draws are made, so two runs with the same seed see the same

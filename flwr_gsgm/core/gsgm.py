@@ -9,7 +9,7 @@ References:
     IEEE Internet of Things Journal 9(19):18817-18828, 2022.
 
 The full texts are not public: the update rule below is this project's
-reconstruction, defined in ``design/GSGM.md`` (steps 1-5), not the papers' verbatim
+reconstruction, defined in ``docs/GSGM.md`` (steps 1-5), not the papers' verbatim
 algorithm.
 """
 

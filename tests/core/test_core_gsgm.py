@@ -1,4 +1,4 @@
-"""GSGM with hand-computed numbers (design/GSGM.md, steps 1-5).
+"""GSGM with hand-computed numbers (docs/GSGM.md, steps 1-5).
 
 Unless stated otherwise: lr = 0.5, beta = 0.5, w0 = [0, 0], nodes {1, 2, 3}. Every
 number below is a small dyadic fraction, exact in float32, so the expectations are
