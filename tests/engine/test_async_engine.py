@@ -143,3 +143,32 @@ def test_time_budget_in_virtual_seconds():
     assert result.report.virtual_seconds <= 20.0
     # Two fast nodes (about 1 s each) and one 4x slower: about 2*20 + 20/4 = 45 updates.
     assert 38 <= result.report.counters["received"] <= 52
+
+
+def test_a_restarted_node_rejoins_under_its_partition_id_and_contributes_again():
+    calls: list[tuple[int, int]] = []
+    grid = InProcessGrid(make_app(calls=calls), 3, run_config={})
+    strategy = GSGM(server_lr=0.1, virtual_clock=None, cycle_quorum=0.5,
+                    engine=EngineSettings(reply_timeout=0.3, poll_interval=0.001,
+                                          node_refresh_interval=0.0))
+    events = []
+
+    def evaluate_fn(step, arrays):
+        if step == 20:  # the SuperNode of partition 1 dies ...
+            grid.remove_node(2)
+            events.append("killed")
+        if step == 40 and "killed" in events:  # ... and comes back with a new node id
+            events.append(grid.add_node({"partition-id": 1, "num-partitions": 3}))
+        return MetricRecord({"accuracy": 0.0, "loss": 0.0})
+
+    result, _ = run(strategy, grid=grid, max_updates=80, evaluate_fn=evaluate_fn, eval_every=20)
+    c = result.report.counters
+    assert events == ["killed", 4]  # new node id 4
+    assert c["nodes-lost"] == 1 and c["joined"] == 1
+    assert c["received"] == 80
+    # Partition 1 trained before it died and again after it rejoined.
+    # Partition 1 trained before it died, was absent a while, then trained again.
+    versions = [v for pid, v in calls if pid == 1]
+    gap = max(range(1, len(versions)), key=lambda i: versions[i] - versions[i - 1])
+    assert versions[gap] - versions[gap - 1] >= 10
+    assert len(versions[gap:]) >= 5
