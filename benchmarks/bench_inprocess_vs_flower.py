@@ -9,7 +9,7 @@ aside), and prints the wall times and their ratio:
 - "training": the engine's own ``wall_seconds`` from ``summary.json``.
 
 Not a test (it takes minutes and its numbers depend on the machine's load):
-``python benchmarks/bench_inprocess_vs_flower.py [--updates 1000] [--nodes 10]``.
+``python benchmarks/bench_inprocess_vs_flower.py [--updates 1000] [--nodes 10] [--workers 2]``.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--updates", type=int, default=1000, help="client updates per run")
     parser.add_argument("--nodes", type=int, default=10, help="simulated SuperNodes")
+    parser.add_argument("--workers", type=int, default=2, help="in-process client threads")
     args = parser.parse_args()
     overrides = {"max-updates": args.updates, "run-name": "bench"}
     with tempfile.TemporaryDirectory() as tmp:
@@ -56,7 +57,8 @@ def main() -> None:
 
         cfg = parse_run_config({**overrides, "output-dir": str(out / "inprocess")})
         t0 = time.monotonic()
-        run_experiment(InProcessGrid(client_app, args.nodes, run_config=cfg), cfg)
+        with InProcessGrid(client_app, args.nodes, run_config=cfg, workers=args.workers) as grid:
+            run_experiment(grid, cfg)
         inproc_cmd = time.monotonic() - t0
 
         flower_dir, inproc_dir = out / "flower" / "bench", out / "inprocess" / "bench"

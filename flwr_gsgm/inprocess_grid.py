@@ -6,8 +6,12 @@ with the node's ``Context``, so the same strategy, engine and client code run as
 a Flower simulation. Under the virtual clock the order of applied replies does not
 depend on when replies arrive, so results equal those of Flower's simulation engine.
 
-A reply is computed when it is first pulled. A ClientApp exception becomes an error
-reply, as in Flower. ``remove_node`` makes a node vanish (its messages are never
+With ``workers=0`` a reply is computed when it is first pulled, in the caller's
+thread. With ``workers >= 1`` each pushed message is computed at once in a pool of
+that many threads (torch releases the GIL, so client computations run in parallel
+and overlap the server's evaluation), and a pull returns the replies that are ready,
+as Flower's grids do. Either way every reply depends only on its message, so results
+are the same. A ClientApp exception becomes an error reply, as in Flower. ``remove_node`` makes a node vanish (its messages are never
 answered); ``add_node`` lets a new node join.
 """
 
@@ -16,6 +20,7 @@ from __future__ import annotations
 import time
 import traceback
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from flwr.app import Context, Error, Message, RecordDict
@@ -43,6 +48,9 @@ class InProcessGrid(Grid):
         The run config every node's ``Context`` carries.
     run_id : int
         Run id stamped on messages.
+    workers : int
+        Threads computing replies ahead of pulls (0 = compute on pull, in the caller's
+        thread). Call :meth:`close` (or use the grid as a context manager) to stop them.
     """
 
     def __init__(
@@ -51,9 +59,14 @@ class InProcessGrid(Grid):
         num_nodes: int,
         run_config: dict[str, Any],
         run_id: int = 1,
+        workers: int = 0,
     ) -> None:
         if num_nodes < 1:
             raise ValueError(f"num_nodes must be >= 1, got {num_nodes!r}")
+        if workers < 0:
+            raise ValueError(f"workers must be >= 0, got {workers!r}")
+        self.pool = ThreadPoolExecutor(workers, thread_name_prefix="inprocess-node") if workers else None
+        self.futures: dict[str, Future[Message]] = {}
         self.client_app = client_app
         self.run_config = dict(run_config)
         self._run = Run.create_empty(run_id)
@@ -116,6 +129,9 @@ class InProcessGrid(Grid):
             mid = f"inprocess-{self._next_message}"
             msg.metadata.__dict__["_message_id"] = mid
             self.pending[mid] = msg
+            context = self.contexts.get(msg.metadata.dst_node_id)
+            if self.pool is not None and context is not None:
+                self.futures[mid] = self.pool.submit(self._call, msg, context)
             ids.append(mid)
         return ids
 
@@ -129,8 +145,13 @@ class InProcessGrid(Grid):
             msg = self.pending.get(mid)
             if msg is None or msg.metadata.dst_node_id not in self.contexts:
                 continue
+            if self.pool is None:
+                replies.append(self._call(msg, self.contexts[msg.metadata.dst_node_id]))
+            elif mid in self.futures and self.futures[mid].done():
+                replies.append(self.futures.pop(mid).result())
+            else:
+                continue  # still computing
             del self.pending[mid]
-            replies.append(self._call(msg))
         return replies
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
@@ -139,14 +160,25 @@ class InProcessGrid(Grid):
         deadline = None if timeout is None else time.monotonic() + timeout
         replies: list[Message] = []
         while len(replies) < len(ids) and (deadline is None or time.monotonic() < deadline):
-            got = list(self.pull_messages(ids))
-            if not got:
-                break  # the rest went to vanished nodes
-            replies += got
+            replies += list(self.pull_messages(ids))
+            if not any(mid in self.pending and mid in self.futures for mid in ids):
+                break  # nothing left computing: the rest went to vanished nodes
+            time.sleep(0.001)
         return replies
 
-    def _call(self, msg: Message) -> Message:
-        context = self.contexts[msg.metadata.dst_node_id]
+    def close(self) -> None:
+        """Stop the worker threads (replies not yet pulled are dropped)."""
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+            self.futures.clear()
+
+    def __enter__(self) -> InProcessGrid:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _call(self, msg: Message, context: Context) -> Message:
         try:
             reply = self.client_app(msg, context)
         except Exception:  # mirrors Flower: an exception becomes an error reply

@@ -9,10 +9,11 @@ from flwr_gsgm.run_config import parse_run_config
 from tests.simulation_engine.test_flower_simulation import without_wall_time
 
 
-def run(tmp_path, name, **overrides):
+def run(tmp_path, name, workers=0, **overrides):
     cfg = parse_run_config({"max-updates": 120, "eval-every": 40, "eval-examples": 2000,
                             "classes-per-node": 5, **overrides})
-    run_experiment(InProcessGrid(client_app, 3, run_config=cfg), cfg, tmp_path / name)
+    with InProcessGrid(client_app, 3, run_config=cfg, workers=workers) as grid:
+        run_experiment(grid, cfg, tmp_path / name)
     return without_wall_time((tmp_path / name / "metrics.csv").read_text())
 
 
@@ -24,3 +25,7 @@ def test_two_runs_with_the_same_seed_write_identical_metrics(tmp_path):
 
 def test_another_seed_gives_other_metrics(tmp_path):
     assert run(tmp_path, "a") != run(tmp_path, "c", seed=1)
+
+
+def test_worker_threads_give_the_same_metrics_as_computing_on_pull(tmp_path):
+    assert run(tmp_path, "threads", workers=2) == run(tmp_path, "on-pull", workers=0)
