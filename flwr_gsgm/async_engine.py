@@ -76,6 +76,10 @@ class EngineSettings:
         Wall seconds between checks for new node ids (joins, restarts).
     max_consecutive_errors : int
         Error replies in a row after which a node is treated as lost.
+    max_consecutive_rejections : int
+        Rejected updates in a row after which a node is treated as lost (0 = never)
+        [``max-consecutive-rejections``]: a node that only sends garbage must not stall
+        GSGM's cycles, which wait for every active node.
     min_nodes : int
         Nodes to wait for (up to ``reply_timeout``) before training starts [``min-nodes``].
     checkpoint_every : int
@@ -99,6 +103,7 @@ class EngineSettings:
     poll_interval: float = 0.01
     node_refresh_interval: float = 10.0
     max_consecutive_errors: int = 3
+    max_consecutive_rejections: int = 10
     min_nodes: int = 1
     checkpoint_every: int = 0
     checkpoint_path: Path | None = None
@@ -133,6 +138,7 @@ class _Node:
     speed: float
     dispatches: int = 0
     errors_in_row: int = 0
+    rejections_in_row: int = 0
     active: bool = True
 
 
@@ -390,6 +396,11 @@ class AsyncEngine:
         if node is None:
             self.nodes[pid] = _Node(pid, node_id, self.speeds.get(pid, 1.0))
             return self.optimizer is not None
+        if node.active and node.node_id != node_id and self.optimizer is None:
+            self.counters["nodes-refused"] += 1
+            log(WARNING, "[async] node %d refused: partition-id %d is already node %d's",
+                node_id, pid, node.node_id)
+            return False
         if node.active and node.node_id != node_id:
             # A restarted SuperNode: the old node id is gone, its work is lost.
             self._lose(pid, f"replaced by node {node_id}")
@@ -397,7 +408,7 @@ class AsyncEngine:
         if node.active:
             return False
         node.active = True
-        node.errors_in_row = 0
+        node.errors_in_row = node.rejections_in_row = 0
         return True
 
     def _refresh_nodes(self) -> None:
@@ -519,7 +530,13 @@ class AsyncEngine:
             return
         node.errors_in_row = 0
         self.received += 1
-        self._apply_update(dispatch, reply)
+        if self._apply_update(dispatch, reply):
+            node.rejections_in_row = 0
+        else:
+            node.rejections_in_row += 1
+            limit = self.s.max_consecutive_rejections
+            if limit and node.rejections_in_row >= limit:
+                self._lose(node.partition_id, f"{node.rejections_in_row} rejected updates in a row")
         if node.active and self._may_dispatch():
             self._dispatch(node.partition_id)
         if self.received % self.s.eval_every == 0:
@@ -543,7 +560,8 @@ class AsyncEngine:
         else:
             self._top_up()
 
-    def _apply_update(self, dispatch: _Dispatch, reply: Message) -> None:
+    def _apply_update(self, dispatch: _Dispatch, reply: Message) -> bool:
+        """Hand a reply's update to the optimizer; return False if it was rejected."""
         assert self.optimizer is not None
         pid = dispatch.partition_id
         try:
@@ -552,8 +570,8 @@ class AsyncEngine:
             outcome = self.optimizer.on_update(pid, update, dispatch.base_version, now=self.vnow)
         except UpdateRejected as err:
             self.rejections[err.reason] += 1
-            log(WARNING, "[async] rejected update from partition %d: %s", pid, err)
-            return
+            log(WARNING, "[async] rejected update from partition %d (%s): %s", pid, err.reason, err.message)
+            return False
         self.counters[outcome.value] += 1
         self.window.add(staleness)
         loss = reply.content["metrics"].get("train-loss")
@@ -561,6 +579,7 @@ class AsyncEngine:
             self.window.add_loss(float(loss))
         if outcome is Outcome.STALE:
             log(INFO, "[async] dropped stale update from partition %d (staleness %d)", pid, staleness)
+        return True
 
     def _unpack(self, dispatch: _Dispatch, reply: Message) -> list[np.ndarray]:
         """Check the reply envelope and return its arrays; raise UpdateRejected if bad."""
@@ -588,7 +607,9 @@ class AsyncEngine:
             )
         if list(arrays.keys()) != self.keys:
             raise UpdateRejected(
-                "array-keys", f"reply array keys {list(arrays.keys())[:4]}... differ from the model's"
+                "array-keys",
+                f"reply array keys {list(arrays.keys())} differ from the model's {self.keys} "
+                "(same keys, same order expected)",
             )
         try:
             update = arrays.to_numpy_ndarrays()
@@ -601,7 +622,8 @@ class AsyncEngine:
         """Reject a replay: the partition's previous update bytes, sent for another version.
 
         A deterministic client may send the same bytes twice for the same weights
-        (same model version); for weights that changed, equal bytes mean a replay.
+        (same model version), and an all-zero update may recur; otherwise, for weights
+        that changed, equal bytes mean a replay.
         """
         digest = hashlib.blake2b(digest_size=16)
         for arr in update:
@@ -609,7 +631,8 @@ class AsyncEngine:
         value = digest.digest()
         previous = self.last_digest.get(dispatch.partition_id)
         self.last_digest[dispatch.partition_id] = (value, dispatch.base_version)
-        if previous is not None and previous[0] == value and previous[1] != dispatch.base_version:
+        replayed = previous is not None and previous[0] == value and previous[1] != dispatch.base_version
+        if replayed and any(np.any(arr) for arr in update):  # an all-zero update may recur
             raise UpdateRejected(
                 "duplicate",
                 f"partition {dispatch.partition_id} sent the bytes of its update for version "
@@ -674,12 +697,14 @@ class AsyncEngine:
             "accuracy": math.nan,
             "loss": math.nan,
         }
+        loss_known = False
         if self.evaluate_fn is not None:
             arrays = ArrayRecord({k: Array(np.array(w)) for k, w in zip(self.keys, self.optimizer.weights)})
             res = self.evaluate_fn(self.received, arrays)
             if res is not None:
                 row["accuracy"] = float(res.get("accuracy", math.nan))
                 row["loss"] = float(res.get("loss", math.nan))
+                loss_known = "loss" in res
         w = self.window
         row["staleness_mean"] = round(w.sum / w.count, 6) if w.count else 0.0
         row["staleness_max"] = w.max
@@ -689,7 +714,7 @@ class AsyncEngine:
         row["dropped"] = self._dropped()
         w.reset()
         self.rows.append(row)
-        self._check_divergence(row)
+        self._check_divergence(row, loss_known)
         log(
             INFO,
             "[async] updates %d/%d | version %d | vtime %.1f s | wall %.1f s | "
@@ -705,11 +730,11 @@ class AsyncEngine:
             row["staleness_max"],
         )
 
-    def _check_divergence(self, row: dict[str, float]) -> None:
+    def _check_divergence(self, row: dict[str, float], loss_known: bool) -> None:
         """Stop the run once the model is non-finite: every later update would be rejected."""
         assert self.optimizer is not None
         weights_finite = all(bool(np.isfinite(w).all()) for w in self.optimizer.weights)
-        loss_finite = self.evaluate_fn is None or math.isfinite(row["loss"])
+        loss_finite = not loss_known or math.isfinite(row["loss"])
         if not (weights_finite and loss_finite):
             self.diverged = True
             log(WARNING, "[async] diverged at %d updates (non-finite %s); stopping",
@@ -736,6 +761,7 @@ class AsyncEngine:
             "keys": list(self.keys),
             "optimizer": self.optimizer.state_dict(),
             "nodes": {pid: {"dispatches": n.dispatches, "errors_in_row": n.errors_in_row,
+                            "rejections_in_row": n.rejections_in_row,
                             "active": n.active, "speed": n.speed} for pid, n in self.nodes.items()},
             "in_flight": [
                 {k: v for k, v in asdict(d).items() if k not in ("message_id", "node_id", "sent_at")}
@@ -773,6 +799,7 @@ class AsyncEngine:
                 node = self.nodes[pid] = _Node(pid, -1, saved["speed"], active=False)
             node.dispatches, node.errors_in_row, node.speed = (
                 saved["dispatches"], saved["errors_in_row"], saved["speed"])
+            node.rejections_in_row = saved["rejections_in_row"]
             node.active = node.active and saved["active"]
         for saved in state["in_flight"]:
             dispatch = _Dispatch(**saved)

@@ -81,6 +81,7 @@ def build_strategy(cfg: Mapping[str, Any], run_dir: Path | None = None) -> Async
         reply_timeout=cfg["reply-timeout"],
         poll_interval=cfg["poll-interval"],
         min_nodes=cfg["min-nodes"],
+        max_consecutive_rejections=cfg["max-consecutive-rejections"],
         checkpoint_every=cfg["checkpoint-every"],
         checkpoint_path=(run_dir / "checkpoint.pt") if run_dir is not None else None,
         resume=cfg["resume"],

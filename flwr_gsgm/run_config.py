@@ -58,7 +58,7 @@ RUN_CONFIG: dict[str, RunConfigKey] = {
     "max-updates": _key(4000, _positive, "an integer > 0",
                         "budget: client updates received (client computations)"),
     "max-seconds": _key(0.0, _non_negative, ">= 0 (0 = no limit)",
-                        "budget: virtual seconds (simulation) or wall seconds (deployment)"),
+                        "budget: virtual seconds (virtual-clock = true) or wall seconds"),
     "eval-every": _key(100, _positive, "an integer > 0", "evaluate every N client updates received"),
     "eval-examples": _key(0, _non_negative, "an integer >= 0 (0 = the whole test set)",
                           "server evaluation on a fixed random subset (seed 0) of this many test images"),
@@ -84,6 +84,8 @@ RUN_CONFIG: dict[str, RunConfigKey] = {
     "local-batches": _key(1, _positive, "an integer > 0", "gradient mode: mini-batches averaged"),
     "local-steps": _key(1, _positive, "an integer > 0", "delta/weights mode: local SGD steps"),
     "local-lr": _key(0.05, _positive, "> 0", "client learning rate (delta/weights mode)"),
+    "eval-max-examples": _key(1000, _positive, "an integer > 0",
+                              "ClientApp evaluate handler (FedAvg's federated evaluation): test images per node"),
     "client-threads": _key(1, _positive, "an integer > 0", "torch threads per ClientApp"),
     # data
     "dataset": _key("fashion-mnist", _one_of(*DATASET_CLASSES), f"one of {', '.join(DATASET_CLASSES)}", "data set"),
@@ -102,6 +104,8 @@ RUN_CONFIG: dict[str, RunConfigKey] = {
     "message-ttl": _key(600.0, _positive, "> 0 seconds", "TTL of every message"),
     "reply-timeout": _key(300.0, _positive, "> 0 seconds", "a node silent this long is lost"),
     "poll-interval": _key(0.01, _non_negative, ">= 0 seconds", "sleep between pulls when idle"),
+    "max-consecutive-rejections": _key(10, _non_negative, "an integer >= 0 (0 = never)",
+                                       "a node whose updates are rejected this often in a row is lost"),
     "min-nodes": _key(1, _positive, "an integer > 0", "nodes to wait for before training"),
     # checkpoints
     "checkpoint-every": _key(0, _non_negative, "an integer >= 0 (0 = never)",

@@ -14,6 +14,14 @@ export FLWR_HOME="${FLWR_HOME:-$PWD/.flwr}"
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1  # the SuperLink reads it at start
 export FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1
 mkdir -p "$FLWR_HOME"
+case "$(cd "$FLWR_HOME" && pwd)/" in
+  "$PWD"/*)
+    # Flower packs every file of the project that git does not ignore into the app bundle.
+    if ! git check-ignore -q "$FLWR_HOME" 2>/dev/null; then
+      echo "warning: FLWR_HOME=$FLWR_HOME lies in the project and is not git-ignored;" \
+           "Flower will pack it into the app bundle. Use .flwr/ or a folder outside." >&2
+    fi ;;
+esac
 # One Ray worker per core (num-cpus = 1 per ClientApp), NUM_NODES simulated SuperNodes.
 cat > "$FLWR_HOME/config.toml" <<TOML
 [superlink]

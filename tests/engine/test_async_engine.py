@@ -172,3 +172,19 @@ def test_a_restarted_node_rejoins_under_its_partition_id_and_contributes_again()
     gap = max(range(1, len(versions)), key=lambda i: versions[i] - versions[i - 1])
     assert versions[gap] - versions[gap - 1] >= 10
     assert len(versions[gap:]) >= 5
+
+
+def test_two_nodes_claiming_one_partition_at_start_keep_the_first():
+    grid = InProcessGrid(make_app(), 3, run_config={})
+    grid.add_node({"partition-id": 1, "num-partitions": 3})  # node 4 claims partition 1 too
+    result, _ = run(ASGD(server_lr=0.1, virtual_clock=CLOCK), grid=grid, max_updates=30)
+    assert result.report.counters["nodes-refused"] == 1
+    assert result.report.counters["received"] == 30
+
+
+def test_an_evaluate_fn_without_loss_or_returning_none_is_not_divergence():
+    for fn in (lambda step, arrays: None, lambda step, arrays: MetricRecord({"accuracy": 0.5})):
+        result, _ = run(ASGD(server_lr=0.1, virtual_clock=CLOCK), max_updates=30,
+                        evaluate_fn=fn, eval_every=10)
+        assert result.report.counters["received"] == 30
+        assert result.report.counters["diverged"] == 0

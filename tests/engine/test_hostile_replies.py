@@ -8,8 +8,9 @@ from collections import Counter
 import numpy as np
 from flwr.app import MetricRecord
 
+from flwr_gsgm.async_engine import EngineSettings
 from flwr_gsgm.inprocess_grid import InProcessGrid
-from flwr_gsgm.strategies import ASGD
+from flwr_gsgm.strategies import ASGD, GSGM
 from flwr_gsgm.virtual_clock import VirtualClock
 from tests.engine.quadratic_app import initial_arrays, make_app
 
@@ -80,7 +81,9 @@ def hostile():
 
 
 def run(grid):
-    strategy = ASGD(server_lr=0.1, virtual_clock=CLOCK, max_norm=MAX_NORM)
+    # Keep the hostile node (never evict it) so that it sends every kind of bad reply.
+    strategy = ASGD(server_lr=0.1, virtual_clock=CLOCK, max_norm=MAX_NORM,
+                    engine=EngineSettings(max_consecutive_rejections=0))
     return strategy.start(grid, initial_arrays(), max_updates=10_000, max_seconds=60.0)
 
 
@@ -110,3 +113,25 @@ def test_a_node_of_another_partitioning_is_refused():
     assert result.report.counters["nodes-refused"] == 1
     assert result.report.counters["received"] == 30
 
+
+
+def test_a_node_sending_only_garbage_is_evicted_and_does_not_stall_gsgm():
+    # Strict GSGM cycles wait for every active node: a node whose updates are always
+    # rejected would hold every cycle open, so after 10 rejections in a row it is lost.
+    grid = InProcessGrid(make_app(misbehave={HOSTILE: lambda pid, g, m: _nan(g, m)}), 4, run_config={})
+    result = GSGM(server_lr=0.1, virtual_clock=CLOCK, cycle_quorum=1.0).start(
+        grid, initial_arrays(), max_updates=200)
+    c = result.report.counters
+    assert result.report.rejections == {"non-finite": 10}
+    assert c["nodes-lost"] == 1
+    # Stalled, the run would stay at the 3 steps taken before the first cycle blocked;
+    # evicted, cycles keep closing with the three honest nodes (one of them 4x slower,
+    # so most fast-node updates are averaged into slots: about one step per 3 updates).
+    assert c["steps"] > 50
+
+
+def test_an_all_zero_update_may_recur():
+    zero = lambda pid, g, m: ({k: np.zeros_like(v) for k, v in g.items()}, m)  # noqa: E731
+    grid = InProcessGrid(make_app(misbehave={0: zero}), 2, run_config={})
+    result = ASGD(server_lr=0.1, virtual_clock=CLOCK).start(grid, initial_arrays(), max_updates=20)
+    assert result.report.rejections == {}
