@@ -9,4 +9,7 @@ Modules (one concept each):
 - :mod:`clients.training`: ``compute_update`` (gradient / delta / weights) and
   ``evaluate``, pure PyTorch.
 - :mod:`clients.client_app`: the Flower ``ClientApp`` and its message protocol.
+- :mod:`clients.local_data`: a board's own images (node config ``data-dir``,
+  torchvision ``ImageFolder``) and the on-disk data cache (``cache-dir``).
+- :mod:`clients.device`: CUDA if available, else CPU (node config ``device``).
 """

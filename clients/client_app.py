@@ -249,8 +249,13 @@ class RunSettings:
 
 
 # -------------------------------------------------------------------- node data
-def _source_key(dataset: str, root: str, data_dir: str | None) -> dict[str, str]:
-    """What a node's data are read from, for the on-disk cache key."""
+def _source_key(
+    dataset: str, root: str, data_dir: str | None, cache_dir: str | None
+) -> dict[str, str]:
+    """What a node's data are read from, for the on-disk cache key ({} without a
+    cache: the source folder is then not walked)."""
+    if not cache_dir:
+        return {}
     if data_dir:
         folder = os.path.realpath(os.path.expanduser(data_dir))
         return {"dataset": dataset, "data-dir": folder, "files": folder_fingerprint(folder)}
@@ -271,12 +276,12 @@ def _train_data(
     if data_dir:
         def build() -> ImageData:
             return load_image_folder(image_folder_split(data_dir, "train"), dataset_info(dataset))
-        key = _source_key(dataset, root, data_dir)
+        key = _source_key(dataset, root, data_dir, cache_dir)
     else:
         def build() -> ImageData:
             train, _ = load_dataset(dataset, root)
             return train.subset(load_partition(dataset, root, config, partition_id))
-        key = {**_source_key(dataset, root, None), "partition": repr(config),
+        key = {**_source_key(dataset, root, None, cache_dir), "partition": repr(config),
                "partition-id": partition_id}
     return disk_cached(cache_dir, "train", key, build)
 
@@ -307,9 +312,9 @@ def _eval_data(
     else:
         def build() -> ImageData:
             _, test = load_dataset(dataset, root)
-            classes = torch.unique(_train_data(dataset, root, config, partition_id).labels)
+            classes = torch.unique(_train_data(dataset, root, config, partition_id, None, cache_dir).labels)
             return subsample(test, torch.nonzero(torch.isin(test.labels, classes)).flatten())
-    key = {**_source_key(dataset, root, data_dir), "partition": repr(config),
+    key = {**_source_key(dataset, root, data_dir, cache_dir), "partition": repr(config),
            "partition-id": partition_id, "max-examples": max_examples}
     return disk_cached(cache_dir, "eval", key, build)
 

@@ -47,6 +47,9 @@ __all__ = ["EngineSettings", "AsyncEngine", "EngineReport", "EvaluateFn", "Optim
 EvaluateFn = Callable[[int, ArrayRecord], "MetricRecord | None"]
 OptimizerFactory = Callable[[list[np.ndarray], list[int]], ServerOptimizer]
 
+# Error code of a reply whose ClientApp raised (flwr.common.constant.ErrorCode).
+CLIENT_APP_RAISED_EXCEPTION = 2
+
 # Metric keys a train reply must carry (see clients/client_app.py for the protocol).
 REQUIRED_REPLY_METRICS = ("partition-id", "model-version", "num-examples")
 
@@ -139,6 +142,10 @@ class _Node:
     dispatches: int = 0
     errors_in_row: int = 0
     rejections_in_row: int = 0
+    # Lost through silence or transport errors (a crash, a reboot): its node id is
+    # queried again if it shows up, since a SuperNode restarted with the same
+    # authentication key keeps its node id. Nodes lost for bad work stay out.
+    may_return: bool = False
     active: bool = True
 
 
@@ -342,7 +349,10 @@ class AsyncEngine:
                     pid, num, self.num_partitions)
 
     def _query_new_nodes(self) -> None:
-        new_ids = sorted(set(self.grid.get_node_ids()) - self.node_ids_seen)
+        present = set(self.grid.get_node_ids())
+        asked = {node_id for node_id, _ in self.queries.values()}
+        returning = {n.node_id for n in self.nodes.values() if not n.active and n.may_return}
+        new_ids = sorted(((present - self.node_ids_seen) | (present & returning)) - asked)
         messages = []
         for node_id in new_ids:
             self.node_ids_seen.add(node_id)
@@ -403,7 +413,7 @@ class AsyncEngine:
             return False
         if node.active and node.node_id != node_id:
             # A restarted SuperNode: the old node id is gone, its work is lost.
-            self._lose(pid, f"replaced by node {node_id}")
+            self._lose(pid, f"replaced by node {node_id}", may_return=True)
         node.node_id = node_id
         if node.active:
             return False
@@ -556,7 +566,10 @@ class AsyncEngine:
             reason[-1] if reason else "",
         )
         if node.errors_in_row >= self.s.max_consecutive_errors:
-            self._lose(node.partition_id, f"{node.errors_in_row} error replies in a row")
+            # Transport errors (message or node unavailable) mean a crash, not bad work.
+            transport = reply.error.code != CLIENT_APP_RAISED_EXCEPTION
+            self._lose(node.partition_id, f"{node.errors_in_row} error replies in a row",
+                       may_return=transport)
         else:
             self._top_up()
 
@@ -642,18 +655,25 @@ class AsyncEngine:
     # ------------------------------------------------------------------- churn
     def _expire_timeouts(self) -> None:
         now = time.monotonic()
+        overdue = [d for d in self.in_flight.values()
+                   if d.message_id not in self.arrived and now - d.sent_at > self.s.reply_timeout]
+        if not overdue:
+            return
+        self._pull()  # the server may have been busy: look once more before giving up
         for dispatch in list(self.in_flight.values()):
             if dispatch.message_id in self.arrived:
                 continue
             if now - dispatch.sent_at > self.s.reply_timeout:
-                self._lose(dispatch.partition_id, f"no reply within {self.s.reply_timeout} s")
+                self._lose(dispatch.partition_id, f"no reply within {self.s.reply_timeout} s",
+                           may_return=True)
 
-    def _lose(self, pid: int, why: str) -> None:
+    def _lose(self, pid: int, why: str, may_return: bool = False) -> None:
         assert self.optimizer is not None
         node = self.nodes[pid]
         if not node.active:
             return
         node.active = False
+        node.may_return = may_return
         for mid in [m for m, d in self.in_flight.items() if d.partition_id == pid]:
             del self.in_flight[mid]
             if mid in self.arrived:

@@ -79,10 +79,17 @@ class InProcessGrid(Grid):
             self.add_node({"partition-id": pid, "num-partitions": num_nodes})
 
     # -- node membership (tests and churn experiments)
-    def add_node(self, node_config: dict[str, Any]) -> int:
-        """Add a node with ``node_config``; return its new node id."""
-        node_id = self._next_node_id
-        self._next_node_id += 1
+    def add_node(self, node_config: dict[str, Any], node_id: int | None = None) -> int:
+        """Add a node with ``node_config``; return its node id.
+
+        ``node_id`` brings back a node under its old id, as a SuperNode restarted with
+        the same authentication key does; by default the node gets a new id.
+        """
+        if node_id is None:
+            node_id = self._next_node_id
+            self._next_node_id += 1
+        elif node_id in self.contexts:
+            raise ValueError(f"node id {node_id} is present already")
         self.contexts[node_id] = Context(
             run_id=self._run.run_id,
             node_id=node_id,

@@ -6,6 +6,7 @@ Node p returns g = w - target_p, so every number here can be followed by hand.
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 import pytest
@@ -188,3 +189,32 @@ def test_an_evaluate_fn_without_loss_or_returning_none_is_not_divergence():
                         evaluate_fn=fn, eval_every=10)
         assert result.report.counters["received"] == 30
         assert result.report.counters["diverged"] == 0
+
+
+def test_a_node_back_under_its_old_node_id_rejoins():
+    # A SuperNode restarted with the same authentication key keeps its node id.
+    calls: list[tuple[int, int]] = []
+    grid = InProcessGrid(make_app(calls=calls), 3, run_config={})
+    strategy = ASGD(server_lr=0.1, virtual_clock=None,
+                    engine=EngineSettings(reply_timeout=0.2, poll_interval=0.001,
+                                          node_refresh_interval=0.0))
+    state = {}
+
+    def evaluate_fn(step, arrays):
+        if step == 20:
+            grid.remove_node(3)  # partition 2 goes silent ...
+            state["removed"] = True
+        elif step == 30:
+            time.sleep(0.3)  # ... longer than reply-timeout: it will be lost
+        elif step == 40:
+            grid.add_node({"partition-id": 2, "num-partitions": 3}, node_id=3)
+            state["back"] = True
+        return MetricRecord({"accuracy": 0.0, "loss": 0.0})
+
+    result, _ = run(strategy, grid=grid, max_updates=120, evaluate_fn=evaluate_fn, eval_every=10)
+    c = result.report.counters
+    assert state == {"removed": True, "back": True}
+    assert c["nodes-lost"] == 1 and c["joined"] == 1
+    versions = [v for pid, v in calls if pid == 2]
+    gap = max(range(1, len(versions)), key=lambda i: versions[i] - versions[i - 1])
+    assert len(versions[gap:]) >= 5  # it trained again after it came back
