@@ -203,6 +203,17 @@ def _load_curve(row: Mapping[str, Any], out: Path) -> list[dict[str, float]] | N
     return read_metrics(path)
 
 
+
+def _save_figure(fig, path: Path) -> Path:
+    """Lay out ``fig``, write it to ``path`` (PNG, 110 dpi; folders made) and close it."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
 def plot_curves(rows, methods, out: Path, path: Path, title: str, x: str = "updates") -> Path | None:
     """Accuracy curves per method: mean over seeds, seed range shaded (ok runs only)."""
     plt = _plt()
@@ -240,11 +251,7 @@ def plot_curves(rows, methods, out: Path, path: Path, title: str, x: str = "upda
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save_figure(fig, path)
 
 
 def plot_improvement(imps: Sequence[Mapping[str, Any]], reference: str, path: Path, title: str) -> Path | None:
@@ -268,11 +275,7 @@ def plot_improvement(imps: Sequence[Mapping[str, Any]], reference: str, path: Pa
     ax.set_title(title)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3, axis="y")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save_figure(fig, path)
 
 
 def plot_scale(rows, methods, path: Path, title: str) -> Path | None:
@@ -308,11 +311,7 @@ def plot_scale(rows, methods, path: Path, title: str) -> Path | None:
         ax.grid(alpha=0.3)
     axes[1].legend(fontsize=8)
     fig.suptitle(title)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save_figure(fig, path)
 
 
 def plot_grouped(rows, methods, settings, path: Path, title: str) -> Path | None:
@@ -343,11 +342,7 @@ def plot_grouped(rows, methods, settings, path: Path, title: str) -> Path | None
     for ax in axes:
         ax.grid(alpha=0.3, axis="y")
     fig.suptitle(title)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save_figure(fig, path)
 
 
 # ------------------------------------------------------------------ markdown
