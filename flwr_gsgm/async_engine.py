@@ -27,7 +27,8 @@ import signal
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from logging import INFO, WARNING
 from pathlib import Path
@@ -842,25 +843,21 @@ class AsyncEngine:
             return None
         return checkpoint.load(path)
 
-    def _sigterm_checkpoints(self):
-        """Context: while checkpoints are on, SIGTERM asks the loop to save and stop."""
-        engine = self
+    @contextmanager
+    def _sigterm_checkpoints(self) -> Iterator[None]:
+        """While checkpoints are on, SIGTERM asks the loop to save and stop."""
+        if not self.s.checkpoint_every or threading.current_thread() is not threading.main_thread():
+            yield
+            return
 
-        class _Guard:
-            def __enter__(self):
-                self.previous = None
-                if engine.s.checkpoint_every and threading.current_thread() is threading.main_thread():
-                    self.previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+        def on_sigterm(signum: int, frame: Any) -> None:
+            self.stop_requested = True
 
-            def _on_sigterm(self, signum, frame):
-                engine.stop_requested = True
-
-            def __exit__(self, *exc):
-                if self.previous is not None:
-                    signal.signal(signal.SIGTERM, self.previous)
-                return False
-
-        return _Guard()
+        previous = signal.signal(signal.SIGTERM, on_sigterm)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGTERM, previous)
 
     def _report(self) -> EngineReport:
         assert self.optimizer is not None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -82,3 +83,29 @@ def test_checkpointing_does_not_change_the_run(tmp_path):
     run_in_process(tmp_path / "without", **{"max-updates": 60, "checkpoint-every": 0})
     assert without_wall_time((tmp_path / "with" / "metrics.csv").read_text()) == without_wall_time(
         (tmp_path / "without" / "metrics.csv").read_text())
+
+
+def test_sigterm_saves_a_checkpoint_and_the_resumed_run_equals_the_whole_run(tmp_path):
+    # Periodic checkpoints off in practice (every 1000 > 160 updates): the only
+    # checkpoint is the one SIGTERM makes, at whatever update the run had reached.
+    config = {**CONFIG, "checkpoint-every": 1000}
+    run_in_process(tmp_path / "whole", **{"checkpoint-every": 1000})
+    stopped = tmp_path / "stopped"
+    child = subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(config), str(stopped)],
+                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in child.stderr:  # progress lines: wait until training is under way
+            if "[async] updates 60/160" in line:
+                child.send_signal(signal.SIGTERM)
+                break
+        _, err = child.communicate(timeout=120)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    assert child.returncode != 0
+    saved_at = int(re.search(r"checkpoint saved at (\d+) updates", err).group(1))
+    assert 60 <= saved_at < 160  # it stopped mid-run
+    assert (stopped / "checkpoint.pt").exists() and not (stopped / "summary.json").exists()
+    run_in_process(stopped, resume=True, **{"checkpoint-every": 1000})
+    assert without_wall_time((stopped / "metrics.csv").read_text()) == without_wall_time(
+        (tmp_path / "whole" / "metrics.csv").read_text())
