@@ -444,18 +444,24 @@ def dry_run(preset: Preset, out: Path, jobs: int = 1, only: Sequence[str] | None
     lines = [f"Preset {preset.name} ({preset.path}) -> {out}", ""]
     total_runs = total_left = 0
     total_s = left_s = 0.0
+
+    def tally(specs):
+        """Add ``specs`` to the totals; return their estimated seconds and those not done."""
+        nonlocal total_runs, total_left, total_s, left_s
+        secs = sum(estimate_seconds(s, est) for s in specs)
+        left = [s for s in specs if not done(s)]
+        total_runs += len(specs)
+        total_left += len(left)
+        total_s += secs
+        left_s += sum(estimate_seconds(s, est) for s in left)
+        return secs, left
     lines.append(f"Tuning on seed {preset.tune_seed}, {preset.tune_nodes} nodes, "
                  f"{partition_label(preset.tune_partition)}:")
     lines.append(f"  {'method':<16}{'grid points':>12}{'done':>7}{'est. time':>14}")
     for layer in preset.tune_order():
         for m in layer:
             specs = tune_runs(preset, m, standin)
-            secs = sum(estimate_seconds(s, est) for s in specs)
-            left = [s for s in specs if not done(s)]
-            total_runs += len(specs)
-            total_left += len(left)
-            total_s += secs
-            left_s += sum(estimate_seconds(s, est) for s in left)
+            secs, left = tally(specs)
             lines.append(f"  {m:<16}{len(specs):>12}{len(specs) - len(left):>7}{human_seconds(secs):>14}")
     lines.append("")
     lines.append(f"Reporting on seeds {preset.seeds} (shared runs counted once, in the first question):")
@@ -467,12 +473,7 @@ def dry_run(preset: Preset, out: Path, jobs: int = 1, only: Sequence[str] | None
         specs = report_runs(preset, standin, [q.name])
         new = [s for s in specs if s.run_id not in seen]
         seen.update(s.run_id for s in specs)
-        secs = sum(estimate_seconds(s, est) for s in new)
-        left = [s for s in new if not done(s)]
-        total_runs += len(new)
-        total_left += len(left)
-        total_s += secs
-        left_s += sum(estimate_seconds(s, est) for s in left)
+        secs, left = tally(new)
         settings = ", ".join(f"n{n}-{partition_label(p)}" for n in q.nodes for p in q.partitions)
         lines.append(f"  {q.name:<16}{len(specs):>6}{len(new):>6}{len(new) - len(left):>7}"
                      f"{human_seconds(secs):>14}   {len(q.methods)} methods x {settings}")
