@@ -228,6 +228,11 @@ def build_model(dataset_name: str, *, seed: int | None = None) -> nn.Module:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             model = MODELS[dataset_name](info)
+    # channels_last: the CPU convolution and pooling kernels run 1.4x (training
+    # step) to 3x (evaluation) faster in this layout (benchmarks/bench_model.py).
+    # Only the memory layout changes: shapes, keys and values of the state_dict are
+    # the same, and get_weights / ArrayRecord copies are C-contiguous.
+    model = model.to(memory_format=torch.channels_last)
     bad = {k: v.dtype for k, v in model.state_dict().items() if v.dtype != torch.float32}
     if bad:  # pragma: no cover - guards future registry entries
         raise TypeError(f"Model state_dict must be float32 only, found {bad}")

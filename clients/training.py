@@ -284,7 +284,7 @@ def evaluate(
     model: nn.Module,
     images: torch.Tensor,
     labels: torch.Tensor,
-    batch_size: int = 1000,
+    batch_size: int = 32,
     device: torch.device | str | None = None,
 ) -> tuple[float, float]:
     """Loss and accuracy of ``model`` on a labelled set.

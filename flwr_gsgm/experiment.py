@@ -132,7 +132,8 @@ def run_dir_for(cfg: Mapping[str, Any]) -> Path:
 
 def _initial_arrays(cfg: Mapping[str, Any]) -> ArrayRecord:
     torch.manual_seed(cfg["seed"])
-    return ArrayRecord(build_model(cfg["dataset"]).state_dict())
+    state = build_model(cfg["dataset"]).state_dict()
+    return ArrayRecord({key: tensor.contiguous() for key, tensor in state.items()})
 
 
 def run_experiment(grid: Grid, cfg: Mapping[str, Any], run_dir: Path | None = None) -> dict[str, Any]:
