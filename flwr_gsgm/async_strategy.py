@@ -12,7 +12,7 @@ Use it in your own ServerApp::
 
     @app.main()
     def main(grid, context):
-        strategy = GSGM(server_lr=0.05, beta=0.5)
+        strategy = GSGM(server_lr=0.02, beta=0.5)
         result = strategy.start(grid, ArrayRecord(model.state_dict()), max_updates=3000)
 """
 
@@ -60,7 +60,9 @@ class AsyncStrategy:
         Name in :data:`flwr_gsgm.core.OPTIMIZERS` ("gsgm", "asgd", "masgd",
         "dcasgd", "fedasync", "fedbuff").
     server_lr : float
-        Server learning rate eta (> 0).
+        Server learning rate eta (> 0). The default 0.02 is the value the tuning
+        protocol chose for GSGM, ASGD, momentum ASGD and DC-ASGD on Fashion-MNIST
+        (``docs/RESULTS.md``); tune it for your model and data.
     client_mode : str
         "gradient" (mean gradient of ``local_batches`` mini-batches at the received
         weights) or "delta" (``(w_received - w_local) / local_lr`` after
@@ -93,7 +95,7 @@ class AsyncStrategy:
         self,
         optimizer: str = "gsgm",
         *,
-        server_lr: float = 0.05,
+        server_lr: float = 0.02,
         client_mode: str = "gradient",
         batch_size: int = 32,
         local_batches: int = 1,

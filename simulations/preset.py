@@ -14,6 +14,9 @@ reporting seeds). Layout (every run-config key is a key of
     tie-tolerance = 0.0                    # tuning: final accuracies this close tie
     reference = "gsgm"                     # stability improvement of it over the others
     results-md = "docs/RESULTS.md"         # default output of simulations.report
+    headline-baselines = ["asgd", "masgd"] # the report's headline: reference vs these,
+    headline-settings = ["n10-k2", "n30-k2"]  # in these settings (nodes-partition labels),
+    headline-target = 0.20                 # against this stability improvement
 
     [base]                                 # run config shared by every run
     dataset = "fashion-mnist"
@@ -129,6 +132,7 @@ class Preset:
     methods: dict[str, Method]
     questions: dict[str, Question]
     estimate: dict[str, float] = field(default_factory=lambda: dict(_ESTIMATE_DEFAULTS))
+    headline: dict[str, Any] = field(default_factory=dict)
 
     @property
     def num_classes(self) -> int:
@@ -165,6 +169,7 @@ class Preset:
             "results_md": str(self.results_md),
             "base": self.base,
             "methods": list(self.methods),
+            "headline": self.headline,
             "questions": {
                 q.name: {"title": q.title, "kind": q.kind, "nodes": q.nodes, "partitions": q.partitions,
                          "methods": q.methods, "description": q.description}
@@ -193,6 +198,24 @@ class RunSpec:
 
 
 # ------------------------------------------------------------------ helpers
+def _headline(path: Path, sweep: Mapping[str, Any], methods: Mapping[str, Any],
+              questions: Mapping[str, Question]) -> dict[str, Any]:
+    """``[sweep] headline-*``: which comparisons the report puts first (may be empty)."""
+    baselines = list(sweep.get("headline-baselines", []))
+    settings = [str(s) for s in sweep.get("headline-settings", [])]
+    for m in baselines:
+        if m not in methods:
+            _fail(path, f"[sweep] headline-baselines names unknown method {m!r}")
+    known = {f"n{n}-{partition_label(p)}" for q in questions.values() for n in q.nodes for p in q.partitions}
+    for label in settings:
+        if label not in known:
+            _fail(path, f"[sweep] headline-settings {label!r} is no question's setting; known: {sorted(known)}")
+    target = float(sweep.get("headline-target", 0.2))
+    if not 0 < target < 1:
+        _fail(path, f"[sweep] headline-target={target!r}: expected a fraction in (0, 1)")
+    return {"baselines": baselines, "settings": settings, "target": target} if baselines and settings else {}
+
+
 def partition_label(partition: Mapping[str, Any]) -> str:
     """``k2`` (2 classes per node), ``dir0.5`` (Dirichlet alpha 0.5) or ``iid``."""
     kind = partition.get("partitioner", RUN_CONFIG["partitioner"].default)
@@ -329,6 +352,7 @@ def load_preset(path: str | Path, out: str | Path | None = None) -> Preset:
     reference = sweep.get("reference", "gsgm")
     if reference not in methods:
         _fail(path, f"[sweep] reference {reference!r} is not a method")
+    headline = _headline(path, sweep, methods, questions)
     name = sweep.get("name", path.stem)
     preset = Preset(
         name=name,
@@ -347,6 +371,7 @@ def load_preset(path: str | Path, out: str | Path | None = None) -> Preset:
         methods=methods,
         questions=questions,
         estimate=estimate,
+        headline=headline,
     )
     # Check every run config the preset can produce (with the first grid point of
     # each ancestor standing in for its tuned choice).

@@ -379,6 +379,33 @@ def _improvement_table(imps, reference) -> list[str]:
     return lines
 
 
+def _headline_section(rows, headline: Mapping[str, Any], reference: str) -> list[str]:
+    """The comparisons the preset names first (``[sweep] headline-*``), one table.
+
+    A row's verdict needs both halves of the target: the mean stability improvement
+    at least ``target`` and the mean final accuracy difference at least 0.
+    """
+    if not headline:
+        return []
+    target = float(headline["target"])
+    lines = ["## Headline", "",
+             f"Stability improvement of {reference} (1 - MASD_{reference} / MASD_B, paired by seed, "
+             f"mean ± sample std) and its final accuracy minus B's; the target is at least "
+             f"{100 * target:.0f}% with final accuracy no lower.", "",
+             f"| setting | {reference} vs | stability improvement (%) | Δ final accuracy (pp) | "
+             f"seeds paired | target met |", "|---|---|---|---|---|---|"]
+    for label in headline["settings"]:
+        nodes, part = label[1:].split("-", 1)
+        srows = list({r["run_id"]: r for r in _in_setting(rows, (int(nodes), part))}.values())
+        for imp in improvements(srows, reference, headline["baselines"]):
+            i, d = imp["improvement"], imp["delta_accuracy"]
+            met = "–" if not i.n else ("yes" if i.mean >= target and d.mean >= 0 else "no")
+            lines.append(f"| {_setting_name((int(nodes), part))} | {imp['baseline']} | "
+                         f"{_pm(i, 100, 0, signed=True)} | {_pm(d, 100, 1, signed=True)} | "
+                         f"{len(imp['seeds'])} | {met} |")
+    return lines + [""]
+
+
 def _tuned_section(out: Path) -> list[str]:
     path = out / "tuned.toml"
     if not path.is_file():
@@ -462,6 +489,7 @@ def write_report(out: Path, md_path: Path | None = None, figures: Path | None = 
               f"{100 * (chance + plan.get('chance_margin', 0.05)):.0f}% (chance + margin). Diverged runs are "
               f"counted in the tables and left out of the means.")
     md.append("")
+    md += _headline_section(rows, plan.get("headline") or {}, reference)
     md += _tuned_section(out)
 
     for qname, q in questions.items():

@@ -36,8 +36,8 @@ def test_fashion_mnist_preset_expands_to_the_issue_4_sweep():
     assert tune["gsgm-nosched"][0].run_config["scheduling"] is False
     assert tune["gsgm-nosched"][0].run_config["strategy"] == "gsgm"
     runs = report_runs(preset, tuned)
-    # stability 10 methods; scale 4 more sizes x 7; non-IID 6 more partitions x 7; time-to-target shared
-    assert len(runs) == 3 * (10 + 4 * 7 + 6 * 7)
+    # stability 10 methods; scale 4 more sizes x 6; non-IID 6 more partitions x 5; time-to-target shared
+    assert len(runs) == 3 * (10 + 4 * 6 + 6 * 5)
     assert {r.seed for r in runs} == {1, 2, 3}
     shared = next(r for r in runs if r.run_id == "runs/gsgm/n10-k2/s1")
     assert shared.questions == ("stability", "scale", "noniid", "time-to-target")
@@ -46,12 +46,14 @@ def test_fashion_mnist_preset_expands_to_the_issue_4_sweep():
     # same budget for every method
     assert {r.run_config["max-updates"] for r in runs} == {2000}
     assert {r.run_config["max-updates"] for v in tune.values() for r in v} == {2000}
+    assert preset.to_plan()["headline"] == {"baselines": ["asgd", "masgd"], "settings": ["n10-k2", "n30-k2"],
+                                            "target": 0.2}
 
 
 def test_dry_run_counts_runs_and_estimates_time(tmp_path):
     preset = load_preset(PRESETS / "fashion_mnist.toml", out=tmp_path)
     text = dry_run(preset, tmp_path, jobs=2)
-    assert "Total: 370 runs" in text and "with --jobs 2" in text
+    assert "Total: 322 runs" in text  # 130 tuning + 192 reporting runs and "with --jobs 2" in text
     assert "gsgm                      80" in text
 
 
@@ -65,12 +67,12 @@ def test_cost_model_hand_checked():
     preset = load_preset(PRESETS / "fashion_mnist.toml")
     spec = report_runs(preset, _standin_tuned(preset), ["stability"])[0]
     est = {"overhead-seconds": 3.0, "updates-per-second": 40.0, "eval-seconds-per-10k": 4.0}
-    # 3 + 2000 / 40 + (1 + 2000 / 50) evaluations * 2000 / 10000 * 4 s
-    assert estimate_seconds(spec, est) == pytest.approx(3 + 50 + 41 * 0.8)
+    # 3 + 2000 / 40 + (1 + 2000 / 50) evaluations * 1000 / 10000 * 4 s
+    assert estimate_seconds(spec, est) == pytest.approx(3 + 50 + 41 * 0.4)
     sync = next(s for s in report_runs(preset, _standin_tuned(preset), ["scale"])
                 if s.method == "fedavg" and s.nodes == 30)
     # 2000 // 30 = 66 rounds of 30 nodes = 1980 computations, 1 + 1980 // 50 = 40 evaluations
-    assert estimate_seconds(sync, est) == pytest.approx(3 + 1980 / 40 + 40 * 0.8)
+    assert estimate_seconds(sync, est) == pytest.approx(3 + 1980 / 40 + 40 * 0.4)
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -105,6 +107,12 @@ nodes = [3]
         (BASE + "[questions.r]\npartitions = [{ partitioner = \"pathological\", classes-per-node = 11 }]\n",
          "classes-per-node=11"),
         (BASE.replace("[methods.a]", "[methods.a]\ngrid = { beta = [0.5, 1.5] }"), "beta=1.5"),
+        (BASE.replace("[tune]", 'headline-baselines = ["b"]\nheadline-settings = ["n3-iid"]\n[tune]'),
+         "headline-baselines names unknown method 'b'"),
+        (BASE.replace("[tune]", 'headline-baselines = ["a"]\nheadline-settings = ["n30-k2"]\n[tune]'),
+         "headline-settings 'n30-k2' is no question's setting; known: ['n3-iid']"),
+        (BASE.replace("[tune]", 'headline-baselines = ["a"]\nheadline-settings = ["n3-iid"]\n'
+                                'headline-target = 20\n[tune]'), "headline-target=20.0"),
     ],
 )
 def test_bad_presets_are_refused_naming_the_problem(tmp_path, text, message):

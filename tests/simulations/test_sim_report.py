@@ -136,3 +136,18 @@ def test_markdown_tables_and_figures(tmp_path):
     assert scale.index("### 20 nodes") < scale.index("### 10 nodes")  # the preset's order
     # curves only where metrics exist (no metrics.csv at 20 nodes)
     assert not (figures / "scale_n20-k2_curves.png").exists()
+
+
+def test_headline_table_names_each_setting_and_baseline_and_the_verdict(tmp_path):
+    out = make_sweep(tmp_path / "sweep")
+    plan = json.loads((out / "plan.json").read_text())
+    plan["headline"] = {"baselines": ["asgd", "masgd"], "settings": ["n10-k2", "n20-k2"], "target": 0.5}
+    (out / "plan.json").write_text(json.dumps(plan))
+    text = write_report(out, tmp_path / "RESULTS.md").read_text()
+    headline = text[text.index("## Headline"):text.index("## Stability at 10 nodes")]
+    # asgd: improvements 0.5, 0.4, 0.5 -> mean 0.47 < 0.5: not met; masgd: 0.6, 0.6 with +8 pp: met
+    assert "| 10 nodes, 2 classes per node | asgd | +47 ± 6 | +3.0 ± 3.5 | 3 | no |" in headline
+    assert "| 10 nodes, 2 classes per node | masgd | +60 ± 0 | +8.0 ± 2.8 | 2 | yes |" in headline
+    # at 20 nodes every accuracy is 0.1 lower and every MASD the same: same figures
+    assert "| 20 nodes, 2 classes per node | masgd | +60 ± 0 | +8.0 ± 2.8 | 2 | yes |" in headline
+    assert headline.count("| 20 nodes") == 2
