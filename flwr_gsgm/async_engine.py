@@ -305,7 +305,7 @@ class AsyncEngine:
                     self._save_checkpoint()
                     raise SystemExit(f"SIGTERM: checkpoint saved at {self.received} updates")
                 if not progressed:
-                    time.sleep(self.s.poll_interval)
+                    self._idle(self.s.poll_interval)
         if not self.diverged and (not self.rows or self.rows[-1]["updates"] != self.received):
             self._evaluate()
         return self._report()
@@ -326,7 +326,7 @@ class AsyncEngine:
                     f"only {len(self.nodes)} node(s) answered within reply-timeout="
                     f"{self.s.reply_timeout} s, min-nodes={self.s.min_nodes} required"
                 )
-            time.sleep(max(self.s.poll_interval, 0.01))
+            self._idle(max(self.s.poll_interval, 0.01))
         self._refuse_other_partitionings()
         pids = sorted(self.nodes)
         if self.s.virtual_clock is not None:
@@ -484,9 +484,27 @@ class AsyncEngine:
         heapq.heappush(self.heap, dispatch)
 
     # ----------------------------------------------------------------- replies
-    def _pull(self) -> None:
+    def _awaited(self) -> list[str]:
+        """Ids of the pushed messages whose reply has not arrived yet."""
         wanted = [m for m in self.in_flight if m not in self.arrived]
-        wanted += [m for m in self.queries if m not in self.arrived]
+        return wanted + [m for m in self.queries if m not in self.arrived]
+
+    def _idle(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds (the poll interval) for replies.
+
+        A grid with a ``wait_for_replies(message_ids, timeout)`` method (the
+        in-process grid) returns as soon as one reply is ready; other grids are
+        polled, so the engine sleeps the whole interval. Either way only wall time
+        changes: what is applied, and in which order, does not.
+        """
+        wait = getattr(self.grid, "wait_for_replies", None)
+        if wait is None:
+            time.sleep(timeout)
+        else:
+            wait(self._awaited(), timeout)
+
+    def _pull(self) -> None:
+        wanted = self._awaited()
         if not wanted:
             return
         for reply in self.grid.pull_messages(wanted):

@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 import traceback
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
 
 from flwr.app import Context, Error, Message, RecordDict
@@ -160,6 +160,19 @@ class InProcessGrid(Grid):
                 continue  # still computing
             del self.pending[mid]
         return replies
+
+    def wait_for_replies(self, message_ids: Iterable[str], timeout: float) -> None:
+        """Block until a reply to one of ``message_ids`` is ready, at most ``timeout`` s.
+
+        Lets the asynchronous engine wait for the worker threads instead of sleeping
+        a whole poll interval. Without worker threads (replies are computed on pull)
+        or with no reply being computed, it sleeps ``timeout`` seconds.
+        """
+        futures = [self.futures[m] for m in message_ids if m in self.futures]
+        if futures:
+            wait(futures, timeout=timeout, return_when=FIRST_COMPLETED)
+        else:
+            time.sleep(timeout)
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
         """Push ``messages`` and return the replies (synchronous strategies)."""

@@ -220,3 +220,18 @@ def test_a_node_back_under_its_old_node_id_rejoins():
     versions = [v for pid, v in calls if pid == 2]
     gap = max(range(1, len(versions)), key=lambda i: versions[i] - versions[i - 1])
     assert len(versions[gap:]) >= 5  # it trained again after it came back
+
+
+def test_with_worker_threads_the_engine_waits_for_replies_instead_of_sleeping(monkeypatch):
+    """A poll interval of an hour: any whole-interval sleep would be recorded here."""
+    slept = []
+    real_sleep = time.sleep
+    monkeypatch.setattr(time, "sleep", lambda s: slept.append(s) if s >= 3600 else real_sleep(s))
+    hourly = EngineSettings(poll_interval=3600.0)
+    with InProcessGrid(make_app(), 3, run_config={}, workers=2) as grid:
+        threaded, _ = run(ASGD(server_lr=0.1, virtual_clock=CLOCK, engine=hourly), grid=grid)
+    assert slept == []
+    on_pull, _ = run(ASGD(server_lr=0.1, virtual_clock=CLOCK))
+    assert threaded.report.counters["received"] == 60
+    for key, value in weights(on_pull).items():
+        np.testing.assert_array_equal(weights(threaded)[key], value)
