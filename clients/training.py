@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import copy
 import math
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -286,6 +287,7 @@ def evaluate(
     labels: torch.Tensor,
     batch_size: int = 32,
     device: torch.device | str | None = None,
+    threads: int = 1,
 ) -> tuple[float, float]:
     """Loss and accuracy of ``model`` on a labelled set.
 
@@ -303,6 +305,10 @@ def evaluate(
         float rounding).
     device : torch.device or str, optional
         As in :func:`compute_update`.
+    threads : int
+        Python threads, each evaluating one contiguous part of the set (the model is
+        shared; torch releases the GIL in its kernels). The accuracy does not depend
+        on it; the loss only up to float rounding (the parts are summed in order).
 
     Returns
     -------
@@ -312,29 +318,42 @@ def evaluate(
     Raises
     ------
     ValueError
-        Empty set, mismatched lengths or non-positive batch size.
+        Empty set, mismatched lengths, non-positive batch size or threads.
     """
     if len(images) != len(labels):
         raise ValueError(f"{len(images)} images but {len(labels)} labels")
     if len(labels) == 0:
         raise ValueError("Cannot evaluate on an empty data set")
     batch_size = _check_positive_int("batch-size", batch_size)
+    threads = _check_positive_int("threads", threads)
     model, target = _on_device(model, device)
     was_training = model.training
     model.eval()
-    loss_sum = 0.0
-    correct = 0
-    try:
-        with torch.no_grad():
-            for start in range(0, len(labels), batch_size):
-                rows = slice(start, start + batch_size)
-                x, y = images[rows], labels[rows]
+    # Contiguous parts, whole batches each, summed in order: the result depends on
+    # ``threads`` (float rounding of the loss) but never on thread timing.
+    per_part = -(-len(labels) // (threads * batch_size)) * batch_size
+    parts = [slice(s, s + per_part) for s in range(0, len(labels), per_part)]
+
+    def part_sums(rows: slice) -> tuple[float, int]:
+        loss_sum, correct = 0.0, 0
+        with torch.no_grad():  # grad mode is per thread
+            for start in range(rows.start, min(rows.stop, len(labels)), batch_size):
+                batch = slice(start, min(start + batch_size, rows.stop))
+                x, y = images[batch], labels[batch]
                 if target is not None:
                     x, y = x.to(target), y.to(target)
                 logits = model(x)
                 loss_sum += F.cross_entropy(logits, y, reduction="sum").item()
                 correct += int((logits.argmax(dim=1) == y).sum())
+        return loss_sum, correct
+
+    try:
+        if len(parts) == 1:
+            sums = [part_sums(parts[0])]
+        else:  # torch releases the GIL in its kernels: the parts run in parallel
+            with ThreadPoolExecutor(len(parts), thread_name_prefix="evaluate") as pool:
+                sums = list(pool.map(part_sums, parts))
     finally:
         model.train(was_training)
     n = len(labels)
-    return loss_sum / n, correct / n
+    return sum(s for s, _ in sums) / n, sum(c for _, c in sums) / n

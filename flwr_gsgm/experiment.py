@@ -118,7 +118,7 @@ def make_evaluate_fn(cfg: Mapping[str, Any]):
 
     def evaluate_fn(step: int, arrays: ArrayRecord) -> MetricRecord:
         model.load_state_dict(arrays.to_torch_state_dict())
-        loss, accuracy = evaluate(model, test.images, test.labels)
+        loss, accuracy = evaluate(model, test.images, test.labels, threads=cfg["eval-threads"])
         return MetricRecord({"accuracy": float(accuracy), "loss": float(loss)})
 
     return evaluate_fn

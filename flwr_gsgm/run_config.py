@@ -62,6 +62,8 @@ RUN_CONFIG: dict[str, RunConfigKey] = {
     "eval-every": _key(100, _positive, "an integer > 0", "evaluate every N client updates received"),
     "eval-examples": _key(0, _non_negative, "an integer >= 0 (0 = the whole test set)",
                           "server evaluation on a fixed random subset (seed 0) of this many test images"),
+    "eval-threads": _key(2, _positive, "an integer > 0",
+                         "threads of the server evaluation (same accuracy; loss up to float rounding)"),
     "seed": _key(0, _non_negative, "an integer >= 0", "seed of partitioning, clock and client sampling"),
     # server optimizer
     "server-lr": _key(0.02, _positive, "> 0", "server learning rate eta"),

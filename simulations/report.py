@@ -254,8 +254,12 @@ def plot_curves(rows, methods, out: Path, path: Path, title: str, x: str = "upda
     return _save_figure(fig, path)
 
 
-def plot_improvement(imps: Sequence[Mapping[str, Any]], reference: str, path: Path, title: str) -> Path | None:
-    """Bars: stability improvement (%) of ``reference`` over each baseline, seeds as dots."""
+def plot_improvement(imps: Sequence[Mapping[str, Any]], reference: str, path: Path, title: str,
+                     target: float | None = None) -> Path | None:
+    """Bars: stability improvement (%) of ``reference`` over each baseline, seeds as dots.
+
+    ``target`` (a fraction, the preset's ``headline-target``) is drawn as a dashed line.
+    """
     imps = [i for i in imps if i["improvement"].n]
     if not imps:
         return None
@@ -269,11 +273,12 @@ def plot_improvement(imps: Sequence[Mapping[str, Any]], reference: str, path: Pa
     for x, i in zip(xs, imps):
         ax.scatter([x] * i["improvement"].n, [100 * v for v in i["improvement"].values], color="k", s=12, zorder=3)
     ax.axhline(0, color="k", lw=0.8)
-    ax.axhline(20, color="gray", lw=0.8, ls="--", label="20% (paper's claim)")
+    if target is not None:
+        ax.axhline(100 * target, color="gray", lw=0.8, ls="--", label=f"target {100 * target:.0f}%")
+        ax.legend(fontsize=8, loc="best")
     ax.set_xticks(xs, [i["baseline"] for i in imps], rotation=30, ha="right")
     ax.set_ylabel(f"stability improvement of {reference} (%)\n1 - MASD_{reference} / MASD_baseline")
     ax.set_title(title)
-    ax.legend(fontsize=8)
     ax.grid(alpha=0.3, axis="y")
     return _save_figure(fig, path)
 
@@ -415,10 +420,10 @@ def _tuned_section(out: Path) -> list[str]:
     data = tomllib.loads(path.read_text())
     lines = ["## Tuned choices (seed 0 only)", "",
              "| method | choice (run config) | seed-0 final accuracy (%) | seed-0 MASD (pp) | grid points | "
-             "diverged |", "|---|---|---|---|---|---|"]
+             "grid points diverged |", "|---|---|---|---|---|---|"]
     for m, cfg in data.get("methods", {}).items():
         sel = data.get("selection", {}).get(m, {})
-        choice = ", ".join(f"`{k}={v}`" for k, v in cfg.items())
+        choice = ", ".join(f"`{k}={json.dumps(v)}`" for k, v in cfg.items())
         fa, ms = sel.get("final-accuracy", math.nan), sel.get("masd", math.nan)
         flag = " (all diverged)" if sel.get("all-diverged") else ""
         lines.append(f"| {m} | {choice} | {100 * fa:.1f} | {100 * ms:.2f} | {sel.get('candidates', 0)} | "
@@ -434,6 +439,13 @@ def _wall_time(out: Path) -> tuple[float, int, int]:
     log = json.loads(path.read_text())
     return (sum(float(e.get("wall_seconds", 0.0)) for e in log), sum(int(e.get("executed", 0)) for e in log),
             len(log))
+
+
+def _jobs_used(out: Path) -> list[int]:
+    """The distinct ``--jobs`` of the sweep invocations that ran something."""
+    path = out / "sweep_log.json"
+    log = json.loads(path.read_text()) if path.is_file() else []
+    return sorted({int(e["jobs"]) for e in log if e.get("executed") and "jobs" in e})
 
 
 def _human(seconds: float) -> str:
@@ -459,6 +471,7 @@ def write_report(out: Path, md_path: Path | None = None, figures: Path | None = 
     }
     base = plan.get("base", {})
     wall, executed, invocations = _wall_time(out)
+    jobs = _jobs_used(out)
     run_total = sum(float(r["run_seconds"]) for r in rows if math.isfinite(float(r.get("run_seconds", math.nan))))
     tune_rows = read_csv(out / "tune.csv") if (out / "tune.csv").is_file() else []
     tune_total = sum(float(r["run_seconds"]) for r in tune_rows
@@ -471,7 +484,8 @@ def write_report(out: Path, md_path: Path | None = None, figures: Path | None = 
     md.append("")
     md.append(f"- Sweep wall time: **{_human(wall)}** over {invocations} invocation(s) of the sweep command "
               f"({executed} runs executed; the runs themselves took {_human(tune_total)} of tuning and "
-              f"{_human(run_total)} of reporting runs, on {os.cpu_count()} CPU cores).")
+              f"{_human(run_total)} of reporting runs, on {os.cpu_count()} CPU cores with --jobs "
+              f"{'/'.join(map(str, jobs)) or '?'}).")
     md.append(f"- Reporting runs: {len(rows)} ({status['ok']} ok, {status['diverged']} diverged, "
               f"{status['failed']} failed, {status['pending']} pending); seeds {plan.get('seeds', '?')}; "
               f"tuning on seed {plan.get('tune', {}).get('seed', 0)} only.")
@@ -485,7 +499,12 @@ def write_report(out: Path, md_path: Path | None = None, figures: Path | None = 
               f"{100 * target:.0f}%. Stability improvement of {reference} over B: 1 - MASD_{reference} / MASD_B "
               f"per seed, then mean ± sample std over the seeds.")
     chance = plan.get("chance_accuracy", 0.1)
-    md.append(f"- Diverged: a non-finite loss or accuracy at some evaluation, or a final accuracy <= "
+    md.append(f"- Staleness: model versions between the one a node was sent and the one its update "
+              f"met. Under the virtual clock the dispatch schedule is the same for every method, so methods "
+              f"that step on every update (all but GSGM's deferred slot updates and FedBuff's buffer) show "
+              f"the same staleness.")
+    md.append(f"- Diverged: a non-finite loss or accuracy at some evaluation, weights that became non-finite, "
+              f"or a final accuracy <= "
               f"{100 * (chance + plan.get('chance_margin', 0.05)):.0f}% (chance + margin). Diverged runs are "
               f"counted in the tables and left out of the means.")
     md.append("")
@@ -529,8 +548,9 @@ def write_report(out: Path, md_path: Path | None = None, figures: Path | None = 
                 md += [f"Stability improvement of {reference} over each method (paired by seed):", ""]
                 md += _improvement_table(imps, reference)
                 md.append("")
-                p = plot_improvement(imps, reference, figures / f"{qname}_{label}_improvement.png",
-                                     f"{q.get('title', qname)}: {_setting_name(setting)}")
+                title = q.get("title", qname) if len(settings) == 1 else f"{qname}: {_setting_name(setting)}"
+                p = plot_improvement(imps, reference, figures / f"{qname}_{label}_improvement.png", title,
+                                     (plan.get("headline") or {}).get("target"))
                 if p:
                     md += [f"![stability improvement]({_rel(p, md_path.parent)})", ""]
             x = "virtual_time" if kind == "time-to-target" else "updates"

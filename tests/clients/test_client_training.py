@@ -211,6 +211,22 @@ def test_evaluate_matches_hand_computation_and_batch_size():
         evaluate(model, x[:0], y[:0])
 
 
+@pytest.mark.parametrize("threads", [2, 3, 8, 40])
+def test_evaluate_in_threads_covers_every_row_once(threads):
+    # 37 rows in batches of 5: 2 threads get 20 + 17 rows, 3 get 15 + 15 + 7, and
+    # 8 or 40 threads get 5-row parts (8 parts); 11 of the 37 rows are classified
+    # right, so a missed or repeated right row would move the accuracy by 1/37.
+    model, x, y = linear_problem(n=37)
+    logits = model(x).detach()
+    right = (logits.argmax(1) == y).tolist()
+    loss, acc = evaluate(model, x, y, batch_size=5, threads=threads)
+    assert acc == sum(right) / 37
+    assert loss == pytest.approx(F.cross_entropy(logits, y).item(), rel=1e-6)
+    assert model.training
+    with pytest.raises(ValueError, match="threads"):
+        evaluate(model, x, y, threads=0)
+
+
 def test_untrained_cnn_is_near_chance_on_real_test_set():
     _, test = load_dataset("fashion-mnist", FMNIST_ROOT)
     loss, acc = evaluate(build_model("fashion-mnist", seed=0), test.images[:2000], test.labels[:2000])
