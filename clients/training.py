@@ -331,15 +331,15 @@ def evaluate(
     model.eval()
     # Contiguous parts, whole batches each, summed in order: the result depends on
     # ``threads`` (float rounding of the loss) but never on thread timing.
-    per_part = -(-len(labels) // (threads * batch_size)) * batch_size
-    parts = [slice(s, s + per_part) for s in range(0, len(labels), per_part)]
+    n = len(labels)
+    per_part = -(-n // (threads * batch_size)) * batch_size
+    parts = [range(s, min(s + per_part, n)) for s in range(0, n, per_part)]
 
-    def part_sums(rows: slice) -> tuple[float, int]:
+    def part_sums(rows: range) -> tuple[float, int]:
         loss_sum, correct = 0.0, 0
         with torch.no_grad():  # grad mode is per thread
-            for start in range(rows.start, min(rows.stop, len(labels)), batch_size):
-                batch = slice(start, min(start + batch_size, rows.stop))
-                x, y = images[batch], labels[batch]
+            for start in rows[::batch_size]:
+                x, y = images[start : start + batch_size], labels[start : start + batch_size]
                 if target is not None:
                     x, y = x.to(target), y.to(target)
                 logits = model(x)
@@ -355,5 +355,4 @@ def evaluate(
                 sums = list(pool.map(part_sums, parts))
     finally:
         model.train(was_training)
-    n = len(labels)
     return sum(s for s, _ in sums) / n, sum(c for _, c in sums) / n

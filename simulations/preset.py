@@ -206,7 +206,7 @@ def _headline(path: Path, sweep: Mapping[str, Any], methods: Mapping[str, Any],
     for m in baselines:
         if m not in methods:
             _fail(path, f"[sweep] headline-baselines names unknown method {m!r}")
-    known = {f"n{n}-{partition_label(p)}" for q in questions.values() for n in q.nodes for p in q.partitions}
+    known = {setting_label(n, partition_label(p)) for q in questions.values() for n in q.nodes for p in q.partitions}
     for label in settings:
         if label not in known:
             _fail(path, f"[sweep] headline-settings {label!r} is no question's setting; known: {sorted(known)}")
@@ -214,6 +214,11 @@ def _headline(path: Path, sweep: Mapping[str, Any], methods: Mapping[str, Any],
     if not 0 < target < 1:
         _fail(path, f"[sweep] headline-target={target!r}: expected a fraction in (0, 1)")
     return {"baselines": baselines, "settings": settings, "target": target} if baselines and settings else {}
+
+
+def setting_label(nodes: int, partition: str) -> str:
+    """``n10-k2``: a number of nodes and a :func:`partition_label` (run folders, reports)."""
+    return f"n{nodes}-{partition}"
 
 
 def partition_label(partition: Mapping[str, Any]) -> str:
@@ -452,7 +457,7 @@ def report_runs(
             for nodes in q.nodes:
                 for part in q.partitions:
                     for seed in preset.seeds:
-                        run_id = f"runs/{method}/n{nodes}-{partition_label(part)}/s{seed}"
+                        run_id = f"runs/{method}/{setting_label(nodes, partition_label(part))}/s{seed}"
                         if run_id not in by_id:
                             cfg = {**preset.base, **tuned[method], **part, "seed": seed}
                             by_id[run_id] = RunSpec(run_id, "report", method, seed, nodes, dict(part), cfg)

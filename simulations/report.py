@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from simulations.preset import human_seconds, partition_label, setting_label
 from simulations.results import read_csv, read_metrics
 
 __all__ = ["Stat", "stat", "question_rows", "settings_of", "method_summary", "improvements", "write_report", "main"]
@@ -399,13 +400,12 @@ def _headline_section(rows, headline: Mapping[str, Any], reference: str) -> list
              f"{100 * target:.0f}% with final accuracy no lower.", "",
              f"| setting | {reference} vs | stability improvement (%) | Δ final accuracy (pp) | "
              f"seeds paired | target met |", "|---|---|---|---|---|---|"]
-    for label in headline["settings"]:
-        nodes, part = label[1:].split("-", 1)
-        srows = list({r["run_id"]: r for r in _in_setting(rows, (int(nodes), part))}.values())
-        for imp in improvements(srows, reference, headline["baselines"]):
+    by_label = {setting_label(*s): s for s in settings_of(rows)}
+    for setting in (by_label[label] for label in headline["settings"] if label in by_label):
+        for imp in improvements(_in_setting(rows, setting), reference, headline["baselines"]):
             i, d = imp["improvement"], imp["delta_accuracy"]
             met = "–" if not i.n else ("yes" if i.mean >= target and d.mean >= 0 else "no")
-            lines.append(f"| {_setting_name((int(nodes), part))} | {imp['baseline']} | "
+            lines.append(f"| {_setting_name(setting)} | {imp['baseline']} | "
                          f"{_pm(i, 100, 0, signed=True)} | {_pm(d, 100, 1, signed=True)} | "
                          f"{len(imp['seeds'])} | {met} |")
     return lines + [""]
@@ -432,26 +432,22 @@ def _tuned_section(out: Path) -> list[str]:
     return lines + [""]
 
 
-def _wall_time(out: Path) -> tuple[float, int, int]:
+def _sweep_log(out: Path) -> list[dict[str, Any]] | None:
+    """The entries of ``OUT/sweep_log.json`` (one per sweep invocation), None if absent."""
     path = out / "sweep_log.json"
-    if not path.is_file():
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _wall_time(log: list[dict[str, Any]] | None) -> tuple[float, int, int]:
+    if log is None:
         return math.nan, 0, 0
-    log = json.loads(path.read_text())
     return (sum(float(e.get("wall_seconds", 0.0)) for e in log), sum(int(e.get("executed", 0)) for e in log),
             len(log))
 
 
-def _jobs_used(out: Path) -> list[int]:
+def _jobs_used(log: list[dict[str, Any]] | None) -> list[int]:
     """The distinct ``--jobs`` of the sweep invocations that ran something."""
-    path = out / "sweep_log.json"
-    log = json.loads(path.read_text()) if path.is_file() else []
-    return sorted({int(e["jobs"]) for e in log if e.get("executed") and "jobs" in e})
-
-
-def _human(seconds: float) -> str:
-    from simulations.preset import human_seconds
-
-    return human_seconds(seconds)
+    return sorted({int(e["jobs"]) for e in log or [] if e.get("executed") and "jobs" in e})
 
 
 def write_report(out: Path, md_path: Path | None = None, figures: Path | None = None) -> Path:
@@ -470,8 +466,9 @@ def write_report(out: Path, md_path: Path | None = None, figures: Path | None = 
         for q in dict.fromkeys(x for r in rows for x in str(r["questions"]).split(";") if x)
     }
     base = plan.get("base", {})
-    wall, executed, invocations = _wall_time(out)
-    jobs = _jobs_used(out)
+    log = _sweep_log(out)
+    wall, executed, invocations = _wall_time(log)
+    jobs = _jobs_used(log)
     run_total = sum(float(r["run_seconds"]) for r in rows if math.isfinite(float(r.get("run_seconds", math.nan))))
     tune_rows = read_csv(out / "tune.csv") if (out / "tune.csv").is_file() else []
     tune_total = sum(float(r["run_seconds"]) for r in tune_rows
@@ -482,9 +479,9 @@ def write_report(out: Path, md_path: Path | None = None, figures: Path | None = 
     md.append(f"Produced by `python -m simulations.sweep {plan.get('preset', 'PRESET.toml')}` then "
               f"`python -m simulations.report {out}` on {time.strftime('%Y-%m-%d', time.gmtime())}.")
     md.append("")
-    md.append(f"- Sweep wall time: **{_human(wall)}** over {invocations} invocation(s) of the sweep command "
-              f"({executed} runs executed; the runs themselves took {_human(tune_total)} of tuning and "
-              f"{_human(run_total)} of reporting runs, on {os.cpu_count()} CPU cores with --jobs "
+    md.append(f"- Sweep wall time: **{human_seconds(wall)}** over {invocations} invocation(s) of the sweep command "
+              f"({executed} runs executed; the runs themselves took {human_seconds(tune_total)} of tuning and "
+              f"{human_seconds(run_total)} of reporting runs, on {os.cpu_count()} CPU cores with --jobs "
               f"{'/'.join(map(str, jobs)) or '?'}).")
     md.append(f"- Reporting runs: {len(rows)} ({status['ok']} ok, {status['diverged']} diverged, "
               f"{status['failed']} failed, {status['pending']} pending); seeds {plan.get('seeds', '?')}; "
@@ -499,10 +496,10 @@ def write_report(out: Path, md_path: Path | None = None, figures: Path | None = 
               f"{100 * target:.0f}%. Stability improvement of {reference} over B: 1 - MASD_{reference} / MASD_B "
               f"per seed, then mean ± sample std over the seeds.")
     chance = plan.get("chance_accuracy", 0.1)
-    md.append(f"- Staleness: model versions between the one a node was sent and the one its update "
-              f"met. Under the virtual clock the dispatch schedule is the same for every method, so methods "
-              f"that step on every update (all but GSGM's deferred slot updates and FedBuff's buffer) show "
-              f"the same staleness.")
+    md.append("- Staleness: model versions between the one a node was sent and the one its update "
+              "met. Under the virtual clock the dispatch schedule is the same for every method, so methods "
+              "that step on every update (all but GSGM's deferred slot updates and FedBuff's buffer) show "
+              "the same staleness.")
     md.append(f"- Diverged: a non-finite loss or accuracy at some evaluation, weights that became non-finite, "
               f"or a final accuracy <= "
               f"{100 * (chance + plan.get('chance_margin', 0.05)):.0f}% (chance + margin). Diverged runs are "
@@ -522,8 +519,6 @@ def write_report(out: Path, md_path: Path | None = None, figures: Path | None = 
             md += [q["description"], ""]
         settings = settings_of(qrows)
         if q.get("nodes") and q.get("partitions"):  # the preset's order: nodes, then partitions
-            from simulations.preset import partition_label
-
             planned = [(int(n), partition_label(p)) for n in q["nodes"] for p in q["partitions"]]
             settings = [s for s in planned if s in settings] + [s for s in settings if s not in planned]
         if kind == "scale" and len(settings) > 1:
@@ -539,7 +534,7 @@ def write_report(out: Path, md_path: Path | None = None, figures: Path | None = 
                 md += [f"![final accuracy and MASD per partition]({_rel(p, md_path.parent)})", ""]
         for setting in settings:
             srows = _in_setting(qrows, setting)
-            label = f"n{setting[0]}-{setting[1]}"
+            label = setting_label(*setting)
             md += [f"### {_setting_name(setting)}", ""]
             md += _method_table(srows, methods, True, target)
             md.append("")

@@ -74,6 +74,7 @@ from simulations.preset import (
     method_base_config,
     partition_label,
     report_runs,
+    setting_label,
     tune_runs,
 )
 from simulations.results import RUN_COLUMNS, read_csv, run_row, write_csv
@@ -474,7 +475,7 @@ def dry_run(preset: Preset, out: Path, jobs: int = 1, only: Sequence[str] | None
         new = [s for s in specs if s.run_id not in seen]
         seen.update(s.run_id for s in specs)
         secs, left = tally(new)
-        settings = ", ".join(f"n{n}-{partition_label(p)}" for n in q.nodes for p in q.partitions)
+        settings = ", ".join(setting_label(n, partition_label(p)) for n in q.nodes for p in q.partitions)
         lines.append(f"  {q.name:<16}{len(specs):>6}{len(new):>6}{len(new) - len(left):>7}"
                      f"{human_seconds(secs):>14}   {len(q.methods)} methods x {settings}")
     lines.append("")
