@@ -42,6 +42,8 @@ reporting seeds). Layout (every run-config key is a key of
     nodes = [10]
     partitions = [{ partitioner = "pathological", classes-per-node = 2 }]
     methods = ["gsgm", "asgd"]             # optional; default every method
+    max-in-flight = [0, 20]                # optional; nodes training at once (0 = all, default [0])
+    config = { max-updates = 10000 }       # optional; run config of this question's runs
 
     [estimate]                             # cost model of --dry-run (seconds)
     updates-per-second = 40.0              # client updates per second, in process
@@ -49,8 +51,11 @@ reporting seeds). Layout (every run-config key is a key of
     overhead-seconds = 6.0                 # process start, data loading, partitioning
 
 A run is identified by its folder under the sweep's output folder:
-``tune/<method>/<grid point>`` or ``runs/<method>/n<nodes>-<partition>/s<seed>``;
-a run shared by several questions (same method, seed, nodes, partition) runs once.
+``tune/<method>/<grid point>`` or ``runs/<method>/<setting>/s<seed>``, where the
+setting is ``n<nodes>-<partition>`` with ``-f<max-in-flight>`` appended when fewer
+than all nodes train at once (a max-in-flight of at least the number of nodes is
+"all"); a run shared by several questions (same method, seed and setting) runs once,
+and two questions that would give it different run configs are refused.
 """
 
 from __future__ import annotations
@@ -79,6 +84,9 @@ __all__ = [
     "tune_runs",
     "report_runs",
     "estimate_seconds",
+    "effective_limit",
+    "setting_label",
+    "stand_in_tuned",
 ]
 
 QUESTION_KINDS = ("stability", "scale", "noniid", "time-to-target")
@@ -110,6 +118,23 @@ class Question:
     partitions: list[dict[str, Any]]
     methods: list[str]
     description: str = ""
+    max_in_flight: list[int] = field(default_factory=lambda: [0])
+    config: dict[str, Any] = field(default_factory=dict)
+
+    def settings(self) -> list[tuple[int, dict[str, Any], int]]:
+        """``(nodes, partition, limit)`` in the preset's order; ``limit`` 0 = all nodes in flight.
+
+        A max-in-flight of at least the number of nodes is "all" (limit 0), so it
+        gives the same setting as 0 and is listed once.
+        """
+        out: list[tuple[int, dict[str, Any], int]] = []
+        for nodes in self.nodes:
+            for part in self.partitions:
+                for limit in self.max_in_flight:
+                    s = (nodes, part, effective_limit(nodes, limit))
+                    if s not in out:
+                        out.append(s)
+        return out
 
 
 @dataclass
@@ -172,7 +197,8 @@ class Preset:
             "headline": self.headline,
             "questions": {
                 q.name: {"title": q.title, "kind": q.kind, "nodes": q.nodes, "partitions": q.partitions,
-                         "methods": q.methods, "description": q.description}
+                         "methods": q.methods, "description": q.description,
+                         "max_in_flight": q.max_in_flight, "config": q.config}
                 for q in self.questions.values()
             },
         }
@@ -191,10 +217,16 @@ class RunSpec:
     run_config: dict[str, Any]
     questions: tuple[str, ...] = ()
     grid_point: dict[str, Any] = field(default_factory=dict)
+    max_in_flight: int = 0  # 0 = every node trains at once
 
     @property
     def partition_label(self) -> str:
         return partition_label(self.partition)
+
+    @property
+    def in_flight(self) -> int:
+        """Nodes training at once: ``max_in_flight``, or every node when it is 0."""
+        return self.max_in_flight or self.nodes
 
 
 # ------------------------------------------------------------------ helpers
@@ -206,7 +238,7 @@ def _headline(path: Path, sweep: Mapping[str, Any], methods: Mapping[str, Any],
     for m in baselines:
         if m not in methods:
             _fail(path, f"[sweep] headline-baselines names unknown method {m!r}")
-    known = {setting_label(n, partition_label(p)) for q in questions.values() for n in q.nodes for p in q.partitions}
+    known = {setting_label(n, partition_label(p), f) for q in questions.values() for n, p, f in q.settings()}
     for label in settings:
         if label not in known:
             _fail(path, f"[sweep] headline-settings {label!r} is no question's setting; known: {sorted(known)}")
@@ -216,9 +248,15 @@ def _headline(path: Path, sweep: Mapping[str, Any], methods: Mapping[str, Any],
     return {"baselines": baselines, "settings": settings, "target": target} if baselines and settings else {}
 
 
-def setting_label(nodes: int, partition: str) -> str:
-    """``n10-k2``: a number of nodes and a :func:`partition_label` (run folders, reports)."""
-    return f"n{nodes}-{partition}"
+def setting_label(nodes: int, partition: str, limit: int = 0) -> str:
+    """``n10-k2``, ``n100-k2-f20``: nodes, a :func:`partition_label` and, when fewer than
+    all nodes train at once, ``-f<max-in-flight>`` (run folders, reports)."""
+    return f"n{nodes}-{partition}" + (f"-f{limit}" if effective_limit(nodes, limit) else "")
+
+
+def effective_limit(nodes: int, limit: int) -> int:
+    """``limit`` nodes in flight, or 0 (= all) when ``limit`` is 0 or at least ``nodes``."""
+    return 0 if not limit or limit >= nodes else int(limit)
 
 
 def partition_label(partition: Mapping[str, Any]) -> str:
@@ -329,7 +367,8 @@ def load_preset(path: str | Path, out: str | Path | None = None) -> Preset:
 
     questions: dict[str, Question] = {}
     for name, spec in raw.get("questions", {}).items():
-        extra = set(spec) - {"title", "kind", "nodes", "partitions", "methods", "description"}
+        extra = set(spec) - {"title", "kind", "nodes", "partitions", "methods", "description", "max-in-flight",
+                             "config"}
         if extra:
             _fail(path, f"[questions.{name}]: unknown key(s) {sorted(extra)}")
         kind = spec.get("kind", "stability")
@@ -343,8 +382,18 @@ def load_preset(path: str | Path, out: str | Path | None = None) -> Preset:
         if any(n < 1 for n in nodes):
             _fail(path, f"[questions.{name}] nodes must be >= 1")
         parts = [_partition(path, f"[questions.{name}]", p) for p in spec.get("partitions", [{"partitioner": "iid"}])]
+        limits = [int(f) for f in spec.get("max-in-flight", [0])]
+        if not limits or any(f < 0 for f in limits):
+            _fail(path, f"[questions.{name}] max-in-flight must be a non-empty list of integers >= 0 "
+                        f"(0 = all nodes), got {limits}")
+        qconfig = dict(spec.get("config", {}))
+        _check_config(path, f"[questions.{name}] config", qconfig)
+        for key in qconfig:
+            if key in PARTITION_KEYS or key in ("strategy", "max-in-flight"):
+                _fail(path, f"[questions.{name}] config: {key!r} is set by partitions / max-in-flight / "
+                            "the methods, not by a question's config")
         questions[name] = Question(name, spec.get("title", name), kind, nodes, parts, qmethods,
-                                   spec.get("description", ""))
+                                   spec.get("description", ""), limits, qconfig)
     if not questions:
         _fail(path, "no [questions.*]")
 
@@ -392,10 +441,23 @@ def load_preset(path: str | Path, out: str | Path | None = None) -> Preset:
     for q in questions.values():
         for part in q.partitions:
             try:
-                parse_run_config({**base, **part})
+                parse_run_config({**base, **q.config, **part})
             except ValueError as err:
                 _fail(path, f"[questions.{q.name}] partition {part}: {err}")
+    try:
+        report_runs(preset, stand_in_tuned(preset))
+    except ValueError as err:
+        _fail(path, str(err))
     return preset
+
+
+def stand_in_tuned(preset: Preset) -> dict[str, dict[str, Any]]:
+    """First grid point of every method: a stand-in for its tuned choice (checks, estimates)."""
+    tuned: dict[str, dict[str, Any]] = {}
+    for layer in preset.tune_order():
+        for m in layer:
+            tuned[m] = {**method_base_config(preset, m, tuned), **grid_points(preset.methods[m].grid)[0]}
+    return tuned
 
 
 def _lineage_config(preset: Preset, method: str, chosen: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
@@ -446,7 +508,13 @@ def report_runs(
 ) -> list[RunSpec]:
     """The reporting runs of the questions (all, or those in ``only``), deduplicated.
 
-    ``tuned[method]`` is the method's full set of overrides (its tuned choice).
+    ``tuned[method]`` is the method's full set of overrides (its tuned choice);
+    a question's ``config`` comes before it, so the tuned choice wins.
+
+    Raises
+    ------
+    ValueError
+        Two questions give one run (same method, seed and setting) different run configs.
     """
     by_id: dict[str, RunSpec] = {}
     questions_of: dict[str, list[str]] = {}
@@ -454,14 +522,18 @@ def report_runs(
         if only and q.name not in only:
             continue
         for method in q.methods:
-            for nodes in q.nodes:
-                for part in q.partitions:
-                    for seed in preset.seeds:
-                        run_id = f"runs/{method}/{setting_label(nodes, partition_label(part))}/s{seed}"
-                        if run_id not in by_id:
-                            cfg = {**preset.base, **tuned[method], **part, "seed": seed}
-                            by_id[run_id] = RunSpec(run_id, "report", method, seed, nodes, dict(part), cfg)
-                        questions_of.setdefault(run_id, []).append(q.name)
+            for nodes, part, limit in q.settings():
+                for seed in preset.seeds:
+                    run_id = f"runs/{method}/{setting_label(nodes, partition_label(part), limit)}/s{seed}"
+                    cfg = {**preset.base, **q.config, **tuned[method], **part, "seed": seed}
+                    if limit:
+                        cfg["max-in-flight"] = limit
+                    if run_id in by_id and by_id[run_id].run_config != cfg:
+                        raise ValueError(f"questions {questions_of[run_id]} and {q.name!r} give run {run_id} "
+                                         "different run configs (set the differing keys in one place)")
+                    by_id.setdefault(run_id, RunSpec(run_id, "report", method, seed, nodes, dict(part), cfg,
+                                                     max_in_flight=limit))
+                    questions_of.setdefault(run_id, []).append(q.name)
     return [
         RunSpec(**{**spec.__dict__, "questions": tuple(questions_of[rid])}) for rid, spec in by_id.items()
     ]

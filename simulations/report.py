@@ -42,8 +42,8 @@ from typing import Any
 
 import numpy as np
 
-from simulations.preset import human_seconds, partition_label, setting_label
-from simulations.results import read_csv, read_metrics
+from simulations.preset import effective_limit, human_seconds, partition_label, setting_label
+from simulations.results import read_csv, read_metrics, write_csv
 
 __all__ = ["Stat", "stat", "question_rows", "settings_of", "method_summary", "improvements", "write_report", "main"]
 
@@ -57,6 +57,12 @@ class Stat:
     std: float
     n: int
     values: tuple[float, ...] = ()
+
+
+#: Columns of the ``runs.csv`` written beside the results page (one row per reporting run).
+PAGE_COLUMNS = ("method", "nodes", "max_in_flight", "partition", "seed", "status", "final_accuracy", "masd",
+                "accuracy_std", "time_to_target", "virtual_seconds", "staleness_mean", "updates_received",
+                "run_id")
 
 
 def stat(values: Iterable[Any]) -> Stat:
@@ -80,16 +86,24 @@ def question_rows(rows: Sequence[Mapping[str, Any]], question: str) -> list[Mapp
     return [r for r in rows if question in str(r.get("questions", "")).split(";")]
 
 
-def settings_of(rows: Sequence[Mapping[str, Any]]) -> list[tuple[int, str]]:
-    """Distinct ``(nodes, partition)`` settings, in order of first appearance."""
-    seen: dict[tuple[int, str], None] = {}
-    for r in rows:
-        seen.setdefault((int(r["nodes"]), str(r["partition"])), None)
-    return list(seen)
+Setting = tuple[int, str, int]  # (nodes, partition label, max-in-flight limit; 0 = all nodes)
 
 
-def _in_setting(rows, setting):
-    return [r for r in rows if (int(r["nodes"]), str(r["partition"])) == setting]
+def setting_of(row: Mapping[str, Any]) -> Setting:
+    """``(nodes, partition, limit)`` of a runs.csv row (limit 0: every node in flight)."""
+    nodes = int(row["nodes"])
+    limit = row.get("max_in_flight", 0)
+    limit = int(limit) if isinstance(limit, (int, float)) and math.isfinite(limit) else 0
+    return nodes, str(row["partition"]), effective_limit(nodes, limit)
+
+
+def settings_of(rows: Sequence[Mapping[str, Any]]) -> list[Setting]:
+    """Distinct ``(nodes, partition, limit)`` settings, in order of first appearance."""
+    return list(dict.fromkeys(setting_of(r) for r in rows))
+
+
+def _in_setting(rows, setting: Setting):
+    return [r for r in rows if setting_of(r) == setting]
 
 
 def _ok(r: Mapping[str, Any]) -> bool:
@@ -113,6 +127,7 @@ def method_summary(rows: Sequence[Mapping[str, Any]], method: str) -> dict[str, 
         "accuracy_std": stat(r["accuracy_std"] for r in ok),
         "time_to_target": stat(r["time_to_target"] for r in reached),
         "reached": len(reached),
+        "virtual_seconds": stat(r.get("virtual_seconds") for r in ok),
         "staleness_mean": stat(r["staleness_mean"] for r in ok),
         "staleness_max": stat(r["staleness_max"] for r in ok),
     }
@@ -155,15 +170,15 @@ def _pm(s: Stat, scale: float = 1.0, digits: int = 1, signed: bool = False) -> s
     return text
 
 
-def _setting_name(setting: tuple[int, str]) -> str:
-    nodes, part = setting
+def _setting_name(setting: Setting) -> str:
+    nodes, part, limit = setting
     if part.startswith("k"):
         desc = f"{part[1:]} classes per node"
     elif part.startswith("dir"):
         desc = f"Dirichlet alpha = {part[3:]}"
     else:
         desc = part.upper() if part == "iid" else part
-    return f"{nodes} nodes, {desc}"
+    return f"{nodes} nodes, {desc}" + (f", {limit} in flight" if limit else "")
 
 
 def _methods_in(rows, order: Sequence[str]) -> list[str]:
@@ -356,7 +371,7 @@ def _method_table(rows, methods, show_target: bool, target: float) -> list[str]:
     head = ["method", "ok / runs", "diverged", "failed", "final accuracy (%)", "MASD (pp)", "std of accuracy (pp)"]
     if show_target:
         head.append(f"time to {100 * target:.0f}% (virtual s; seeds that reached it)")
-    head += ["staleness mean", "staleness max"]
+    head += ["virtual time of the run (s)", "staleness mean", "staleness max"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for m in methods:
         s = method_summary(rows, m)
@@ -365,7 +380,7 @@ def _method_table(rows, methods, show_target: bool, target: float) -> list[str]:
                  _pm(s["final_accuracy"], 100), _pm(s["masd"], 100, 2), _pm(s["accuracy_std"], 100, 2)]
         if show_target:
             cells.append(f"{_pm(s['time_to_target'], 1, 0)} ({s['reached']}/{s['ok']})" if s["ok"] else "–")
-        cells += [_pm(s["staleness_mean"], 1, 2), _pm(s["staleness_max"], 1, 1)]
+        cells += [_pm(s["virtual_seconds"], 1, 0), _pm(s["staleness_mean"], 1, 2), _pm(s["staleness_max"], 1, 1)]
         lines.append("| " + " | ".join(cells) + " |")
     bad = [r for r in rows if r.get("status") in ("diverged", "failed")]
     if bad:
@@ -518,14 +533,17 @@ def write_report(out: Path, md_path: Path | None = None, figures: Path | None = 
         if q.get("description"):
             md += [q["description"], ""]
         settings = settings_of(qrows)
-        if q.get("nodes") and q.get("partitions"):  # the preset's order: nodes, then partitions
-            planned = [(int(n), partition_label(p)) for n in q["nodes"] for p in q["partitions"]]
+        if q.get("nodes") and q.get("partitions"):  # the preset's order: nodes, partitions, limits
+            planned = [(int(n), partition_label(p), effective_limit(int(n), int(f)))
+                       for n in q["nodes"] for p in q["partitions"] for f in q.get("max_in_flight", [0])]
             settings = [s for s in planned if s in settings] + [s for s in settings if s not in planned]
         if kind == "scale" and len(settings) > 1:
-            for part in dict.fromkeys(s[1] for s in settings):
-                prow = [r for r in qrows if r["partition"] == part]
-                p = plot_scale(prow, methods, figures / f"{qname}_{part}_scale.png",
-                               f"{q.get('title', qname)}: final accuracy and MASD vs nodes ({part})")
+            for part, limit in dict.fromkeys((s[1], s[2]) for s in settings):
+                prow = [r for r in qrows if setting_of(r)[1:] == (part, limit)]
+                group = part + (f"-f{limit}" if limit else "")
+                where = part + (f", {limit} in flight" if limit else "")
+                p = plot_scale(prow, methods, figures / f"{qname}_{group}_scale.png",
+                               f"{q.get('title', qname)}: final accuracy and MASD vs nodes ({where})")
                 if p:
                     md += [f"![final accuracy and MASD vs number of nodes]({_rel(p, md_path.parent)})", ""]
         if kind == "noniid" and len(settings) > 1:
@@ -555,6 +573,7 @@ def write_report(out: Path, md_path: Path | None = None, figures: Path | None = 
                 md += [f"![accuracy curves]({_rel(p, md_path.parent)})", ""]
     md_path.parent.mkdir(parents=True, exist_ok=True)
     md_path.write_text("\n".join(md).rstrip() + "\n")
+    write_csv(md_path.parent / "runs.csv", rows, PAGE_COLUMNS)
     return md_path
 
 

@@ -49,7 +49,7 @@ SUMMARY_FIELDS = (
 )
 
 RUN_COLUMNS = (
-    "run_id", "stage", "questions", "method", "strategy", "seed", "nodes", "partitioner",
+    "run_id", "stage", "questions", "method", "strategy", "seed", "nodes", "max_in_flight", "partitioner",
     "classes_per_node", "dirichlet_alpha", "partition", "grid_point", "server_lr", "status",
     "diverged", "diverged_reason", "peak_accuracy", "last_accuracy", "time_to_target",
     "updates_to_target", *SUMMARY_FIELDS, "rejected_by_reason", "run_seconds", "error", "run_dir",
@@ -158,8 +158,8 @@ def write_csv(path: Path, rows: Sequence[Mapping[str, Any]], columns: Sequence[s
     return path
 
 
-_INT_COLUMNS = {"seed", "nodes", "evaluations", "updates_received", "steps_applied", "updates_deferred",
-                "rejected", "dropped", "error_replies", "nodes_lost", "staleness_max"}
+_INT_COLUMNS = {"seed", "nodes", "max_in_flight", "evaluations", "updates_received", "steps_applied",
+                "updates_deferred", "rejected", "dropped", "error_replies", "nodes_lost", "staleness_max"}
 _FLOAT_COLUMNS = {"server_lr", "peak_accuracy", "last_accuracy", "time_to_target", "updates_to_target",
                   "final_accuracy", "masd", "accuracy_std", "staleness_mean", "virtual_seconds",
                   "wall_seconds", "run_seconds", "dirichlet_alpha", "classes_per_node"}

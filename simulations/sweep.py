@@ -75,6 +75,7 @@ from simulations.preset import (
     partition_label,
     report_runs,
     setting_label,
+    stand_in_tuned,
     tune_runs,
 )
 from simulations.results import RUN_COLUMNS, read_csv, run_row, write_csv
@@ -367,6 +368,7 @@ def _base_columns(spec: RunSpec) -> dict[str, Any]:
         "strategy": spec.run_config.get("strategy", "gsgm"),
         "seed": spec.seed,
         "nodes": spec.nodes,
+        "max_in_flight": spec.in_flight,
         "partitioner": kind,
         "classes_per_node": part.get("classes-per-node", 2) if kind == "pathological" else "",
         "dirichlet_alpha": part.get("dirichlet-alpha", 0.5) if kind == "dirichlet" else "",
@@ -428,19 +430,10 @@ def report_stage(preset: Preset, out: Path, tuned: Mapping[str, Mapping[str, Any
     return write_csv(out / "runs.csv", rows)
 
 
-def _standin_tuned(preset: Preset) -> dict[str, dict[str, Any]]:
-    """First grid point of every method: a stand-in for cost estimates before tuning."""
-    tuned: dict[str, dict[str, Any]] = {}
-    for layer in preset.tune_order():
-        for m in layer:
-            tuned[m] = {**method_base_config(preset, m, tuned), **grid_points(preset.methods[m].grid)[0]}
-    return tuned
-
-
 def dry_run(preset: Preset, out: Path, jobs: int = 1, only: Sequence[str] | None = None) -> str:
     """Text listing the runs per stage and question, what is done, and the estimated time."""
     est = preset.estimate
-    standin = _standin_tuned(preset)
+    standin = stand_in_tuned(preset)
     done = lambda spec: (out / spec.run_id / "summary.json").is_file()  # noqa: E731
     lines = [f"Preset {preset.name} ({preset.path}) -> {out}", ""]
     total_runs = total_left = 0
@@ -475,7 +468,7 @@ def dry_run(preset: Preset, out: Path, jobs: int = 1, only: Sequence[str] | None
         new = [s for s in specs if s.run_id not in seen]
         seen.update(s.run_id for s in specs)
         secs, left = tally(new)
-        settings = ", ".join(setting_label(n, partition_label(p)) for n in q.nodes for p in q.partitions)
+        settings = ", ".join(setting_label(n, partition_label(p), f) for n, p, f in q.settings())
         lines.append(f"  {q.name:<16}{len(specs):>6}{len(new):>6}{len(new) - len(left):>7}"
                      f"{human_seconds(secs):>14}   {len(q.methods)} methods x {settings}")
     lines.append("")

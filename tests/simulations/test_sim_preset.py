@@ -16,7 +16,8 @@ from simulations.preset import (
     tune_runs,
 )
 from simulations.results import divergence, run_row
-from simulations.sweep import _standin_tuned, dry_run
+from simulations.preset import stand_in_tuned
+from simulations.sweep import dry_run
 
 PRESETS = Path(__file__).resolve().parents[2] / "simulations" / "presets"
 
@@ -26,7 +27,7 @@ def test_fashion_mnist_preset_expands_to_the_issue_4_sweep():
     assert preset.seeds == [1, 2, 3] and preset.tune_seed == 0
     assert list(preset.questions) == ["stability", "scale", "noniid", "time-to-target"]
     assert len(preset.methods) == 10
-    tuned = _standin_tuned(preset)
+    tuned = stand_in_tuned(preset)
     tune = {m: tune_runs(preset, m, tuned) for m in preset.methods}
     assert len(tune["gsgm"]) == 5 * 2 * 2 * 2 * 2  # lr x beta x form x quorum x averaging
     assert sum(len(v) for v in tune.values()) == 80 + 5 + 5 + 5 + 10 + 5 + 5 + 5 + 5 + 5
@@ -60,16 +61,16 @@ def test_dry_run_counts_runs_and_estimates_time(tmp_path):
 @pytest.mark.parametrize("name", ["smoke", "cifar10", "cifar100"])
 def test_other_presets_load(name):
     preset = load_preset(PRESETS / f"{name}.toml")
-    assert report_runs(preset, _standin_tuned(preset))
+    assert report_runs(preset, stand_in_tuned(preset))
 
 
 def test_cost_model_hand_checked():
     preset = load_preset(PRESETS / "fashion_mnist.toml")
-    spec = report_runs(preset, _standin_tuned(preset), ["stability"])[0]
+    spec = report_runs(preset, stand_in_tuned(preset), ["stability"])[0]
     est = {"overhead-seconds": 3.0, "updates-per-second": 40.0, "eval-seconds-per-10k": 4.0}
     # 3 + 2000 / 40 + (1 + 2000 / 50) evaluations * 1000 / 10000 * 4 s
     assert estimate_seconds(spec, est) == pytest.approx(3 + 50 + 41 * 0.4)
-    sync = next(s for s in report_runs(preset, _standin_tuned(preset), ["scale"])
+    sync = next(s for s in report_runs(preset, stand_in_tuned(preset), ["scale"])
                 if s.method == "fedavg" and s.nodes == 30)
     # 2000 // 30 = 66 rounds of 30 nodes = 1980 computations, 1 + 1980 // 50 = 40 evaluations
     assert estimate_seconds(sync, est) == pytest.approx(3 + 1980 / 40 + 40 * 0.4)

@@ -35,6 +35,7 @@ def make_sweep(out: Path) -> Path:
             "diverged_reason": "final accuracy at chance" if status == "diverged" else "",
             "final_accuracy": acc, "masd": masd, "accuracy_std": masd / 2, "time_to_target": ttt,
             "staleness_mean": 2.0 + seed, "staleness_max": 10 * seed, "run_seconds": 60.0,
+            "virtual_seconds": 400.0 + 10 * seed,
             "run_dir": str(out / f"runs/{method}/n10-k2/s{seed}"),
         })
         # the same methods at 20 nodes (scale question only), 0.1 lower
@@ -120,7 +121,7 @@ def test_markdown_tables_and_figures(tmp_path):
     assert "## Stability at 10 nodes" in text and "## Scale" in text
     assert "## TTT" not in text  # no run answers it
     stability = text[text.index("## Stability at 10 nodes"):text.index("## Scale")]
-    assert "| gsgm | 3/3 | 0 | 0 | 80.0 ± 2.0 | 3.00 ± 1.00 | 1.50 ± 0.50 | 110 ± 14 (2/3) | 4.00 ± 1.00 | 20.0 ± 10.0 |" \
+    assert "| gsgm | 3/3 | 0 | 0 | 80.0 ± 2.0 | 3.00 ± 1.00 | 1.50 ± 0.50 | 110 ± 14 (2/3) | 420 ± 10 | 4.00 ± 1.00 | 20.0 ± 10.0 |" \
         in stability
     assert "| masgd | 2/3 | 1 | 0 | 71.0 ± 1.4 | 7.50 ± 3.54 |" in stability
     assert "Not in the means: masgd seed 2 (final accuracy at chance)." in stability
@@ -151,3 +152,31 @@ def test_headline_table_names_each_setting_and_baseline_and_the_verdict(tmp_path
     # at 20 nodes every accuracy is 0.1 lower and every MASD the same: same figures
     assert "| 20 nodes, 2 classes per node | masgd | +60 ± 0 | +8.0 ± 2.8 | 2 | yes |" in headline
     assert headline.count("| 20 nodes") == 2
+
+
+def test_a_table_per_nodes_and_max_in_flight_and_a_runs_csv_beside_the_page(tmp_path):
+    out = make_sweep(tmp_path / "sweep")
+    rows = read_csv(out / "runs.csv")
+    # the 20-node runs again with 5 nodes in flight, 0.2 lower; and with 20 in flight (= all nodes)
+    limited = [{**r, "run_id": r["run_id"].replace("n20-k2", "n20-k2-f5"), "max_in_flight": 5,
+                "final_accuracy": r["final_accuracy"] - 0.2} for r in rows if r["nodes"] == 20]
+    for r in rows:
+        r["max_in_flight"] = r["nodes"]
+    write_csv(out / "runs.csv", rows + limited)
+    plan = json.loads((out / "plan.json").read_text())
+    plan["questions"]["scale"]["max_in_flight"] = [0, 5]
+    (out / "plan.json").write_text(json.dumps(plan))
+    md = write_report(out, tmp_path / "results" / "synthetic" / "RESULTS.md")
+    scale = md.read_text()[md.read_text().index("## Scale"):]
+    # the preset's order: nodes, then partitions, then max-in-flight; only settings with runs
+    headings = [line for line in scale.splitlines() if line.startswith("### ")]
+    assert headings == ["### 20 nodes, 2 classes per node", "### 20 nodes, 2 classes per node, 5 in flight",
+                        "### 10 nodes, 2 classes per node"]
+    limited_table = scale[scale.index("5 in flight"):scale.index("### 10 nodes")]
+    # gsgm at 20 nodes, 5 in flight: 0.82-0.3, 0.78-0.3, 0.80-0.3 -> 50.0 ± 2.0
+    assert "| gsgm | 3/3 | 0 | 0 | 50.0 ± 2.0 |" in limited_table
+    page_rows = read_csv(md.parent / "runs.csv")
+    assert len(page_rows) == len(rows) + len(limited)
+    assert list(page_rows[0])[:8] == ["method", "nodes", "max_in_flight", "partition", "seed", "status",
+                                      "final_accuracy", "masd"]
+    assert sorted({(r["nodes"], r["max_in_flight"]) for r in page_rows}) == [(10, 10), (20, 5), (20, 20)]
