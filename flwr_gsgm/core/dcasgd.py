@@ -50,7 +50,7 @@ class DCASGD(DispatchBackups):
 
     name: ClassVar[str] = "dcasgd"
     PARAMS: ClassVar[tuple[Param, ...]] = (
-        Param("dc_lambda", 0.04, "DC-ASGD compensation lambda", low=0.0,
+        Param("dc_lambda", 0.04, "delay compensation lambda", low=0.0,
               run_config_key="dc-lambda"),
     )
 

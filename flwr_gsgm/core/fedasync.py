@@ -54,9 +54,9 @@ class FedAsync(DispatchBackups):
 
     name: ClassVar[str] = "fedasync"
     PARAMS: ClassVar[tuple[Param, ...]] = (
-        Param("alpha", 0.6, "FedAsync mixing weight", low=0.0, low_open=True, high=1.0,
+        Param("alpha", 0.6, "mixing weight of a fresh model", low=0.0, low_open=True, high=1.0,
               run_config_key="fedasync-alpha"),
-        Param("poly_a", 0.5, "FedAsync staleness exponent", low=0.0,
+        Param("poly_a", 0.5, "staleness exponent", low=0.0,
               run_config_key="fedasync-a"),
     )
 

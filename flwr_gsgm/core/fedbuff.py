@@ -46,7 +46,7 @@ class FedBuff(ServerOptimizer):
 
     name: ClassVar[str] = "fedbuff"
     PARAMS: ClassVar[tuple[Param, ...]] = (
-        Param("buffer_size", 5, "FedBuff buffer size", kind=int, low=1,
+        Param("buffer_size", 5, "buffer size K", kind=int, low=1,
               run_config_key="fedbuff-k"),
     )
 
