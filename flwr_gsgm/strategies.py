@@ -18,19 +18,9 @@ from typing import Any, ClassVar
 
 from flwr_gsgm.async_strategy import AsyncStrategy
 from flwr_gsgm.core import OPTIMIZERS, declared_params
+from flwr_gsgm.core.params import describe
 
 __all__ = ["GSGM", "ASGD", "MomentumASGD", "DCASGD", "FedAsync", "FedBuff", "STRATEGIES"]
-
-
-def _params_doc(rule: str) -> str:
-    """The numpy-style docstring section of a rule's declared parameters."""
-    lines = ["", "    Optimizer parameters (declared defaults)", "    ----------------------------------------"]
-    for p in declared_params(rule):
-        name = "server_lr" if p.name == "lr" else p.name
-        kind = p.kind.__name__ + (" | None" if p.optional else "")
-        lines.append(f"    {name} : {kind} = {p.default!r}")
-        lines.append(f"        {p.doc[:1].upper()}{p.doc[1:]}; {p.expected()}.")
-    return "\n".join(lines) + "\n"
 
 
 class RuleStrategy(AsyncStrategy):
@@ -50,7 +40,8 @@ class RuleStrategy(AsyncStrategy):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        cls.__doc__ = (cls.__doc__ or "").rstrip() + "\n" + _params_doc(cls.rule)
+        doc = describe(declared_params(cls.rule), rename={"lr": "server_lr"})
+        cls.__doc__ = (cls.__doc__ or "").rstrip() + "\n" + doc
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(self.rule, **kwargs)

@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .params import Param, resolve
+from .params import Param, describe, resolve
 
 __all__ = [
     "CHUNK",
@@ -186,6 +186,9 @@ class ServerOptimizer(abc.ABC):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        if cls.__doc__ and ("PARAMS" in cls.__dict__ or cls.__dict__.get("name")):
+            # The documented defaults are the declared ones: generated, not written.
+            cls.__doc__ = cls.__doc__.rstrip() + "\n" + describe(cls.declared_params())
         if cls.__dict__.get("name"):
             from .registry import register  # registry imports this module: import late
 

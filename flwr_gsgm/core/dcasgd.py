@@ -32,8 +32,7 @@ class DCASGD(DispatchBackups):
         weights: initial weights, a sequence of numpy arrays (copied to float32).
         node_ids: initially active node ids.
         lr: server learning rate, > 0.
-        dc_lambda: variance-control parameter lambda >= 0 (0 gives ASGD). Default
-            0.04.
+        dc_lambda: variance-control parameter lambda >= 0 (0 gives ASGD).
         max_staleness: optional staleness bound (see :class:`ServerOptimizer`).
         max_norm: optional L2-norm bound (see :class:`ServerOptimizer`).
 

@@ -36,8 +36,8 @@ class FedAsync(DispatchBackups):
         node_ids: initially active node ids.
         lr: learning rate rebuilding the node model from its update, > 0 (set it to
             the clients' local learning rate in delta mode).
-        alpha: mixing weight in (0, 1] of a fresh model. Default 0.6.
-        poly_a: exponent >= 0 of the polynomial staleness function. Default 0.5.
+        alpha: mixing weight in (0, 1] of a fresh model.
+        poly_a: exponent >= 0 of the polynomial staleness function.
         max_staleness: optional staleness bound (see :class:`ServerOptimizer`).
         max_norm: optional L2-norm bound (see :class:`ServerOptimizer`).
 

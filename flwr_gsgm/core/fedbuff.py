@@ -34,7 +34,7 @@ class FedBuff(ServerOptimizer):
         weights: initial weights, a sequence of numpy arrays (copied to float32).
         node_ids: initially active node ids.
         lr: server learning rate, > 0.
-        buffer_size: K >= 1 (1 gives ASGD up to rounding). Default 5.
+        buffer_size: K >= 1 (1 gives ASGD up to rounding).
         max_staleness: optional staleness bound (see :class:`ServerOptimizer`).
         max_norm: optional L2-norm bound (see :class:`ServerOptimizer`).
 

@@ -71,24 +71,22 @@ class GSGM(ServerOptimizer):
         weights: initial weights, a sequence of numpy arrays (copied to float32).
         node_ids: initially active node ids; they form the first cycle's white list.
         lr: server learning rate eta, > 0.
-        beta: global momentum coefficient in [0, 1), default 0.5. ``beta = 0`` gives
-            scheduled ASGD (ablation "scheduling only").
-        momentum_form: ``"heavy-ball"`` or ``"ema"`` (default; see above).
+        beta: global momentum coefficient in [0, 1). ``beta = 0`` gives scheduled
+            ASGD (ablation "scheduling only").
+        momentum_form: ``"heavy-ball"`` or ``"ema"`` (see above).
         cycle_quorum: fraction in (0, 1] of the cycle's active members (white list at
             the cycle start, less nodes lost since) whose contribution closes the
-            cycle; 1.0 = strictly even. Default 0.5.
+            cycle; 1.0 = strictly even.
         cycle_max_updates: optional budget, >= 1: the cycle closes once it has seen
-            that many arrivals (every valid update, stale ones included). Default
-            None.
+            that many arrivals (every valid update, stale ones included).
         cycle_max_seconds: optional budget, > 0 seconds of the engine's clock (the
             ``now`` arguments): the cycle closes at the first event at or after
-            ``start + cycle_max_seconds``, before that event is handled. Default None.
-        scheduling: default True. ``False`` is the momentum-only ablation: every
-            arrival is applied as ``u_i`` and ``M`` is refreshed from the mean of each
-            consecutive window of ``|A|`` applied updates (the window is the cycle;
-            the white list stays empty, no slot is used; quorum and budgets are
-            ignored).
-        averaging: ``"slot"`` (the rule above) or ``"table"`` (default): the scheduled
+            ``start + cycle_max_seconds``, before that event is handled.
+        scheduling: ``False`` is the momentum-only ablation: every arrival is applied
+            as ``u_i`` and ``M`` is refreshed from the mean of each consecutive window
+            of ``|A|`` applied updates (the window is the cycle; the white list stays
+            empty, no slot is used; quorum and budgets are ignored).
+        averaging: ``"slot"`` (the rule above) or ``"table"``: the scheduled
             contribution ``u_i`` replaces node ``i``'s row of a table of the latest
             contribution of every active node, and the step uses the table mean
             ``d = mean_j T_j`` in place of ``u_i`` (each node weighs ``1/|table|``
@@ -100,8 +98,8 @@ class GSGM(ServerOptimizer):
         max_staleness: optional staleness bound (see :class:`ServerOptimizer`).
         max_norm: optional L2-norm bound (see :class:`ServerOptimizer`).
 
-    Defaults are declared once, in ``PARAMS`` (the tuned choice of docs/GSGM.md:
-    ema, beta 0.5, quorum 0.5, table averaging).
+    Defaults are declared once, in ``PARAMS`` (listed at the end of this docstring):
+    the tuned choice of docs/GSGM.md's protocol.
 
     Raises:
         ValueError: a parameter is not declared or out of range; the message names

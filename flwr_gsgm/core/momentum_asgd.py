@@ -29,7 +29,7 @@ class MomentumASGD(ServerOptimizer):
         weights: initial weights, a sequence of numpy arrays (copied to float32).
         node_ids: initially active node ids.
         lr: server learning rate, > 0.
-        beta: momentum coefficient in [0, 1); 0 gives ASGD. Default 0.5.
+        beta: momentum coefficient in [0, 1); 0 gives ASGD.
         max_staleness: optional staleness bound (see :class:`ServerOptimizer`).
         max_norm: optional L2-norm bound (see :class:`ServerOptimizer`).
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Param", "resolve"]
+__all__ = ["Param", "resolve", "describe"]
 
 _KINDS = (float, int, bool, str)
 
@@ -146,6 +146,23 @@ class Param:
 
 def _fmt(x: float | None) -> str:
     return "" if x is None else f"{x:g}"
+
+
+def describe(params: Iterable[Param], rename: Mapping[str, str] | None = None) -> str:
+    """A numpy-style docstring section listing ``params`` with their declared defaults.
+
+    Appended to the docstrings of the rule classes and of the strategies, so that
+    the documented defaults are the declared ones. ``rename`` maps a parameter name
+    to the name the caller takes (the strategies' ``server_lr`` for ``lr``).
+    """
+    rename = rename or {}
+    lines = ["", "    Declared parameters (defaults)", "    ------------------------------"]
+    for p in params:
+        kind = p.kind.__name__ + (" | None" if p.optional else "")
+        lines.append(f"    {rename.get(p.name, p.name)} : {kind} = {p.default!r}")
+        lines.append(f"        {p.doc[:1].upper()}{p.doc[1:]}; {p.expected()}"
+                     f"{' or None' if p.optional else ''}.")
+    return "\n".join(lines) + "\n"
 
 
 def resolve(owner: str, declared: Iterable[Param], given: Mapping[str, Any]) -> dict[str, Any]:

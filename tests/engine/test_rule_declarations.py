@@ -74,7 +74,7 @@ def test_public_strategy_names_and_readme_call_still_work():
         "gsgm", "asgd", "masgd", "dcasgd", "fedasync", "fedbuff"]
     strategy = GSGM(server_lr=0.05, beta=0.9, momentum_form="heavy-ball")
     assert strategy.optimizer_params["lr"] == 0.05 and strategy.optimizer_params["beta"] == 0.9
-    assert "cycle_quorum : float = 0.5" in GSGM.__doc__  # docstring from the declaration
+    assert "cycle_quorum : float = 0.5" in GSGM.__doc__ and "server_lr : float = 0.02" in GSGM.__doc__  # docstring from the declaration
 
 
 def test_unknown_strategy_keyword_is_named_with_what_is_accepted():
