@@ -26,6 +26,7 @@ __all__ = [
     "RUN_CONFIG",
     "ASYNC_STRATEGIES",
     "SYNC_STRATEGIES",
+    "SYNC_STRATEGY_KEYS",
     "OPTIMIZER_KEYS",
     "optimizer_params_from",
     "parse_run_config",

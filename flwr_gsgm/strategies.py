@@ -20,7 +20,7 @@ from flwr_gsgm.async_strategy import AsyncStrategy
 from flwr_gsgm.core import OPTIMIZERS, declared_params
 from flwr_gsgm.core.params import describe
 
-__all__ = ["GSGM", "ASGD", "MomentumASGD", "DCASGD", "FedAsync", "FedBuff", "STRATEGIES"]
+__all__ = ["GSGM", "ASGD", "MomentumASGD", "DCASGD", "FedAsync", "FedBuff", "RuleStrategy", "STRATEGIES"]
 
 
 class RuleStrategy(AsyncStrategy):
