@@ -41,6 +41,7 @@ from flwr.serverapp import Grid
 
 from flwr_gsgm import checkpoint
 from flwr_gsgm.core import Outcome, ServerOptimizer, UpdateRejected
+from flwr_gsgm.run_config import RUN_CONFIG
 from flwr_gsgm.virtual_clock import VirtualClock, derive_seed
 
 __all__ = ["EngineSettings", "AsyncEngine", "EngineReport", "EvaluateFn", "OptimizerFactory"]
@@ -55,9 +56,14 @@ CLIENT_APP_RAISED_EXCEPTION = 2
 REQUIRED_REPLY_METRICS = ("partition-id", "model-version", "num-examples")
 
 
+def _run_default(key: str) -> Any:
+    """The run config's default of ``key``: the engine keeps no default of its own."""
+    return RUN_CONFIG[key].default
+
+
 @dataclass(frozen=True)
 class EngineSettings:
-    """Engine parameters (run config keys in brackets).
+    """Engine parameters (run config keys in brackets; defaults are the run config's).
 
     Attributes
     ----------
@@ -99,19 +105,19 @@ class EngineSettings:
         Run seed; each dispatch's client seed is derived from it.
     """
 
-    max_updates: int = 1000
+    max_updates: int = _run_default("max-updates")
     max_seconds: float | None = None
-    eval_every: int = 100
-    message_ttl: float = 600.0
-    reply_timeout: float = 300.0
-    poll_interval: float = 0.01
+    eval_every: int = _run_default("eval-every")
+    message_ttl: float = _run_default("message-ttl")
+    reply_timeout: float = _run_default("reply-timeout")
+    poll_interval: float = _run_default("poll-interval")
     node_refresh_interval: float = 10.0
     max_consecutive_errors: int = 3
-    max_consecutive_rejections: int = 10
-    min_nodes: int = 1
-    checkpoint_every: int = 0
+    max_consecutive_rejections: int = _run_default("max-consecutive-rejections")
+    min_nodes: int = _run_default("min-nodes")
+    checkpoint_every: int = _run_default("checkpoint-every")
     checkpoint_path: Path | None = None
-    resume: bool = False
+    resume: bool = _run_default("resume")
     virtual_clock: VirtualClock | None = None
     seed: int = 0
 

@@ -29,12 +29,15 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 
 from flwr_gsgm.async_engine import AsyncEngine, EngineReport, EngineSettings, EvaluateFn
-from flwr_gsgm.core import OPTIMIZERS, ServerOptimizer, make_optimizer
+from flwr_gsgm.core import OPTIMIZERS, ServerOptimizer, declared_params, make_optimizer
 from flwr_gsgm.virtual_clock import VirtualClock
 
 __all__ = ["AsyncStrategy", "AsyncResult", "CLIENT_MODES"]
 
 CLIENT_MODES = ("gradient", "delta")
+# Keyword arguments of AsyncStrategy itself (the rest are the optimizer's).
+_STRATEGY_KEYWORDS = ("server_lr", "client_mode", "batch_size", "local_batches", "local_steps",
+                      "local_lr", "virtual_clock", "engine", "seed")
 
 
 @dataclass
@@ -58,11 +61,12 @@ class AsyncStrategy:
     ----------
     optimizer : str
         Name in :data:`flwr_gsgm.core.OPTIMIZERS` ("gsgm", "asgd", "masgd",
-        "dcasgd", "fedasync", "fedbuff").
-    server_lr : float
-        Server learning rate eta (> 0). The default 0.02 is the value the tuning
-        protocol chose for GSGM, ASGD, momentum ASGD and DC-ASGD on Fashion-MNIST
-        (``docs/RESULTS.md``); tune it for your model and data.
+        "dcasgd", "fedasync", "fedbuff", and any rule registered since).
+    server_lr : float | None
+        Server learning rate eta (> 0), the optimizer's ``lr``. None (default) takes
+        the rule's declared default, 0.02: the value the tuning protocol chose for
+        GSGM, ASGD, momentum ASGD and DC-ASGD on Fashion-MNIST (``docs/RESULTS.md``);
+        tune it for your model and data.
     client_mode : str
         "gradient" (mean gradient of ``local_batches`` mini-batches at the received
         weights) or "delta" (``(w_received - w_local) / local_lr`` after
@@ -71,10 +75,6 @@ class AsyncStrategy:
         Client work per update, sent in every train message.
     local_lr : float
         Client learning rate for delta mode.
-    max_staleness : int | None
-        Drop updates staler than this many versions (None = no bound).
-    max_norm : float | None
-        Reject updates whose L2 norm exceeds this (None = no bound).
     virtual_clock : VirtualClock | None
         Simulation clock (reproducible order) or None for real arrival order.
     engine : EngineSettings | None
@@ -82,27 +82,35 @@ class AsyncStrategy:
     seed : int
         Run seed for per-dispatch client seeds and the virtual clock.
     **optimizer_params
-        Passed to the optimizer class (e.g. ``beta`` for GSGM).
+        The optimizer's declared parameters (``PARAMS`` of its class in
+        :mod:`flwr_gsgm.core`), e.g. ``beta`` for GSGM; every rule takes
+        ``max_staleness`` (drop updates staler than this many versions) and
+        ``max_norm`` (reject updates with a larger L2 norm), both None (no bound) by
+        default. A parameter not given takes its declared default.
+
+    Attributes
+    ----------
+    optimizer_params : dict[str, Any]
+        Every parameter of the optimizer, ``lr`` included, with its value.
 
     Raises
     ------
     ValueError
-        On an unknown optimizer or client mode, or a parameter out of range
-        (checked here, before any message is sent).
+        On an unknown optimizer or client mode, a keyword argument that is neither
+        a strategy parameter nor a parameter of the optimizer (the message lists
+        both), or a value out of range (checked here, before any message is sent).
     """
 
     def __init__(
         self,
         optimizer: str = "gsgm",
         *,
-        server_lr: float = 0.02,
+        server_lr: float | None = None,
         client_mode: str = "gradient",
         batch_size: int = 32,
         local_batches: int = 1,
         local_steps: int = 1,
         local_lr: float = 0.05,
-        max_staleness: int | None = None,
-        max_norm: float | None = None,
         virtual_clock: VirtualClock | None = None,
         engine: EngineSettings | None = None,
         seed: int = 0,
@@ -118,18 +126,35 @@ class AsyncStrategy:
         if not local_lr > 0:
             raise ValueError(f"local-lr must be > 0, got {local_lr!r}")
         self.optimizer_name = optimizer
-        self.server_lr = float(server_lr)
+        self.optimizer_params = self._resolve_optimizer_params(optimizer, server_lr, optimizer_params)
+        self.server_lr = float(self.optimizer_params["lr"])
         self.client_mode = client_mode
         self.client_work = {"batch-size": int(batch_size), "local-batches": int(local_batches),
                             "local-steps": int(local_steps), "local-lr": float(local_lr)}
-        self.optimizer_params = dict(
-            lr=self.server_lr, max_staleness=max_staleness, max_norm=max_norm, **optimizer_params
-        )
         self.virtual_clock = virtual_clock
         self.engine = engine or EngineSettings()
         self.seed = int(seed)
         # Fail now, not after the nodes answered: build the optimizer on a dummy model.
         self._build_optimizer([np.zeros(2, np.float32)], [0])
+
+    @staticmethod
+    def _resolve_optimizer_params(
+        optimizer: str, server_lr: float | None, given: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Every declared parameter of ``optimizer``: given values over declared defaults."""
+        declared = {p.name: p.default for p in declared_params(optimizer)}
+        unknown = sorted(k for k in given if k not in declared or k == "lr")
+        if unknown:
+            own = ", ".join(k for k in declared if k != "lr")
+            raise ValueError(
+                f"strategy {optimizer!r}: unknown keyword argument(s) "
+                f"{', '.join(repr(k) for k in unknown)}; the optimizer takes {own} "
+                f"(and server_lr); the strategy takes {', '.join(_STRATEGY_KEYWORDS)}"
+            )
+        params = {**declared, **given}
+        if server_lr is not None:
+            params["lr"] = server_lr
+        return params
 
     def _build_optimizer(self, weights: list[np.ndarray], partition_ids: list[int]) -> ServerOptimizer:
         return make_optimizer(self.optimizer_name, weights, partition_ids, **self.optimizer_params)
@@ -144,7 +169,7 @@ class AsyncStrategy:
         self,
         grid: Grid,
         initial_arrays: ArrayRecord,
-        max_updates: int = 1000,
+        max_updates: int | None = None,
         max_seconds: float | None = None,
         train_config: ConfigRecord | None = None,
         evaluate_fn: EvaluateFn | None = None,
@@ -158,8 +183,9 @@ class AsyncStrategy:
             The Grid instance used to send/receive Messages.
         initial_arrays : ArrayRecord
             Initial model (float32 arrays).
-        max_updates : int
-            Budget in client updates received (client computations).
+        max_updates : int | None
+            Budget in client updates received (client computations); None (default)
+            keeps the engine settings' (the run config default, 4000).
         max_seconds : float | None
             Budget in virtual seconds (virtual clock) or wall seconds (deployment).
         train_config : ConfigRecord | None
@@ -183,7 +209,7 @@ class AsyncStrategy:
             config[key] = value
         settings = replace(
             self.engine,
-            max_updates=int(max_updates),
+            max_updates=self.engine.max_updates if max_updates is None else int(max_updates),
             max_seconds=max_seconds,
             eval_every=int(eval_every or self.engine.eval_every),
             virtual_clock=self.virtual_clock,

@@ -26,7 +26,7 @@ from clients.training import evaluate
 from flwr_gsgm import run_outputs
 from flwr_gsgm.async_engine import EngineSettings
 from flwr_gsgm.async_strategy import AsyncStrategy
-from flwr_gsgm.run_config import SYNC_STRATEGIES
+from flwr_gsgm.run_config import SYNC_STRATEGIES, optimizer_params_from
 from flwr_gsgm.strategies import STRATEGIES
 from flwr_gsgm.virtual_clock import VirtualClock
 
@@ -61,21 +61,6 @@ def build_strategy(cfg: Mapping[str, Any], run_dir: Path | None = None) -> Async
     name = cfg["strategy"]
     if name not in STRATEGIES:
         raise ValueError(f"strategy {name!r} is not asynchronous; expected one of {sorted(STRATEGIES)}")
-    per_method: dict[str, dict[str, Any]] = {
-        "gsgm": {
-            "beta": cfg["beta"],
-            "momentum_form": cfg["momentum-form"],
-            "cycle_quorum": cfg["cycle-quorum"],
-            "cycle_max_updates": cfg["cycle-max-updates"] or None,
-            "cycle_max_seconds": _none_if_zero(cfg["cycle-max-seconds"]),
-            "scheduling": cfg["scheduling"],
-            "averaging": cfg["averaging"],
-        },
-        "masgd": {"beta": cfg["beta"]},
-        "dcasgd": {"dc_lambda": cfg["dc-lambda"]},
-        "fedasync": {"alpha": cfg["fedasync-alpha"], "poly_a": cfg["fedasync-a"]},
-        "fedbuff": {"buffer_size": cfg["fedbuff-k"]},
-    }
     engine = EngineSettings(
         message_ttl=cfg["message-ttl"],
         reply_timeout=cfg["reply-timeout"],
@@ -86,19 +71,19 @@ def build_strategy(cfg: Mapping[str, Any], run_dir: Path | None = None) -> Async
         checkpoint_path=(run_dir / "checkpoint.pt") if run_dir is not None else None,
         resume=cfg["resume"],
     )
+    # The rule's declared parameters, from their run config keys (0 = none -> None).
+    params = optimizer_params_from(cfg, name)
     return STRATEGIES[name](
-        server_lr=cfg["server-lr"],
+        server_lr=params.pop("lr"),
         client_mode=cfg["client-mode"],
         batch_size=cfg["batch-size"],
         local_batches=cfg["local-batches"],
         local_steps=cfg["local-steps"],
         local_lr=cfg["local-lr"],
-        max_staleness=cfg["max-staleness"] or None,
-        max_norm=_none_if_zero(cfg["max-norm"]),
         virtual_clock=virtual_clock_from(cfg) if cfg["virtual-clock"] else None,
         engine=engine,
         seed=cfg["seed"],
-        **per_method.get(name, {}),
+        **params,
     )
 
 

@@ -4,6 +4,13 @@ The defaults here are the ones in ``pyproject.toml`` ``[tool.flwr.app.config]`` 
 test keeps the two equal). :func:`parse_run_config` validates a whole run config
 before training starts and raises ``ValueError`` naming the key, the value and what
 was expected.
+
+The server optimizer keys (``server-lr``, ``beta``, ``fedbuff-k``, ...) are not
+written here: they are generated from the rules' declarations
+(:class:`flwr_gsgm.core.Param` with a ``run_config_key``), in registry order. An
+optional parameter (``None`` = no bound) appears as ``0`` = none.
+:func:`optimizer_params_from` turns a parsed run config back into a rule's
+keyword arguments.
 """
 
 from __future__ import annotations
@@ -12,10 +19,26 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["RunConfigKey", "RUN_CONFIG", "ASYNC_STRATEGIES", "SYNC_STRATEGIES", "parse_run_config"]
+from flwr_gsgm.core import OPTIMIZERS, Param, declared_params
 
-ASYNC_STRATEGIES = ("gsgm", "asgd", "masgd", "dcasgd", "fedasync", "fedbuff")
+__all__ = [
+    "RunConfigKey",
+    "RUN_CONFIG",
+    "ASYNC_STRATEGIES",
+    "SYNC_STRATEGIES",
+    "SYNC_STRATEGY_KEYS",
+    "OPTIMIZER_KEYS",
+    "optimizer_params_from",
+    "parse_run_config",
+    "strategy_keys",
+]
+
+#: The registered server rules, in registry order (GSGM first).
+ASYNC_STRATEGIES = tuple(OPTIMIZERS)
 SYNC_STRATEGIES = ("fedavg", "fedavgm")
+#: Server optimizer keys that Flower's synchronous strategies read (FedAvgM: server
+#: learning rate and momentum); they have no rule declaration.
+SYNC_STRATEGY_KEYS: dict[str, tuple[str, ...]] = {"fedavg": (), "fedavgm": ("server-lr", "beta")}
 DATASET_CLASSES = {"fashion-mnist": 10, "cifar10": 10, "cifar100": 100}
 
 
@@ -51,6 +74,114 @@ def _key(default: Any, check: Callable[[Any], bool], expected: str, help: str) -
 
 _ANY = (lambda v: True)
 
+
+# ------------------------------------------------- keys generated from the rules
+def _means_none(param: Param, value: Any) -> bool:
+    """The run config's ``0`` for an optional number stands for ``None``."""
+    return param.optional and param.kind in (int, float) and not isinstance(value, bool) and value == 0
+
+
+def _accepts(param: Param, value: Any) -> bool:
+    if _means_none(param, value):
+        return True
+    try:
+        param.check(value)
+    except ValueError:
+        return False
+    return value is not None
+
+
+def _expected(param: Param) -> str:
+    """``param.expected()``, with the ``0 = none`` of an optional number."""
+    if not param.optional:
+        return param.expected()
+    prefix = "an integer " if param.kind is int else ""
+    # 0 right below the core's range (> 0, integers >= 1 or >= 0) reads as one range.
+    if param.high is None and (param.low == 0 or (param.kind is int and param.low == 1)):
+        return f"{prefix}>= 0 (0 = none)"
+    return f"0 (none) or {param.expected()}"
+
+
+def _same_declaration(a: Param, b: Param) -> bool:
+    """Two rules may share a key only if it means the same value, range and default."""
+    fields = ("default", "kind", "low", "low_open", "high", "high_open", "choices", "optional")
+    return all(getattr(a, f) == getattr(b, f) for f in fields)
+
+
+def _declaring_rules() -> dict[str, tuple[Param, list[str]]]:
+    """run config key -> (its declaration, the rules declaring it), in registry order.
+
+    Raises:
+        ValueError: two rules declare one key differently, or an optional
+            non-number has a key (the run config has no ``None``).
+    """
+    keys: dict[str, tuple[Param, list[str]]] = {}
+    for rule in OPTIMIZERS:
+        for param in declared_params(rule):
+            key = param.run_config_key
+            if key is None:
+                continue
+            if param.optional and param.kind not in (int, float):
+                raise ValueError(f"{rule}.{param.name}: an optional {param.kind.__name__} "
+                                 f"cannot be a run config key (0 = none is for numbers)")
+            if key not in keys:
+                keys[key] = (param, [rule])
+                continue
+            first, rules = keys[key]
+            if not _same_declaration(first, param):
+                raise ValueError(
+                    f"run config key {key!r}: {rule}.{param.name} is declared differently "
+                    f"from {rules[0]}.{first.name} ({param!r} vs {first!r}); a shared key "
+                    "needs the same default, kind and range"
+                )
+            rules.append(rule)
+    return keys
+
+
+def _optimizer_keys() -> dict[str, RunConfigKey]:
+    """The run config keys of the server rules, generated from their declarations."""
+    out: dict[str, RunConfigKey] = {}
+    every_rule = set(OPTIMIZERS)
+    for key, (param, rules) in _declaring_rules().items():
+        readers = rules + [s for s, keys in SYNC_STRATEGY_KEYS.items() if key in keys]
+        help = param.doc if set(rules) == every_rule else f"{param.doc} ({', '.join(readers)})"
+        default = param.kind(0) if param.default is None else param.default
+        out[key] = _key(default, lambda v, p=param: _accepts(p, v), _expected(param), help)
+    return out
+
+
+#: Every run config key a server rule declares (``server-lr`` and ``beta`` included).
+OPTIMIZER_KEYS: frozenset[str] = frozenset(_declaring_rules())
+
+
+def strategy_keys(strategy: str) -> frozenset[str]:
+    """The keys of :data:`OPTIMIZER_KEYS` that ``strategy`` reads.
+
+    Raises:
+        ValueError: ``strategy`` is neither a registered rule nor a synchronous strategy.
+    """
+    if strategy in SYNC_STRATEGY_KEYS:
+        return frozenset(SYNC_STRATEGY_KEYS[strategy])
+    return frozenset(p.run_config_key for p in declared_params(strategy) if p.run_config_key)
+
+
+def optimizer_params_from(cfg: Mapping[str, Any], rule: str) -> dict[str, Any]:
+    """The keyword arguments of rule ``rule`` that a parsed run config sets.
+
+    Every declared parameter with a run config key, by parameter name (``lr``
+    included); ``0`` of an optional number becomes ``None``.
+
+    Raises:
+        ValueError: unknown ``rule``. KeyError: ``cfg`` was not parsed (a key is missing).
+    """
+    out: dict[str, Any] = {}
+    for param in declared_params(rule):
+        if param.run_config_key is not None:
+            value = cfg[param.run_config_key]
+            out[param.name] = None if _means_none(param, value) else value
+    return out
+
+
 RUN_CONFIG: dict[str, RunConfigKey] = {
     # what to run
     "strategy": _key("gsgm", _one_of(*ASYNC_STRATEGIES, *SYNC_STRATEGIES),
@@ -65,21 +196,8 @@ RUN_CONFIG: dict[str, RunConfigKey] = {
     "eval-threads": _key(2, _positive, "an integer > 0",
                          "threads of the server evaluation (same accuracy; loss up to float rounding)"),
     "seed": _key(0, _non_negative, "an integer >= 0", "seed of partitioning, clock and client sampling"),
-    # server optimizer
-    "server-lr": _key(0.02, _positive, "> 0", "server learning rate eta"),
-    "beta": _key(0.5, lambda v: 0 <= v < 1, "in [0, 1)", "momentum coefficient (GSGM, masgd, fedavgm)"),
-    "momentum-form": _key("ema", _one_of("heavy-ball", "ema"), "heavy-ball or ema", "GSGM momentum form"),
-    "cycle-quorum": _key(0.5, lambda v: 0 < v <= 1, "in (0, 1]", "GSGM: fraction of nodes that closes a cycle"),
-    "cycle-max-updates": _key(0, _non_negative, "an integer >= 0 (0 = none)", "GSGM: cycle budget in updates"),
-    "cycle-max-seconds": _key(0.0, _non_negative, ">= 0 (0 = none)", "GSGM: cycle budget in seconds"),
-    "scheduling": _key(True, _ANY, "true or false", "GSGM: white-list scheduling (false = momentum only)"),
-    "averaging": _key("table", _one_of("slot", "table"), "slot or table", "GSGM: partial averaging variant"),
-    "max-staleness": _key(0, _non_negative, "an integer >= 0 (0 = none)", "drop updates staler than this"),
-    "max-norm": _key(0.0, _non_negative, ">= 0 (0 = none)", "reject updates with a larger L2 norm"),
-    "dc-lambda": _key(0.04, _non_negative, ">= 0", "DC-ASGD compensation lambda"),
-    "fedasync-alpha": _key(0.6, lambda v: 0 < v <= 1, "in (0, 1]", "FedAsync mixing weight"),
-    "fedasync-a": _key(0.5, _non_negative, ">= 0", "FedAsync staleness exponent"),
-    "fedbuff-k": _key(5, _positive, "an integer > 0", "FedBuff buffer size"),
+    # server optimizer: generated from the rules' declarations
+    **_optimizer_keys(),
     # client work
     "client-mode": _key("gradient", _one_of("gradient", "delta"), "gradient or delta", "what clients return"),
     "batch-size": _key(32, _positive, "an integer > 0", "mini-batch size"),

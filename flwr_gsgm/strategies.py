@@ -1,21 +1,53 @@
 """Named asynchronous strategies for a ServerApp: ``GSGM`` and the baselines.
 
-Each is :class:`~flwr_gsgm.async_strategy.AsyncStrategy` bound to one server
-optimizer of :mod:`flwr_gsgm.core`, whose module cites the paper and documents the
-rule. Parameters common to all (``server_lr``, client work, bounds, virtual clock,
-engine settings, seed) are documented on ``AsyncStrategy``.
+Each is :class:`~flwr_gsgm.async_strategy.AsyncStrategy` bound to one server rule of
+:mod:`flwr_gsgm.core`, whose module cites the paper and documents the rule. The
+optimizer keyword arguments and their defaults are the rule's declaration
+(``PARAMS``), appended to each class docstring; parameters common to all
+(``server_lr``, client work, virtual clock, engine settings, seed) are documented on
+``AsyncStrategy``.
+
+:data:`STRATEGIES` has one class per registered rule: the named classes below, and
+for a rule without one, a class generated here under the core class's name (also an
+attribute of this module), so a new rule file needs no edit of this one.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from flwr_gsgm.async_strategy import AsyncStrategy
+from flwr_gsgm.core import OPTIMIZERS, declared_params
+from flwr_gsgm.core.params import describe
 
-__all__ = ["GSGM", "ASGD", "MomentumASGD", "DCASGD", "FedAsync", "FedBuff", "STRATEGIES"]
+__all__ = ["GSGM", "ASGD", "MomentumASGD", "DCASGD", "FedAsync", "FedBuff", "RuleStrategy", "STRATEGIES"]
 
 
-class GSGM(AsyncStrategy):
+class RuleStrategy(AsyncStrategy):
+    """An :class:`AsyncStrategy` bound to the rule named by the class attribute ``rule``.
+
+    Keyword arguments are those of ``AsyncStrategy`` (without ``optimizer``) and the
+    rule's declared parameters.
+
+    Raises
+    ------
+    ValueError
+        As ``AsyncStrategy``: an unknown keyword argument (named), a bad value.
+    """
+
+    #: Name of the rule in :data:`flwr_gsgm.core.OPTIMIZERS`.
+    rule: ClassVar[str] = ""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        doc = describe(declared_params(cls.rule), rename={"lr": "server_lr"})
+        cls.__doc__ = (cls.__doc__ or "").rstrip() + "\n" + doc
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(self.rule, **kwargs)
+
+
+class GSGM(RuleStrategy):
     """Gradient Scheduling with Global Momentum (Li et al. 2019; Wang et al. 2022).
 
     See :class:`flwr_gsgm.core.GSGM` for the rule (white-list scheduling per cycle,
@@ -25,92 +57,56 @@ class GSGM(AsyncStrategy):
     The defaults (ema momentum, beta 0.5, quorum 0.5, table averaging, and
     ``server_lr=0.02``) are the choice of GSGM.md's tuning protocol: the best final
     accuracy of the 80-point grid on seed 0 (Fashion-MNIST, 10 nodes, 2 classes per
-    node); ``docs/RESULTS.md`` has the grid and the figures on seeds 1-3.
-
-    Parameters
-    ----------
-    beta : float
-        Global momentum coefficient in [0, 1).
-    momentum_form : str
-        "heavy-ball" or "ema".
-    cycle_quorum : float
-        Fraction in (0, 1] of the active nodes whose contribution closes a cycle.
-    cycle_max_updates : int | None
-        Close a cycle after this many updates received in it.
-    cycle_max_seconds : float | None
-        Close a cycle after this many seconds of the engine clock.
-    scheduling : bool
-        False gives the momentum-only ablation.
-    averaging : str
-        "slot" (pending-slot running mean) or "table" (latest contribution of every
-        node; memory grows with the number of nodes times the model size).
+    node); ``docs/RESULTS.md`` has the grid and the figures on seeds 1-3. Table
+    averaging's memory grows with the number of nodes times the model size.
     """
 
-    def __init__(
-        self,
-        *,
-        beta: float = 0.5,
-        momentum_form: str = "ema",
-        cycle_quorum: float = 0.5,
-        cycle_max_updates: int | None = None,
-        cycle_max_seconds: float | None = None,
-        scheduling: bool = True,
-        averaging: str = "table",
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(
-            "gsgm",
-            beta=beta,
-            momentum_form=momentum_form,
-            cycle_quorum=cycle_quorum,
-            cycle_max_updates=cycle_max_updates,
-            cycle_max_seconds=cycle_max_seconds,
-            scheduling=scheduling,
-            averaging=averaging,
-            **kwargs,
-        )
+    rule = "gsgm"
 
 
-class ASGD(AsyncStrategy):
+class ASGD(RuleStrategy):
     """Plain asynchronous SGD: ``w <- w - lr * g`` for every arrival."""
 
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__("asgd", **kwargs)
+    rule = "asgd"
 
 
-class MomentumASGD(AsyncStrategy):
+class MomentumASGD(RuleStrategy):
     """Asynchronous SGD with naive server momentum ``beta`` in [0, 1)."""
 
-    def __init__(self, *, beta: float = 0.5, **kwargs: Any) -> None:
-        super().__init__("masgd", beta=beta, **kwargs)
+    rule = "masgd"
 
 
-class DCASGD(AsyncStrategy):
+class DCASGD(RuleStrategy):
     """Delay-compensated ASGD (Zheng et al., ICML 2017), ``dc_lambda`` >= 0."""
 
-    def __init__(self, *, dc_lambda: float = 0.04, **kwargs: Any) -> None:
-        super().__init__("dcasgd", dc_lambda=dc_lambda, **kwargs)
+    rule = "dcasgd"
 
 
-class FedAsync(AsyncStrategy):
+class FedAsync(RuleStrategy):
     """FedAsync (Xie et al., 2019): staleness-weighted mixing ``alpha * (s + 1) ** -poly_a``."""
 
-    def __init__(self, *, alpha: float = 0.6, poly_a: float = 0.5, **kwargs: Any) -> None:
-        super().__init__("fedasync", alpha=alpha, poly_a=poly_a, **kwargs)
+    rule = "fedasync"
 
 
-class FedBuff(AsyncStrategy):
+class FedBuff(RuleStrategy):
     """FedBuff (Nguyen et al., AISTATS 2022): mean of ``buffer_size`` buffered updates."""
 
-    def __init__(self, *, buffer_size: int = 5, **kwargs: Any) -> None:
-        super().__init__("fedbuff", buffer_size=buffer_size, **kwargs)
+    rule = "fedbuff"
 
 
-STRATEGIES: dict[str, type[AsyncStrategy]] = {
-    "gsgm": GSGM,
-    "asgd": ASGD,
-    "masgd": MomentumASGD,
-    "dcasgd": DCASGD,
-    "fedasync": FedAsync,
-    "fedbuff": FedBuff,
-}
+def _strategy_classes() -> dict[str, type[AsyncStrategy]]:
+    """One class per registered rule, in registry order; generated where none is named."""
+    named = {cls.rule: cls for cls in (GSGM, ASGD, MomentumASGD, DCASGD, FedAsync, FedBuff)}
+    classes: dict[str, type[AsyncStrategy]] = {}
+    for rule, core_cls in OPTIMIZERS.items():
+        cls = named.get(rule)
+        if cls is None:
+            doc = f"Asynchronous strategy of the rule :class:`{core_cls.__module__}.{core_cls.__name__}`."
+            cls = type(core_cls.__name__, (RuleStrategy,), {"rule": rule, "__doc__": doc, "__module__": __name__})
+            globals().setdefault(cls.__name__, cls)
+        classes[rule] = cls
+    return classes
+
+
+#: rule name -> strategy class, for every registered rule.
+STRATEGIES: dict[str, type[AsyncStrategy]] = _strategy_classes()

@@ -68,7 +68,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flwr_gsgm.run_config import DATASET_CLASSES, RUN_CONFIG, SYNC_STRATEGIES, parse_run_config
+from flwr_gsgm.run_config import (
+    DATASET_CLASSES,
+    OPTIMIZER_KEYS,
+    RUN_CONFIG,
+    SYNC_STRATEGIES,
+    parse_run_config,
+    strategy_keys,
+)
 
 __all__ = [
     "Method",
@@ -444,6 +451,8 @@ def load_preset(path: str | Path, out: str | Path | None = None) -> Preset:
                 parse_run_config({**base, **q.config, **part})
             except ValueError as err:
                 _fail(path, f"[questions.{q.name}] partition {part}: {err}")
+    for m in methods:
+        _check_method_keys(path, preset, m)
     try:
         report_runs(preset, stand_in_tuned(preset))
     except ValueError as err:
@@ -458,6 +467,24 @@ def stand_in_tuned(preset: Preset) -> dict[str, dict[str, Any]]:
         for m in layer:
             tuned[m] = {**method_base_config(preset, m, tuned), **grid_points(preset.methods[m].grid)[0]}
     return tuned
+
+
+def _check_method_keys(path: Path, preset: Preset, method: str) -> None:
+    """Refuse a server optimizer key in a method's config or grid that its strategy ignores.
+
+    Which keys a strategy reads comes from the rules' declarations
+    (:func:`flwr_gsgm.run_config.strategy_keys`); values were checked before, so a bad
+    value is reported as such first.
+    """
+    m = preset.methods[method]
+    lineage = {**preset.base, **_lineage_config(preset, method, {n: {} for n in preset.methods})}
+    strategy = lineage.get("strategy", RUN_CONFIG["strategy"].default)
+    takes = strategy_keys(strategy)
+    for where, keys in (("config", m.config), ("grid", m.grid)):
+        for key in keys:
+            if key in OPTIMIZER_KEYS and key not in takes:
+                _fail(path, f"[methods.{method}] {where}: {key!r} is not a parameter of strategy "
+                            f"{strategy!r}; it takes {sorted(takes) or 'none of them'}")
 
 
 def _lineage_config(preset: Preset, method: str, chosen: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:

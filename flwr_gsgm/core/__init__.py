@@ -2,16 +2,30 @@
 
 Server optimizers on flat float32 numpy buffers, shared by every engine. This
 package imports numpy only (never flwr, never torch).
+
+Every module of the package is imported here, so a rule class in a new file
+registers itself in :data:`OPTIMIZERS` without any other edit (see
+:mod:`flwr_gsgm.core.registry`). The explicit imports below come first: they fix
+the order of the shipped rules in ``OPTIMIZERS`` (GSGM, then the baselines), which
+the run config and the README list in that order.
 """
 
+import importlib as _importlib
+import pkgutil as _pkgutil
+
+from .gsgm import GSGM  # noqa: I001  (import order = registration order)
 from .asgd import ASGD
-from .base import Outcome, ServerOptimizer, UpdateRejected
+from .momentum_asgd import MomentumASGD
 from .dcasgd import DCASGD
 from .fedasync import FedAsync
 from .fedbuff import FedBuff
-from .gsgm import GSGM
-from .momentum_asgd import MomentumASGD
-from .registry import OPTIMIZERS, make_optimizer, optimizer_params
+from .base import Outcome, ServerOptimizer, UpdateRejected
+from .params import Param
+from .registry import OPTIMIZERS, declared_params, make_optimizer, optimizer_params
+
+# Rules added in new files: registered on import, after the shipped ones.
+for _module in sorted(m.name for m in _pkgutil.iter_modules(__path__)):
+    _importlib.import_module(f"{__name__}.{_module}")
 
 __all__ = [
     "ASGD",
@@ -22,8 +36,10 @@ __all__ = [
     "FedBuff",
     "MomentumASGD",
     "Outcome",
+    "Param",
     "ServerOptimizer",
     "UpdateRejected",
+    "declared_params",
     "make_optimizer",
     "optimizer_params",
 ]

@@ -30,18 +30,9 @@ class DispatchBackups(ServerOptimizer):
     Memory: one ``size(w)`` float32 copy per active node that has been dispatched to.
     """
 
-    def __init__(
-        self,
-        weights: Sequence[np.ndarray],
-        node_ids: Iterable[int],
-        *,
-        lr: float,
-        max_staleness: int | None = None,
-        max_norm: float | None = None,
-    ) -> None:
-        super().__init__(
-            weights, node_ids, lr=lr, max_staleness=max_staleness, max_norm=max_norm
-        )
+    def __init__(self, weights: Sequence[np.ndarray], node_ids: Iterable[int],
+                 **params: Any) -> None:
+        super().__init__(weights, node_ids, **params)
         # node -> [flat copy of w at dispatch, version at dispatch]
         self._backups: dict[int, list[Any]] = {}
 

@@ -29,6 +29,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from .params import Param, describe, resolve
+
 __all__ = [
     "CHUNK",
     "Outcome",
@@ -95,34 +97,6 @@ class UpdateRejected(ValueError):
 
 
 # --------------------------------------------------------------------------- helpers
-def _check_float(name: str, value: Any, *, low: float | None = None,
-                 low_open: bool = False, high: float | None = None,
-                 high_open: bool = False) -> float:
-    """Return ``value`` as a finite float inside the bounds, else raise ValueError."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{name} must be a real number, got {value!r}")
-    value = float(value)
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value!r}")
-    if low is not None and (value < low or (low_open and value == low)):
-        op = ">" if low_open else ">="
-        raise ValueError(f"{name} must be {op} {low}, got {value!r}")
-    if high is not None and (value > high or (high_open and value == high)):
-        op = "<" if high_open else "<="
-        raise ValueError(f"{name} must be {op} {high}, got {value!r}")
-    return value
-
-
-def _check_int(name: str, value: Any, *, low: int) -> int:
-    """Return ``value`` as an int >= ``low``, else raise ValueError."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    value = int(value)
-    if value < low:
-        raise ValueError(f"{name} must be >= {low}, got {value!r}")
-    return value
-
-
 def _check_node(value: Any) -> int:
     """Return a node id as a plain int, else raise ValueError."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
@@ -155,16 +129,22 @@ class ServerOptimizer(abc.ABC):
             any shapes (for example ``ArrayRecord.to_numpy_ndarrays()``). They are
             copied, cast to float32, into one contiguous flat buffer.
         node_ids: the initially active nodes (integer ids; may be empty).
-        lr: server learning rate eta, > 0.
-        max_staleness: optional staleness bound s_max >= 0: a valid update with
-            staleness ``version - base_version`` above it is dropped
-            (:attr:`Outcome.STALE`).
-        max_norm: optional bound > 0 on the L2 norm of an update taken over all its
-            arrays; a larger update is rejected with reason ``"norm"``.
+        **params: the parameters declared in ``PARAMS`` by the class and its bases
+            (keyword only; a missing one takes its declared default). Declared here
+            for every rule:
+
+            - ``lr``: server learning rate eta, > 0 (default 0.02).
+            - ``max_staleness``: optional staleness bound s_max >= 0: a valid update
+              with staleness ``version - base_version`` above it is dropped
+              (:attr:`Outcome.STALE`). Default None (no bound).
+            - ``max_norm``: optional bound > 0 on the L2 norm of an update taken over
+              all its arrays; a larger update is rejected with reason ``"norm"``.
+              Default None (no bound).
 
     Raises:
-        ValueError: a parameter is out of range (the message names it), ``weights`` is
-            empty or not numeric.
+        ValueError: a parameter that is not declared or out of range (the message
+            names it, the value and what was expected), ``weights`` is empty or not
+            numeric.
         TypeError: ``weights`` is a single array instead of a sequence of arrays.
 
     Validation of ``on_update`` happens before anything changes, in this order (cheap
@@ -183,10 +163,18 @@ class ServerOptimizer(abc.ABC):
     consumes several arrivals, a GSGM slot step applies an averaged set of arrivals.
     """
 
-    #: Key of the class in :data:`flwr_gsgm.core.registry.OPTIMIZERS`.
+    #: Key of the class in :data:`flwr_gsgm.core.registry.OPTIMIZERS`; a class that
+    #: sets it registers itself there when its module is imported.
     name: ClassVar[str] = ""
-    #: Constructor parameters stored in ``state_dict()["params"]`` (subclasses extend).
-    _param_names: ClassVar[tuple[str, ...]] = ("lr", "max_staleness", "max_norm")
+    #: This class's own parameters; :meth:`declared_params` adds the inherited ones.
+    PARAMS: ClassVar[tuple[Param, ...]] = (
+        Param("lr", 0.02, "server learning rate eta", low=0.0, low_open=True,
+              run_config_key="server-lr"),
+        Param("max_staleness", None, "drop updates staler than this", kind=int, low=0,
+              optional=True, run_config_key="max-staleness"),
+        Param("max_norm", None, "reject updates with a larger L2 norm", low=0.0,
+              low_open=True, optional=True, run_config_key="max-norm"),
+    )
     _counter_names: ClassVar[tuple[str, ...]] = (
         "arrivals",
         "applied",
@@ -196,15 +184,45 @@ class ServerOptimizer(abc.ABC):
         "slots_dropped",
     )
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.__doc__ and ("PARAMS" in cls.__dict__ or cls.__dict__.get("name")):
+            # The documented defaults are the declared ones: generated, not written.
+            cls.__doc__ = cls.__doc__.rstrip() + "\n" + describe(cls.declared_params())
+        if cls.__dict__.get("name"):
+            from .registry import register  # registry imports this module: import late
+
+            register(cls)
+
+    @classmethod
+    def declared_params(cls) -> tuple[Param, ...]:
+        """Every parameter of the class, base ones first, in declaration order.
+
+        A class may redeclare an inherited parameter (same name) to change its
+        default or range; the redeclaration takes the inherited one's place.
+        """
+        params: dict[str, Param] = {}
+        for klass in reversed(cls.__mro__):
+            for p in klass.__dict__.get("PARAMS", ()):
+                params[p.name] = p
+        return tuple(params.values())
+
+    @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        """``{name: declared default}`` of every parameter of the class."""
+        return {p.name: p.default for p in cls.declared_params()}
+
     def __init__(
         self,
         weights: Sequence[np.ndarray],
         node_ids: Iterable[int],
-        *,
-        lr: float,
-        max_staleness: int | None = None,
-        max_norm: float | None = None,
+        **params: Any,
     ) -> None:
+        # Parameters first: a bad one fails before the buffers are allocated.
+        values = resolve(self.name or type(self).__name__, self.declared_params(), params)
+        self._param_names: tuple[str, ...] = tuple(values)
+        for key, value in values.items():
+            setattr(self, "_" + key, value)
         if isinstance(weights, np.ndarray):
             raise TypeError(
                 "weights must be a sequence of numpy arrays (one per model tensor), "
@@ -235,14 +253,6 @@ class ServerOptimizer(abc.ABC):
         self._scr_a = np.empty(scratch, dtype=_F32)
         self._scr_b = np.empty(scratch, dtype=_F32)
 
-        self._lr = _check_float("lr", lr, low=0.0, low_open=True)
-        self._max_staleness = (
-            None if max_staleness is None else _check_int("max_staleness", max_staleness, low=0)
-        )
-        self._max_norm = (
-            None if max_norm is None
-            else _check_float("max_norm", max_norm, low=0.0, low_open=True)
-        )
         self._version = 0
         self._active: set[int] = {_check_node(n) for n in node_ids}
         self._counters: dict[str, int] = {k: 0 for k in self._counter_names}

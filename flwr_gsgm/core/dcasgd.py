@@ -11,13 +11,13 @@ DC-ASGD-a (lambda scaled by a running mean square of the gradient) is not.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
 from typing import ClassVar
 
 import numpy as np
 
 from .backups import DispatchBackups
-from .base import Outcome, Parts, ServerOptimizer, _check_float, chunks
+from .base import Outcome, Parts, chunks
+from .params import Param
 
 __all__ = ["DCASGD"]
 
@@ -48,22 +48,10 @@ class DCASGD(DispatchBackups):
     """
 
     name: ClassVar[str] = "dcasgd"
-    _param_names: ClassVar[tuple[str, ...]] = ServerOptimizer._param_names + ("dc_lambda",)
-
-    def __init__(
-        self,
-        weights: Sequence[np.ndarray],
-        node_ids: Iterable[int],
-        *,
-        lr: float,
-        dc_lambda: float = 0.04,
-        max_staleness: int | None = None,
-        max_norm: float | None = None,
-    ) -> None:
-        super().__init__(
-            weights, node_ids, lr=lr, max_staleness=max_staleness, max_norm=max_norm
-        )
-        self._dc_lambda = _check_float("dc_lambda", dc_lambda, low=0.0)
+    PARAMS: ClassVar[tuple[Param, ...]] = (
+        Param("dc_lambda", 0.04, "delay compensation lambda", low=0.0,
+              run_config_key="dc-lambda"),
+    )
 
     def _on_valid(self, node: int, parts: Parts, base_version: int, staleness: int,
                   now: float) -> Outcome:

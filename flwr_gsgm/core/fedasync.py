@@ -14,13 +14,13 @@ clients' local learning rate this is exactly the node's local model.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
 from typing import ClassVar
 
 import numpy as np
 
 from .backups import DispatchBackups
-from .base import Outcome, Parts, ServerOptimizer, _check_float, chunks
+from .base import Outcome, Parts, chunks
+from .params import Param
 
 __all__ = ["FedAsync"]
 
@@ -53,27 +53,12 @@ class FedAsync(DispatchBackups):
     """
 
     name: ClassVar[str] = "fedasync"
-    _param_names: ClassVar[tuple[str, ...]] = ServerOptimizer._param_names + (
-        "alpha",
-        "poly_a",
+    PARAMS: ClassVar[tuple[Param, ...]] = (
+        Param("alpha", 0.6, "mixing weight of a fresh model", low=0.0, low_open=True, high=1.0,
+              run_config_key="fedasync-alpha"),
+        Param("poly_a", 0.5, "staleness exponent", low=0.0,
+              run_config_key="fedasync-a"),
     )
-
-    def __init__(
-        self,
-        weights: Sequence[np.ndarray],
-        node_ids: Iterable[int],
-        *,
-        lr: float,
-        alpha: float = 0.6,
-        poly_a: float = 0.5,
-        max_staleness: int | None = None,
-        max_norm: float | None = None,
-    ) -> None:
-        super().__init__(
-            weights, node_ids, lr=lr, max_staleness=max_staleness, max_norm=max_norm
-        )
-        self._alpha = _check_float("alpha", alpha, low=0.0, low_open=True, high=1.0)
-        self._poly_a = _check_float("poly_a", poly_a, low=0.0)
 
     def mixing_weight(self, staleness: int) -> float:
         """``a_s = alpha * (staleness + 1) ** (-poly_a)``."""

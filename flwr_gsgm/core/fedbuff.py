@@ -17,7 +17,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .base import Outcome, Parts, ServerOptimizer, _check_int, chunks
+from .base import Outcome, Parts, ServerOptimizer, chunks
+from .params import Param
 
 __all__ = ["FedBuff"]
 
@@ -44,24 +45,14 @@ class FedBuff(ServerOptimizer):
     """
 
     name: ClassVar[str] = "fedbuff"
-    _param_names: ClassVar[tuple[str, ...]] = ServerOptimizer._param_names + (
-        "buffer_size",
+    PARAMS: ClassVar[tuple[Param, ...]] = (
+        Param("buffer_size", 5, "buffer size K", kind=int, low=1,
+              run_config_key="fedbuff-k"),
     )
 
-    def __init__(
-        self,
-        weights: Sequence[np.ndarray],
-        node_ids: Iterable[int],
-        *,
-        lr: float,
-        buffer_size: int = 5,
-        max_staleness: int | None = None,
-        max_norm: float | None = None,
-    ) -> None:
-        super().__init__(
-            weights, node_ids, lr=lr, max_staleness=max_staleness, max_norm=max_norm
-        )
-        self._buffer_size = _check_int("buffer_size", buffer_size, low=1)
+    def __init__(self, weights: Sequence[np.ndarray], node_ids: Iterable[int],
+                 **params: Any) -> None:
+        super().__init__(weights, node_ids, **params)
         self._buf = np.zeros(self._size, dtype=np.float32)
         self._count = 0
 

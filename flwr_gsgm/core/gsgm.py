@@ -21,14 +21,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .base import (
-    Outcome,
-    Parts,
-    ServerOptimizer,
-    _check_float,
-    _check_int,
-    chunks,
-)
+from .base import Outcome, Parts, ServerOptimizer, chunks
+from .params import Param
 
 __all__ = ["GSGM"]
 
@@ -92,7 +86,7 @@ class GSGM(ServerOptimizer):
             as ``u_i`` and ``M`` is refreshed from the mean of each consecutive window
             of ``|A|`` applied updates (the window is the cycle; the white list stays
             empty, no slot is used; quorum and budgets are ignored).
-        averaging: ``"slot"`` (default, the rule above) or ``"table"``: the scheduled
+        averaging: ``"slot"`` (the rule above) or ``"table"``: the scheduled
             contribution ``u_i`` replaces node ``i``'s row of a table of the latest
             contribution of every active node, and the step uses the table mean
             ``d = mean_j T_j`` in place of ``u_i`` (each node weighs ``1/|table|``
@@ -104,8 +98,12 @@ class GSGM(ServerOptimizer):
         max_staleness: optional staleness bound (see :class:`ServerOptimizer`).
         max_norm: optional L2-norm bound (see :class:`ServerOptimizer`).
 
+    Defaults are declared once, in ``PARAMS`` (listed at the end of this docstring):
+    the tuned choice of docs/GSGM.md's protocol.
+
     Raises:
-        ValueError: a parameter is out of range; the message names it.
+        ValueError: a parameter is not declared or out of range; the message names
+            it.
 
     Extra counters: ``cycles`` (closes), ``cycles_quorum``, ``cycles_update_budget``,
     ``cycles_time_budget`` (closes for those reasons), ``slots_applied``.
@@ -117,15 +115,25 @@ class GSGM(ServerOptimizer):
     """
 
     name: ClassVar[str] = "gsgm"
-    _param_names: ClassVar[tuple[str, ...]] = ServerOptimizer._param_names + (
-        "beta",
-        "momentum_form",
-        "cycle_quorum",
-        "cycle_max_updates",
-        "cycle_max_seconds",
-        "scheduling",
-        "averaging",
-        "start_time",
+    PARAMS: ClassVar[tuple[Param, ...]] = (
+        Param("beta", 0.5, "momentum coefficient", low=0.0, high=1.0, high_open=True,
+              run_config_key="beta"),
+        Param("momentum_form", "ema", "momentum form", kind=str, choices=_FORMS,
+              normalize=lambda v: v.replace("_", "-").lower(),
+              run_config_key="momentum-form"),
+        Param("cycle_quorum", 0.5, "fraction of nodes that closes a cycle", low=0.0,
+              low_open=True, high=1.0, run_config_key="cycle-quorum"),
+        Param("cycle_max_updates", None, "cycle budget in updates", kind=int, low=1,
+              optional=True, run_config_key="cycle-max-updates"),
+        Param("cycle_max_seconds", None, "cycle budget in seconds", low=0.0,
+              low_open=True, optional=True, run_config_key="cycle-max-seconds"),
+        Param("scheduling", True, "white-list scheduling (false = momentum only)",
+              kind=bool, run_config_key="scheduling"),
+        Param("averaging", "table", "partial averaging variant", kind=str,
+              choices=_AVERAGING, run_config_key="averaging"),
+        # The engine's clock start; not a run config key (the engine passes ``now``).
+        Param("start_time", None, "clock value at which the first cycle starts",
+              optional=True),
     )
     _counter_names: ClassVar[tuple[str, ...]] = ServerOptimizer._counter_names + (
         "cycles",
@@ -135,55 +143,9 @@ class GSGM(ServerOptimizer):
         "slots_applied",
     )
 
-    def __init__(
-        self,
-        weights: Sequence[np.ndarray],
-        node_ids: Iterable[int],
-        *,
-        lr: float,
-        beta: float = 0.5,
-        momentum_form: str = "heavy-ball",
-        cycle_quorum: float = 1.0,
-        cycle_max_updates: int | None = None,
-        cycle_max_seconds: float | None = None,
-        scheduling: bool = True,
-        averaging: str = "slot",
-        start_time: float | None = None,
-        max_staleness: int | None = None,
-        max_norm: float | None = None,
-    ) -> None:
-        super().__init__(
-            weights, node_ids, lr=lr, max_staleness=max_staleness, max_norm=max_norm
-        )
-        self._beta = _check_float("beta", beta, low=0.0, high=1.0, high_open=True)
-        form = str(momentum_form).replace("_", "-").lower()
-        if form not in _FORMS:
-            raise ValueError(
-                f"momentum_form must be one of {list(_FORMS)}, got {momentum_form!r}"
-            )
-        self._momentum_form = form
-        self._cycle_quorum = _check_float(
-            "cycle_quorum", cycle_quorum, low=0.0, low_open=True, high=1.0
-        )
-        self._cycle_max_updates = (
-            None if cycle_max_updates is None
-            else _check_int("cycle_max_updates", cycle_max_updates, low=1)
-        )
-        self._cycle_max_seconds = (
-            None if cycle_max_seconds is None
-            else _check_float("cycle_max_seconds", cycle_max_seconds, low=0.0, low_open=True)
-        )
-        if not isinstance(scheduling, (bool, np.bool_)):
-            raise ValueError(f"scheduling must be a bool, got {scheduling!r}")
-        self._scheduling = bool(scheduling)
-        if averaging not in _AVERAGING:
-            raise ValueError(
-                f"averaging must be one of {list(_AVERAGING)}, got {averaging!r}"
-            )
-        self._averaging = averaging
-        self._start_time = (
-            None if start_time is None else _check_float("start_time", start_time)
-        )
+    def __init__(self, weights: Sequence[np.ndarray], node_ids: Iterable[int],
+                 **params: Any) -> None:
+        super().__init__(weights, node_ids, **params)
 
         self._M = np.zeros(self._size, dtype=_F32)
         self._S = np.zeros(self._size, dtype=_F32)

@@ -16,7 +16,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .base import Outcome, Parts, ServerOptimizer, _check_float, chunks
+from .base import Outcome, Parts, ServerOptimizer, chunks
+from .params import Param
 
 __all__ = ["MomentumASGD"]
 
@@ -40,22 +41,14 @@ class MomentumASGD(ServerOptimizer):
     """
 
     name: ClassVar[str] = "masgd"
-    _param_names: ClassVar[tuple[str, ...]] = ServerOptimizer._param_names + ("beta",)
+    PARAMS: ClassVar[tuple[Param, ...]] = (
+        Param("beta", 0.5, "momentum coefficient", low=0.0, high=1.0, high_open=True,
+              run_config_key="beta"),
+    )
 
-    def __init__(
-        self,
-        weights: Sequence[np.ndarray],
-        node_ids: Iterable[int],
-        *,
-        lr: float,
-        beta: float = 0.9,
-        max_staleness: int | None = None,
-        max_norm: float | None = None,
-    ) -> None:
-        super().__init__(
-            weights, node_ids, lr=lr, max_staleness=max_staleness, max_norm=max_norm
-        )
-        self._beta = _check_float("beta", beta, low=0.0, high=1.0, high_open=True)
+    def __init__(self, weights: Sequence[np.ndarray], node_ids: Iterable[int],
+                 **params: Any) -> None:
+        super().__init__(weights, node_ids, **params)
         self._v = np.zeros(self._size, dtype=np.float32)
 
     @property

@@ -7,6 +7,12 @@ from typing import Any
 import numpy as np
 
 
+#: GSGM as docs/GSGM.md steps 1-5 define it: heavy-ball momentum, strictly even cycles
+#: (quorum 1.0), slot averaging. The hand-computed tests use it; the shipped defaults
+#: (ema, quorum 0.5, table) are the tuned choice, declared in ``GSGM.PARAMS``.
+GSGM_STRICT = dict(momentum_form="heavy-ball", cycle_quorum=1.0, averaging="slot")
+
+
 def f32(*values: float) -> np.ndarray:
     """A 1-D float32 array of the given values."""
     return np.array(values, dtype=np.float32)

@@ -7,6 +7,7 @@ import pickle
 import numpy as np
 import pytest
 from core_testutil import (
+    GSGM_STRICT,
     Engine,
     assert_bits_equal,
     assert_state_equal,
@@ -31,10 +32,15 @@ def arrays(*values):
     return [f32(*values[:2]), np.array(values[2:], np.float32).reshape(2, 2)]
 
 
+def with_strict(name, kw):
+    """``kw`` over GSGM_STRICT for GSGM (mid-cycle slots need quorum 1.0)."""
+    return {**GSGM_STRICT, **kw} if name == "gsgm" else dict(kw)
+
+
 def busy(name, **kw):
     """An optimizer mid-run: momentum, slots, buffers, backups all non-trivial."""
     params = dict(lr=0.5, max_norm=100.0)
-    params.update(kw)
+    params.update(with_strict(name, kw))
     opt = make_optimizer(name, arrays(1, 2, 3, 4, 5, 6), [1, 2, 3], **params)
     eng = Engine(opt, [1, 2, 3])
     for node, v in [(1, 1.0), (1, 2.0), (2, 0.5), (1, -1.0), (3, 0.25), (1, 3.0)]:
@@ -158,7 +164,7 @@ def test_restored_mid_cycle_continues_bit_identically(name, kw):
     views = fresh.weights
     fresh.load_state_dict(pickle.loads(blob))
     assert fresh.params == make_optimizer(name, arrays(0, 0, 0, 0, 0, 0), [1], lr=0.5,
-                                          max_norm=100.0, **kw).params
+                                          max_norm=100.0, **with_strict(name, kw)).params
     assert all(np.shares_memory(v, fresh.flat_weights) for v in views)
     eng2 = Engine.__new__(Engine)
     eng2.restore(fresh, snap)
