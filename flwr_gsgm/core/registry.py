@@ -8,9 +8,12 @@ from typing import Any
 
 import numpy as np
 
+from .ace import ACE
 from .asgd import ASGD
 from .base import ServerOptimizer
+from .ca2fl import CA2FL
 from .dcasgd import DCASGD
+from .delay_adaptive_asgd import DelayAdaptiveASGD
 from .fedasync import FedAsync
 from .fedbuff import FedBuff
 from .gsgm import GSGM
@@ -20,7 +23,11 @@ __all__ = ["OPTIMIZERS", "make_optimizer", "optimizer_params"]
 
 #: name -> class, for the run config key selecting the server optimizer.
 OPTIMIZERS: dict[str, type[ServerOptimizer]] = {
-    cls.name: cls for cls in (GSGM, ASGD, MomentumASGD, DCASGD, FedAsync, FedBuff)
+    cls.name: cls
+    for cls in (
+        GSGM, ASGD, MomentumASGD, DCASGD, FedAsync, FedBuff, CA2FL, ACE,
+        DelayAdaptiveASGD,
+    )
 }
 
 

@@ -51,6 +51,11 @@ other_params = {
                                        "poly_a": st.sampled_from([0.0, 0.5])}),
     "fedbuff": st.fixed_dictionaries({"buffer_size": st.integers(1, 4),
                                       "max_staleness": st.one_of(st.none(), st.integers(0, 3))}),
+    "ca2fl": st.fixed_dictionaries({"buffer_size": st.integers(1, 4),
+                                    "max_staleness": st.one_of(st.none(), st.integers(0, 3))}),
+    "ace": st.fixed_dictionaries({"max_row_age": st.one_of(st.none(), st.integers(0, 4)),
+                                  "max_staleness": st.one_of(st.none(), st.integers(0, 3))}),
+    "daasgd": st.fixed_dictionaries({"delay_threshold": st.one_of(st.none(), st.integers(1, 3))}),
 }
 all_params = dict(other_params, gsgm=gsgm_params)
 # GSGM has the most state: it gets most of the examples.

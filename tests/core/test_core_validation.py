@@ -222,7 +222,8 @@ def test_load_state_dict_refuses_foreign_states_and_stays_unchanged():
 
 # ----------------------------------------------------------------------- registry
 def test_registry_names_and_building_every_optimizer():
-    assert sorted(OPTIMIZERS) == ["asgd", "dcasgd", "fedasync", "fedbuff", "gsgm", "masgd"]
+    assert sorted(OPTIMIZERS) == ["ace", "asgd", "ca2fl", "daasgd", "dcasgd", "fedasync",
+                               "fedbuff", "gsgm", "masgd"]
     for name, cls in OPTIMIZERS.items():
         opt = make_optimizer(name, [f32(0, 0)], [1], lr=0.1)
         assert type(opt) is cls and opt.name == name
