@@ -41,7 +41,17 @@ gsgm_params = st.fixed_dictionaries(
         "averaging": st.sampled_from(["slot", "slot", "table"]),
         "start_time": st.sampled_from([None, 0.0]),
         "max_staleness": st.one_of(st.none(), st.integers(0, 3)),
+        "apply": st.sampled_from(["arrival", "arrival", "cycle"]),
+        "table_max_age": st.sampled_from([None, None, 0, 1, 3]),
+        "lr_scaling": st.sampled_from(["step", "step", "cycle"]),
     }
+).map(
+    # table_max_age needs table averaging; lr_scaling="cycle" needs apply="arrival".
+    lambda p: dict(
+        p,
+        table_max_age=p["table_max_age"] if p["averaging"] == "table" else None,
+        lr_scaling=p["lr_scaling"] if p["apply"] == "arrival" else "step",
+    )
 )
 other_params = {
     "asgd": st.fixed_dictionaries({"max_staleness": st.one_of(st.none(), st.integers(0, 3))}),
@@ -136,11 +146,11 @@ class RecordingGSGM(GSGM):
         super().__init__(*args, **kwargs)
         self.seen: set[tuple[int, int]] = set()
 
-    def _contribute(self, node, parts):
+    def _contribute(self, node, parts, *args):
         key = (self.cycle_index, node)
         assert key not in self.seen, f"node {node} contributed twice in cycle {key[0]}"
         self.seen.add(key)
-        super()._contribute(node, parts)
+        super()._contribute(node, parts, *args)
 
 
 def gsgm_invariants(opt):

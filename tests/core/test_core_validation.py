@@ -126,6 +126,11 @@ GSGM_CONFIGS = [
     dict(averaging="table", cycle_max_updates=4),
     dict(scheduling=False),
     dict(cycle_max_seconds=2.5, start_time=0.0),
+    dict(apply="cycle"),
+    dict(apply="cycle", momentum_form="ema", averaging="table", table_max_age=2),
+    dict(averaging="table", table_max_age=1, cycle_quorum=0.5),
+    dict(lr_scaling="cycle", cycle_quorum=0.5),
+    dict(apply="cycle", scheduling=False),
 ]
 
 
