@@ -162,6 +162,15 @@ def gsgm_invariants(opt):
     assert all(c >= 1 for _, c in opt.slots.values())
     assert opt.cycle_count == len(opt.contributed)
     assert set(opt.table) <= active
+    assert set(opt.table_versions) == set(opt.table)
+    if opt.table:  # the running sum follows the rows (expiry, losses, closes)
+        rows = sum(r.astype(np.float64) for r in opt.table.values())
+        np.testing.assert_allclose(opt._table_sum, rows, rtol=1e-4, atol=1e-4)
+    age = opt.params["table_max_age"]
+    if age is not None and opt.params["apply"] == "arrival" and opt.table:
+        # after a step, every row but the newest contribution's is young enough
+        young = [b for b in opt.table_versions.values() if opt.version - 1 - b <= age]
+        assert len(young) >= len(opt.table) - 1
     c = opt.counters
     assert c["arrivals"] == c["applied"] + c["deferred"] + c["stale"]
 
