@@ -73,7 +73,45 @@ class GSGM(ServerOptimizer):
     ``"table"`` variant adds one row of ``size(w)`` per active node that has
     contributed and their running sum: ``(|A| + 1) * size(w)`` more. Steps are
     computed as ``w - (c * u + lr * beta * M)`` with ``c = lr`` or
-    ``lr * (1 - beta)``: the formulas above up to float32 rounding order.
+    ``lr * (1 - beta)``: the formulas above up to float32 rounding order. With
+    ``apply = "cycle"`` the scratch buffer of ``size(w)`` is not allocated.
+
+    Options (defaults give the rule above):
+
+    - ``apply = "cycle"``: a contribution (a scheduled ``u_i``, or a slot applied at
+      a cycle start, which joins the new cycle) only accumulates
+      ``S += u_i; k += 1`` and leaves ``w`` alone (:attr:`Outcome.DEFERRED`). When
+      the cycle closes with ``k > 0`` the model steps once along the balanced
+      cycle mean with the global momentum: heavy-ball ``M <- S / k + beta * M``,
+      ema ``M <- beta * M + (1 - beta) * S / k`` (``M <- S / k`` at the first
+      close); then ``w <- w - lr * M`` and ``version += 1``: versions count cycles,
+      so staleness (and ``max_staleness``) is measured in cycles. The update whose
+      call took that step, with its contribution in it, is :attr:`Outcome.APPLIED`
+      (a close that only moves its slot into the next cycle leaves it DEFERRED).
+      With ``averaging = "table"`` the contributions only update the table (``S``
+      stays 0) and the close uses the table mean ``sum_j T_j / |T|`` in place of
+      ``S / k``.
+    - ``table_max_age`` (table averaging only): each row keeps the base version of
+      its contribution (for a slot, that of the newest update folded into it).
+      An update with staleness above ``table_max_age`` can never enter a mean: it
+      is dropped (:attr:`Outcome.STALE`) before scheduling. Before each table
+      step (every contribution with ``apply = "arrival"``, every close with
+      ``"cycle"``), the rows with ``version - base > table_max_age`` leave the
+      table (counted in ``table_rows_expired``); with ``"arrival"`` the row just
+      written always stays for its own step (it is the fresh term ``u_i``). If no
+      row is left at a close (``"cycle"``), there is no step and ``M`` is kept
+      (counted in ``table_empty``). Cost: the running sum loses each expired row
+      by one subtraction pass, or is recomputed from the remaining rows when that
+      takes fewer passes; the expiry scan is over |table| ints only.
+    - ``lr_scaling = "cycle"`` (``apply = "arrival"`` only): ``lr`` is the step per
+      cycle, divided over the contributions that close a cycle. Each per-arrival
+      step is ``w <- w - (lr / c) * (u_i + beta * M)`` (heavy-ball) or
+      ``w <- w - (lr / c) * ((1 - beta) * u_i + beta * M)`` (ema), with
+      ``c = max(1, ceil(cycle_quorum * |A|))`` (``|A|`` the active nodes at the
+      step; ``c = max(1, |A|)`` with ``scheduling = False``). A cycle of ``c``
+      contributions thus moves ``w`` by about ``lr * (mean u + beta * M)``
+      whatever the number of nodes. With ``apply = "cycle"`` the step is already
+      per cycle: ``lr_scaling = "cycle"`` is rejected there.
 
     Args:
         weights: initial weights, a sequence of numpy arrays (copied to float32).
@@ -103,14 +141,23 @@ class GSGM(ServerOptimizer):
         start_time: clock value at which the first cycle starts; ``None`` (default)
             starts it at the ``now`` of the first event (update, join, loss), so
             that an engine on a wall clock does not need to pass its start time.
+        apply: ``"arrival"`` (default: a step per contribution) or ``"cycle"``
+            (one step per closed cycle, see Options).
+        table_max_age: ``None`` (default, off) or an int >= 0, the largest row age
+            in versions kept in the table mean; needs ``averaging = "table"``.
+        lr_scaling: ``"step"`` (default: ``lr`` per step) or ``"cycle"`` (``lr``
+            per cycle, ``lr / c`` per step; needs ``apply = "arrival"``).
         max_staleness: optional staleness bound (see :class:`ServerOptimizer`).
         max_norm: optional L2-norm bound (see :class:`ServerOptimizer`).
 
     Raises:
-        ValueError: a parameter is out of range; the message names it.
+        ValueError: a parameter is out of range, or two options do not go together
+            (``table_max_age`` without table averaging, ``lr_scaling = "cycle"``
+            with ``apply = "cycle"``); the message names it.
 
     Extra counters: ``cycles`` (closes), ``cycles_quorum``, ``cycles_update_budget``,
-    ``cycles_time_budget`` (closes for those reasons), ``slots_applied``.
+    ``cycles_time_budget`` (closes for those reasons), ``slots_applied``,
+    ``table_rows_expired`` and ``table_empty`` (``table_max_age``).
 
     Node churn: a lost node leaves ``A`` and ``W``, its slot is dropped (counted in
     ``slots_dropped``) and, in table mode, its row; the cycle may close because of it.
