@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import sys
 
+import numpy as np
 import pytest
-from core_testutil import assert_bits_equal, f32
+from core_testutil import assert_bits_equal, assert_state_equal, f32
 
 from flwr_gsgm.core import ACE, CA2FL, DelayAdaptiveASGD, Outcome, make_optimizer
 
@@ -224,3 +225,40 @@ def test_registry_builds_aced_and_run_config_keys():
     assert type(opt) is ACE and opt.params["max_row_age"] == 50
     assert make_optimizer("ca2fl", [f32(0, 0)], [1], lr=0.1).params["buffer_size"] == 10
     assert make_optimizer("daasgd", [f32(0, 0)], [1], lr=0.1).params["delay_threshold"] is None
+
+
+# ------------------------------------------------------------------ chunking
+@pytest.mark.parametrize(
+    "name,kw",
+    [
+        ("ca2fl", dict(buffer_size=3)),
+        ("ace", dict()),
+        ("ace", dict(max_row_age=2)),
+        ("daasgd", dict()),
+        ("gsgm", dict(apply="cycle", momentum_form="ema")),
+        ("gsgm", dict(averaging="table", table_max_age=2, cycle_quorum=0.5)),
+        ("gsgm", dict(apply="cycle", averaging="table", table_max_age=1)),
+        ("gsgm", dict(lr_scaling="cycle", beta=0.9)),
+    ],
+)
+def test_chunked_and_unchunked_runs_agree(monkeypatch, name, kw):
+    # Chunks of 1000 elements: arrays cross chunk boundaries at odd offsets.
+    import flwr_gsgm.core.base as base
+
+    rng = np.random.default_rng(7)
+    shapes = ((7_001,), (3, 1_111), (5,))
+    weights = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    seq = []
+    for i in range(40):
+        node = int(rng.choice([1, 2, 3, 3, 3]))
+        lag = int(rng.integers(0, 4))
+        seq.append((node, lag, [rng.standard_normal(s).astype(np.float32) for s in shapes]))
+    runs = []
+    for chunk in (1000, 1 << 18):
+        monkeypatch.setattr(base, "CHUNK", chunk)
+        opt = make_optimizer(name, weights, [1, 2, 3], lr=0.1, **kw)
+        for node, lag, g in seq:
+            opt.on_update(node, g, max(0, opt.version - lag))
+        runs.append(opt.state_dict())
+    assert runs[0]["counters"]["applied"] > 0
+    assert_state_equal(runs[0], runs[1])
