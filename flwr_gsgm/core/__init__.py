@@ -19,6 +19,9 @@ from .momentum_asgd import MomentumASGD
 from .dcasgd import DCASGD
 from .fedasync import FedAsync
 from .fedbuff import FedBuff
+from .ca2fl import CA2FL
+from .ace import ACE
+from .delay_adaptive_asgd import DelayAdaptiveASGD
 from .base import Outcome, ServerOptimizer, UpdateRejected
 from .params import Param
 from .registry import OPTIMIZERS, declared_params, make_optimizer, optimizer_params
@@ -28,10 +31,13 @@ for _module in sorted(m.name for m in _pkgutil.iter_modules(__path__)):
     _importlib.import_module(f"{__name__}.{_module}")
 
 __all__ = [
+    "ACE",
     "ASGD",
+    "CA2FL",
     "DCASGD",
     "GSGM",
     "OPTIMIZERS",
+    "DelayAdaptiveASGD",
     "FedAsync",
     "FedBuff",
     "MomentumASGD",

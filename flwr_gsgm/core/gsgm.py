@@ -29,6 +29,8 @@ __all__ = ["GSGM"]
 _F32 = np.dtype(np.float32)
 _FORMS = ("heavy-ball", "ema")
 _AVERAGING = ("slot", "table")
+_APPLY = ("arrival", "cycle")
+_LR_SCALING = ("step", "cycle")
 
 
 class GSGM(ServerOptimizer):
@@ -65,7 +67,45 @@ class GSGM(ServerOptimizer):
     ``"table"`` variant adds one row of ``size(w)`` per active node that has
     contributed and their running sum: ``(|A| + 1) * size(w)`` more. Steps are
     computed as ``w - (c * u + lr * beta * M)`` with ``c = lr`` or
-    ``lr * (1 - beta)``: the formulas above up to float32 rounding order.
+    ``lr * (1 - beta)``: the formulas above up to float32 rounding order. With
+    ``apply = "cycle"`` the scratch buffer of ``size(w)`` is not allocated.
+
+    Options (defaults give the rule above):
+
+    - ``apply = "cycle"``: a contribution (a scheduled ``u_i``, or a slot applied at
+      a cycle start, which joins the new cycle) only accumulates
+      ``S += u_i; k += 1`` and leaves ``w`` alone (:attr:`Outcome.DEFERRED`). When
+      the cycle closes with ``k > 0`` the model steps once along the balanced
+      cycle mean with the global momentum: heavy-ball ``M <- S / k + beta * M``,
+      ema ``M <- beta * M + (1 - beta) * S / k`` (``M <- S / k`` at the first
+      close); then ``w <- w - lr * M`` and ``version += 1``: versions count cycles,
+      so staleness (and ``max_staleness``) is measured in cycles. The update whose
+      call took that step, with its contribution in it, is :attr:`Outcome.APPLIED`
+      (a close that only moves its slot into the next cycle leaves it DEFERRED).
+      With ``averaging = "table"`` the contributions only update the table (``S``
+      stays 0) and the close uses the table mean ``sum_j T_j / |T|`` in place of
+      ``S / k``.
+    - ``table_max_age`` (table averaging only): each row keeps the base version of
+      its contribution (for a slot, that of the newest update folded into it).
+      An update with staleness above ``table_max_age`` can never enter a mean: it
+      is dropped (:attr:`Outcome.STALE`) before scheduling. Before each table
+      step (every contribution with ``apply = "arrival"``, every close with
+      ``"cycle"``), the rows with ``version - base > table_max_age`` leave the
+      table (counted in ``table_rows_expired``); with ``"arrival"`` the row just
+      written always stays for its own step (it is the fresh term ``u_i``). If no
+      row is left at a close (``"cycle"``), there is no step and ``M`` is kept
+      (counted in ``table_empty``). Cost: the running sum loses each expired row
+      by one subtraction pass, or is recomputed from the remaining rows when that
+      takes fewer passes; the expiry scan is over |table| ints only.
+    - ``lr_scaling = "cycle"`` (``apply = "arrival"`` only): ``lr`` is the step per
+      cycle, divided over the contributions that close a cycle. Each per-arrival
+      step is ``w <- w - (lr / c) * (u_i + beta * M)`` (heavy-ball) or
+      ``w <- w - (lr / c) * ((1 - beta) * u_i + beta * M)`` (ema), with
+      ``c = max(1, ceil(cycle_quorum * |A|))`` (``|A|`` the active nodes at the
+      step; ``c = max(1, |A|)`` with ``scheduling = False``). A cycle of ``c``
+      contributions thus moves ``w`` by about ``lr * (mean u + beta * M)``
+      whatever the number of nodes. With ``apply = "cycle"`` the step is already
+      per cycle: ``lr_scaling = "cycle"`` is rejected there.
 
     Args:
         weights: initial weights, a sequence of numpy arrays (copied to float32).
@@ -95,6 +135,12 @@ class GSGM(ServerOptimizer):
         start_time: clock value at which the first cycle starts; ``None`` (default)
             starts it at the ``now`` of the first event (update, join, loss), so
             that an engine on a wall clock does not need to pass its start time.
+        apply: ``"arrival"`` (default: a step per contribution) or ``"cycle"``
+            (one step per closed cycle, see Options).
+        table_max_age: ``None`` (default, off) or an int >= 0, the largest row age
+            in versions kept in the table mean; needs ``averaging = "table"``.
+        lr_scaling: ``"step"`` (default: ``lr`` per step) or ``"cycle"`` (``lr``
+            per cycle, ``lr / c`` per step; needs ``apply = "arrival"``).
         max_staleness: optional staleness bound (see :class:`ServerOptimizer`).
         max_norm: optional L2-norm bound (see :class:`ServerOptimizer`).
 
@@ -102,11 +148,13 @@ class GSGM(ServerOptimizer):
     the tuned choice of docs/GSGM.md's protocol.
 
     Raises:
-        ValueError: a parameter is not declared or out of range; the message names
-            it.
+        ValueError: a parameter is not declared or out of range, or two options do not
+            go together (``table_max_age`` without table averaging, ``lr_scaling =
+            "cycle"`` with ``apply = "cycle"``); the message names it.
 
     Extra counters: ``cycles`` (closes), ``cycles_quorum``, ``cycles_update_budget``,
-    ``cycles_time_budget`` (closes for those reasons), ``slots_applied``.
+    ``cycles_time_budget`` (closes for those reasons), ``slots_applied``,
+    ``table_rows_expired`` and ``table_empty`` (``table_max_age``).
 
     Node churn: a lost node leaves ``A`` and ``W``, its slot is dropped (counted in
     ``slots_dropped``) and, in table mode, its row; the cycle may close because of it.
@@ -134,6 +182,14 @@ class GSGM(ServerOptimizer):
         # The engine's clock start; not a run config key (the engine passes ``now``).
         Param("start_time", None, "clock value at which the first cycle starts",
               optional=True),
+        Param("apply", "arrival", "when contributions step the model: every arrival, or "
+              "once per cycle along the cycle mean", kind=str, choices=_APPLY,
+              run_config_key="apply"),
+        Param("table_max_age", None, "table averaging: rows older than this many versions "
+              "leave the mean", kind=int, low=0, optional=True, run_config_key="table-max-age"),
+        Param("lr_scaling", "step", "apply = arrival: lr per step, or per cycle divided over "
+              "the cycle's contributions", kind=str, choices=_LR_SCALING,
+              run_config_key="lr-scaling"),
     )
     _counter_names: ClassVar[tuple[str, ...]] = ServerOptimizer._counter_names + (
         "cycles",
@@ -141,31 +197,54 @@ class GSGM(ServerOptimizer):
         "cycles_update_budget",
         "cycles_time_budget",
         "slots_applied",
+        "table_rows_expired",
+        "table_empty",
     )
 
     def __init__(self, weights: Sequence[np.ndarray], node_ids: Iterable[int],
                  **params: Any) -> None:
         super().__init__(weights, node_ids, **params)
+        if self._table_max_age is not None and self._averaging != "table":
+            raise ValueError(
+                f"table_max_age={self._table_max_age!r} needs averaging='table', got "
+                f"averaging={self._averaging!r}"
+            )
+        if self._lr_scaling == "cycle" and self._apply == "cycle":
+            raise ValueError(
+                "lr_scaling='cycle' divides lr over the per-arrival steps of a cycle; "
+                "with apply='cycle' there is one step per cycle already: use "
+                "lr_scaling='step'"
+            )
 
         self._M = np.zeros(self._size, dtype=_F32)
         self._S = np.zeros(self._size, dtype=_F32)
-        # lr * beta * M: the momentum part of every step of the current cycle.
-        self._m_step = np.zeros(self._size, dtype=_F32)
+        # lr' * beta * M (lr' = the per-step learning rate it was computed with): the
+        # momentum part of every per-arrival step; not needed when apply = "cycle".
+        self._m_step = (
+            np.zeros(self._size, dtype=_F32) if self._apply == "arrival" else None
+        )
+        self._m_step_lr = self._step_lr()
         self._k = 0
         self._momentum_ready = False  # has a cycle closed with k > 0 (set M)?
         self._cycle_index = 0
         self._white: set[int] = set(self._active) if self._scheduling else set()
         self._contributed: set[int] = set()
-        # node -> [flat slot buffer, count]; insertion order = oldest first.
+        # node -> [flat slot buffer, count, base version of its newest update];
+        # insertion order = oldest first.
         self._slots: dict[int, list[Any]] = {}
         self._cycle_start: float | None = self._start_time
         self._cycle_arrivals = 0
-        # table variant: node -> latest contribution, and the rows' sum.
+        # table variant: node -> latest contribution, its base version, the rows' sum.
         self._table: dict[int, np.ndarray] = {}
+        self._table_base: dict[int, int] = {}
         self._table_sum = (
             np.zeros(self._size, dtype=_F32) if self._averaging == "table" else None
         )
         self._scr_c = np.empty_like(self._scr_a)
+        # apply = "cycle": the cycle index in which the update being handled joined
+        # S (None: not yet), to tell APPLIED from DEFERRED.
+        self._arrival: int | None = None
+        self._arrival_cycle: int | None = None
 
     # ---------------------------------------------------------------- introspection
     @property
@@ -211,17 +290,22 @@ class GSGM(ServerOptimizer):
     @property
     def slots(self) -> dict[int, tuple[np.ndarray, int]]:
         """Pending slots, oldest first: node -> (flat float32 copy of P_i, n_i)."""
-        return {n: (buf.copy(), cnt) for n, (buf, cnt) in self._slots.items()}
+        return {n: (slot[0].copy(), int(slot[1])) for n, slot in self._slots.items()}
 
     @property
     def slot_counts(self) -> dict[int, int]:
         """Pending slots, oldest first: node -> n_i (no array copies)."""
-        return {n: int(cnt) for n, (_, cnt) in self._slots.items()}
+        return {n: int(slot[1]) for n, slot in self._slots.items()}
 
     @property
     def table(self) -> dict[int, np.ndarray]:
         """Table variant: node -> flat float32 copy of its latest contribution."""
         return {n: row.copy() for n, row in self._table.items()}
+
+    @property
+    def table_versions(self) -> dict[int, int]:
+        """Table variant: node -> base version of its row (see ``table_max_age``)."""
+        return dict(self._table_base)
 
     @property
     def momentum_ready(self) -> bool:
@@ -232,13 +316,26 @@ class GSGM(ServerOptimizer):
     def _on_valid(self, node: int, parts: Parts, base_version: int, staleness: int,
                   now: float) -> Outcome:
         self._cycle_arrivals += 1
-        if not self._scheduling or node in self._white:
-            self._contribute(node, parts)
-            outcome = Outcome.APPLIED
-        else:
-            self._fold(node, parts)
-            outcome = Outcome.DEFERRED
-        self._advance(now)
+        if self._table_max_age is not None and staleness > self._table_max_age:
+            # Too old for the table: it could never enter a mean (rows only age).
+            self._advance(now)
+            return Outcome.STALE
+        self._arrival, self._arrival_cycle = node, None
+        try:
+            if not self._scheduling or node in self._white:
+                self._contribute(node, parts, base_version)
+                outcome = Outcome.APPLIED
+            else:
+                self._fold(node, parts, base_version)
+                outcome = Outcome.DEFERRED
+            self._advance(now)
+        finally:
+            self._arrival = None
+        if self._apply == "cycle":
+            # Stepped iff the cycle it joined (directly or through its slot) closed.
+            joined = self._arrival_cycle
+            stepped = joined is not None and self._cycle_index > joined
+            return Outcome.APPLIED if stepped else Outcome.DEFERRED
         if outcome is Outcome.DEFERRED and node not in self._slots:
             outcome = Outcome.APPLIED  # its slot was applied when the cycle closed
         return outcome
@@ -261,6 +358,7 @@ class GSGM(ServerOptimizer):
         if self._slots.pop(node, None) is not None:
             self._counters["slots_dropped"] += 1
         if self._table_sum is not None and self._table.pop(node, None) is not None:
+            self._table_base.pop(node, None)
             self._recompute_table_sum()
         self._advance(now)
 
@@ -306,7 +404,10 @@ class GSGM(ServerOptimizer):
 
     def _close(self, reason: str, now: float) -> None:
         if self._k > 0:
-            self._refresh_momentum()
+            if self._apply == "cycle":
+                self._cycle_step()
+            else:
+                self._refresh_momentum(self._S, self._k)
             self._S.fill(0.0)
         self._k = 0
         self._cycle_index += 1
@@ -323,22 +424,40 @@ class GSGM(ServerOptimizer):
         self._white = set(self._active)
         while self._slots:
             node = next(iter(self._slots))
-            buf, _count = self._slots.pop(node)
-            self._contribute(node, [(0, buf)])
+            buf, _count, base = self._slots.pop(node)
+            self._contribute(node, [(0, buf)], base)
             self._counters["slots_applied"] += 1
 
-    def _refresh_momentum(self) -> None:
-        M, S, k, beta = self._M, self._S, self._k, self._beta
+    def _cycle_step(self) -> None:
+        """apply = "cycle": refresh ``M`` from the cycle mean, then ``w -= lr * M``.
+
+        The cycle mean is ``S / k``, or in table mode the table mean over the rows
+        young enough at the close (no step, counted in ``table_empty``, if none is).
+        """
+        if self._table_sum is not None:
+            self._expire_rows(keep=None)
+            if not self._table:
+                self._counters["table_empty"] += 1
+                return
+            self._refresh_momentum(self._table_sum, len(self._table))
+        else:
+            self._refresh_momentum(self._S, self._k)
+        self._sgd_step([(0, self._M)], self._lr)
+        self._version += 1
+
+    def _refresh_momentum(self, src: np.ndarray, count: int) -> None:
+        """Fold the cycle mean ``src / count`` into ``M`` (heavy-ball or ema)."""
+        M, beta = self._M, self._beta
         a = self._scr_a
         first = not self._momentum_ready
         ema = self._momentum_form == "ema"
-        for lo, hi, s in chunks([(0, S)]):
+        for lo, hi, s in chunks([(0, src)]):
             m = M[lo:hi]
             if ema and first:
-                np.divide(s, k, out=m)  # M <- S / k
+                np.divide(s, count, out=m)  # M <- S / k
                 continue
             t = a[: hi - lo]
-            np.divide(s, k, out=t)
+            np.divide(s, count, out=t)
             if ema:  # M <- beta * M + (1 - beta) * S / k
                 np.multiply(t, 1.0 - beta, out=t)
                 np.multiply(m, beta, out=m)
@@ -350,31 +469,63 @@ class GSGM(ServerOptimizer):
         self._refresh_m_step()
 
     # ------------------------------------------------------------------ the steps
-    def _contribute(self, node: int, parts: Parts) -> None:
-        """Apply ``u`` (``parts``) as ``node``'s contribution to the current cycle."""
-        if self._table_sum is not None:
-            self._table_put(node, parts)
-            self._step([(0, self._table_sum)], divisor=len(self._table))
-        else:
-            self._step(parts, divisor=None)
-        self._version += 1
+    def _contribute(self, node: int, parts: Parts, base: int) -> None:
+        """Apply ``u`` (``parts``) as ``node``'s contribution to the current cycle.
+
+        ``base`` is the base version of the contribution (of the newest update
+        folded into it, for a slot): the age of its table row counts from it.
+        """
+        tsum = self._table_sum
+        if tsum is not None:
+            self._table_put(node, parts, base)
+        if self._apply == "arrival":
+            if tsum is not None:
+                self._expire_rows(keep=node)
+                self._step([(0, tsum)], divisor=len(self._table))
+            else:
+                self._step(parts, divisor=None)
+            self._version += 1
+        elif tsum is None:  # apply = "cycle": S <- S + u, no step
+            S = self._S
+            for lo, hi, u in chunks(parts):
+                ss = S[lo:hi]
+                np.add(ss, u, out=ss)
         self._k += 1
         self._white.discard(node)
         self._contributed.add(node)
+        if node == self._arrival:
+            self._arrival_cycle = self._cycle_index
+
+    def _step_lr(self) -> float:
+        """Learning rate of one per-arrival step: ``lr``, or ``lr / c`` (lr_scaling)."""
+        if self._lr_scaling == "step":
+            return self._lr
+        n = len(self._active)
+        if self._scheduling:
+            c = max(1, math.ceil(self._cycle_quorum * n - 1e-9))
+        else:
+            c = max(1, n)
+        return self._lr / c
 
     def _step(self, parts: Parts, divisor: int | None) -> None:
-        """``w <- w - (coef * u + lr * beta * M)``; ``S <- S + u``; ``u = parts / divisor``.
+        """``w <- w - (coef * u + lr' * beta * M)``; ``S <- S + u``; ``u = parts / divisor``.
 
-        ``coef`` is ``lr`` (heavy-ball, and ema before the first close) or
-        ``lr * (1 - beta)`` (ema); the momentum term ``lr * beta * M`` is constant
-        within a cycle and kept in ``_m_step`` (4 element-wise passes per step).
+        ``lr'`` is the per-step learning rate (``lr``, or ``lr / c`` with
+        ``lr_scaling = "cycle"``); ``coef`` is ``lr'`` (heavy-ball, and ema before
+        the first close) or ``lr' * (1 - beta)`` (ema); the momentum term
+        ``lr' * beta * M`` is constant while ``M`` and ``lr'`` are and kept in
+        ``_m_step`` (4 element-wise passes per step).
         """
+        lr = self._step_lr()
+        if lr != self._m_step_lr:  # |A| changed the scaled lr: one extra pass
+            self._m_step_lr = lr
+            self._refresh_m_step()
         w, S, C = self._w, self._S, self._m_step
         a, c = self._scr_a, self._scr_c
         if self._momentum_form == "ema" and self._momentum_ready:
-            coef = self._lr * (1.0 - self._beta)
+            coef = lr * (1.0 - self._beta)
         else:
-            coef = self._lr
+            coef = lr
         use_m = self._beta != 0.0 and self._momentum_ready
         for lo, hi, u in chunks(parts):
             n = hi - lo
@@ -392,17 +543,21 @@ class GSGM(ServerOptimizer):
             np.add(ss, u, out=ss)
 
     def _refresh_m_step(self) -> None:
-        """``_m_step <- lr * beta * M`` (after M changed)."""
-        np.multiply(self._M, self._lr * self._beta, out=self._m_step)
+        """``_m_step <- lr' * beta * M`` (after M or lr' changed; apply = "arrival")."""
+        if self._m_step is None:
+            return
+        self._m_step_lr = self._step_lr()
+        np.multiply(self._M, self._m_step_lr * self._beta, out=self._m_step)
 
-    def _fold(self, node: int, parts: Parts) -> None:
+    def _fold(self, node: int, parts: Parts, base: int) -> None:
         """Fold ``g`` into the node's slot: ``P <- P + (g - P) / n``."""
         slot = self._slots.get(node)
         if slot is None:
-            self._slots[node] = [self._copy_new(parts), 1]
+            self._slots[node] = [self._copy_new(parts), 1, base]
             return
         slot[1] += 1
-        buf, count = slot
+        slot[2] = max(slot[2], base)
+        buf, count = slot[0], slot[1]
         a = self._scr_a
         for lo, hi, g in chunks(parts):
             t = a[: hi - lo]
@@ -411,9 +566,10 @@ class GSGM(ServerOptimizer):
             np.divide(t, count, out=t)
             np.add(p, t, out=p)
 
-    def _table_put(self, node: int, parts: Parts) -> None:
+    def _table_put(self, node: int, parts: Parts, base: int) -> None:
         row = self._table.get(node)
         tsum = self._table_sum
+        self._table_base[node] = base
         if row is None:
             self._table[node] = self._copy_new(parts)
             for lo, hi, u in chunks(parts):
@@ -428,6 +584,31 @@ class GSGM(ServerOptimizer):
             ts = tsum[lo:hi]
             np.add(ts, t, out=ts)
             np.copyto(r, u)
+
+    def _expire_rows(self, keep: int | None) -> None:
+        """Drop the rows older than ``table_max_age`` versions (but ``keep``'s).
+
+        Age of a row = ``version - base``, measured before the step it would join.
+        The sum loses the expired rows by subtraction, or is recomputed from the
+        remaining rows when that takes fewer passes.
+        """
+        if self._table_max_age is None:
+            return
+        limit = self._version - self._table_max_age  # base < limit: too old
+        old = [n for n, b in self._table_base.items() if b < limit and n != keep]
+        if not old:
+            return
+        self._counters["table_rows_expired"] += len(old)
+        gone = []
+        for n in old:
+            gone.append(self._table.pop(n))
+            del self._table_base[n]
+        if len(gone) > len(self._table):
+            self._recompute_table_sum()
+            return
+        tsum = self._table_sum
+        for row in gone:
+            np.subtract(tsum, row, out=tsum)
 
     def _recompute_table_sum(self) -> None:
         tsum = self._table_sum
@@ -446,12 +627,14 @@ class GSGM(ServerOptimizer):
             "white_list": sorted(self._white),
             "contributed": sorted(self._contributed),
             "slot_nodes": list(self._slots),
-            "slot_counts": [int(c) for _, c in self._slots.values()],
-            "slot_values": [buf.copy() for buf, _ in self._slots.values()],
+            "slot_counts": [int(s[1]) for s in self._slots.values()],
+            "slot_values": [s[0].copy() for s in self._slots.values()],
+            "slot_versions": [int(s[2]) for s in self._slots.values()],
             "cycle_start": self._cycle_start,
             "cycle_arrivals": self._cycle_arrivals,
             "table_nodes": list(self._table),
             "table_values": [row.copy() for row in self._table.values()],
+            "table_versions": [int(self._table_base[n]) for n in self._table],
             "table_sum": None if self._table_sum is None else self._table_sum.copy(),
         }
 
@@ -461,26 +644,40 @@ class GSGM(ServerOptimizer):
         nodes = [int(n) for n in state["slot_nodes"]]
         counts = [int(c) for c in state["slot_counts"]]
         values = [self._flat_array(v, "slot_values") for v in state["slot_values"]]
-        if not len(nodes) == len(counts) == len(values):
-            raise ValueError("state slot_nodes, slot_counts, slot_values differ in length")
+        sversions = [int(v) for v in state["slot_versions"]]
+        if not len(nodes) == len(counts) == len(values) == len(sversions):
+            raise ValueError(
+                "state slot_nodes, slot_counts, slot_values, slot_versions differ in "
+                "length"
+            )
         tnodes = [int(n) for n in state["table_nodes"]]
         tvalues = [self._flat_array(v, "table_values") for v in state["table_values"]]
-        if len(tnodes) != len(tvalues):
-            raise ValueError("state table_nodes and table_values differ in length")
+        tversions = [int(v) for v in state["table_versions"]]
+        if not len(tnodes) == len(tvalues) == len(tversions):
+            raise ValueError(
+                "state table_nodes, table_values, table_versions differ in length"
+            )
         tsum = state["table_sum"]
         if (tsum is None) != (self._averaging != "table"):
             raise ValueError("state table_sum does not match the averaging mode")
+        if (self._m_step is None) != (self._apply == "cycle"):
+            self._m_step = (
+                np.zeros(self._size, dtype=_F32) if self._apply == "arrival" else None
+            )
         self._M[...] = M
         self._S[...] = S
-        self._refresh_m_step()
         self._k = int(state["cycle_count"])
         self._momentum_ready = bool(state["momentum_ready"])
         self._cycle_index = int(state["cycle_index"])
         self._white = {int(n) for n in state["white_list"]}
         self._contributed = {int(n) for n in state["contributed"]}
-        self._slots = {n: [v, c] for n, c, v in zip(nodes, counts, values)}
+        self._slots = {
+            n: [v, c, b] for n, c, v, b in zip(nodes, counts, values, sversions)
+        }
         start = state["cycle_start"]
         self._cycle_start = None if start is None else float(start)
         self._cycle_arrivals = int(state["cycle_arrivals"])
         self._table = dict(zip(tnodes, tvalues))
+        self._table_base = dict(zip(tnodes, tversions))
         self._table_sum = None if tsum is None else self._flat_array(tsum, "table_sum")
+        self._refresh_m_step()

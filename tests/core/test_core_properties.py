@@ -41,7 +41,17 @@ gsgm_params = st.fixed_dictionaries(
         "averaging": st.sampled_from(["slot", "slot", "table"]),
         "start_time": st.sampled_from([None, 0.0]),
         "max_staleness": st.one_of(st.none(), st.integers(0, 3)),
+        "apply": st.sampled_from(["arrival", "arrival", "cycle"]),
+        "table_max_age": st.sampled_from([None, None, 0, 1, 3]),
+        "lr_scaling": st.sampled_from(["step", "step", "cycle"]),
     }
+).map(
+    # table_max_age needs table averaging; lr_scaling="cycle" needs apply="arrival".
+    lambda p: dict(
+        p,
+        table_max_age=p["table_max_age"] if p["averaging"] == "table" else None,
+        lr_scaling=p["lr_scaling"] if p["apply"] == "arrival" else "step",
+    )
 )
 other_params = {
     "asgd": st.fixed_dictionaries({"max_staleness": st.one_of(st.none(), st.integers(0, 3))}),
@@ -51,6 +61,11 @@ other_params = {
                                        "poly_a": st.sampled_from([0.0, 0.5])}),
     "fedbuff": st.fixed_dictionaries({"buffer_size": st.integers(1, 4),
                                       "max_staleness": st.one_of(st.none(), st.integers(0, 3))}),
+    "ca2fl": st.fixed_dictionaries({"buffer_size": st.integers(1, 4),
+                                    "max_staleness": st.one_of(st.none(), st.integers(0, 3))}),
+    "ace": st.fixed_dictionaries({"max_row_age": st.one_of(st.none(), st.integers(0, 4)),
+                                  "max_staleness": st.one_of(st.none(), st.integers(0, 3))}),
+    "daasgd": st.fixed_dictionaries({"delay_threshold": st.one_of(st.none(), st.integers(1, 3))}),
 }
 all_params = dict(other_params, gsgm=gsgm_params)
 # GSGM has the most state: it gets most of the examples.
@@ -131,11 +146,11 @@ class RecordingGSGM(GSGM):
         super().__init__(*args, **kwargs)
         self.seen: set[tuple[int, int]] = set()
 
-    def _contribute(self, node, parts):
+    def _contribute(self, node, parts, *args):
         key = (self.cycle_index, node)
         assert key not in self.seen, f"node {node} contributed twice in cycle {key[0]}"
         self.seen.add(key)
-        super()._contribute(node, parts)
+        super()._contribute(node, parts, *args)
 
 
 def gsgm_invariants(opt):
@@ -147,6 +162,15 @@ def gsgm_invariants(opt):
     assert all(c >= 1 for _, c in opt.slots.values())
     assert opt.cycle_count == len(opt.contributed)
     assert set(opt.table) <= active
+    assert set(opt.table_versions) == set(opt.table)
+    if opt.table:  # the running sum follows the rows (expiry, losses, closes)
+        rows = sum(r.astype(np.float64) for r in opt.table.values())
+        np.testing.assert_allclose(opt._table_sum, rows, rtol=1e-4, atol=1e-4)
+    age = opt.params["table_max_age"]
+    if age is not None and opt.params["apply"] == "arrival" and opt.table:
+        # after a step, every row but the newest contribution's is young enough
+        young = [b for b in opt.table_versions.values() if opt.version - 1 - b <= age]
+        assert len(young) >= len(opt.table) - 1
     c = opt.counters
     assert c["arrivals"] == c["applied"] + c["deferred"] + c["stale"]
 

@@ -132,6 +132,11 @@ GSGM_CONFIGS = [
     dict(averaging="table", cycle_max_updates=4),
     dict(scheduling=False),
     dict(cycle_max_seconds=2.5, start_time=0.0),
+    dict(apply="cycle"),
+    dict(apply="cycle", momentum_form="ema", averaging="table", table_max_age=2),
+    dict(averaging="table", table_max_age=1, cycle_quorum=0.5),
+    dict(lr_scaling="cycle", cycle_quorum=0.5),
+    dict(apply="cycle", scheduling=False),
 ]
 
 
@@ -228,7 +233,8 @@ def test_load_state_dict_refuses_foreign_states_and_stays_unchanged():
 
 # ----------------------------------------------------------------------- registry
 def test_registry_names_and_building_every_optimizer():
-    assert sorted(OPTIMIZERS) == ["asgd", "dcasgd", "fedasync", "fedbuff", "gsgm", "masgd"]
+    assert sorted(OPTIMIZERS) == ["ace", "asgd", "ca2fl", "daasgd", "dcasgd", "fedasync",
+                               "fedbuff", "gsgm", "masgd"]
     for name, cls in OPTIMIZERS.items():
         opt = make_optimizer(name, [f32(0, 0)], [1], lr=0.1)
         assert type(opt) is cls and opt.name == name

@@ -1,0 +1,211 @@
+"""ACE / ACED: all-client engagement, a step along the mean of every node's latest update.
+
+Reference:
+    X. Chang, M. Yao, S. V. Krishnamurthy, C. R. Shelton, A. Chakraborty, A. Swami,
+    S. Oymak, A. Roy-Chowdhury, "Mitigating Participation Imbalance Bias in
+    Asynchronous Federated Learning", arXiv:2511.19066, 2025.
+
+Implemented: ACE keeps a table ``U`` with the latest update of every node; on every
+arrival ``U_i <- Delta_i`` and the server steps at once (no buffer) along the mean
+of the rows, so each node weighs the same whatever its speed. ACED, the delay-aware
+variant, is the same class with ``max_row_age`` set: only rows at most that many
+versions old enter the mean (the authors' preliminary value: 50).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+
+from .base import Outcome, Parts, ServerOptimizer, chunks
+from .params import Param
+
+__all__ = ["ACE"]
+
+_F32 = np.dtype(np.float32)
+
+
+class ACE(ServerOptimizer):
+    r"""ACE: ``U_i <- Delta_i``, then ``w <- w - lr * mean_j U_j`` on every arrival.
+
+    State: one row ``U_j`` (flat float32) per active node whose latest update is in
+    the table, the row's base version ``b_j`` (the version of the weights that
+    update was computed on, i.e. its dispatch version), and the running sum
+    ``Sigma = sum_j U_j``.
+
+    When node ``i``'s update ``Delta_i`` arrives with staleness
+    ``s = version - base_version`` (after validation and ``max_staleness``):
+
+    - ACED only (``max_row_age`` set): if ``s > max_row_age`` the update can never
+      enter a mean; it is dropped (:attr:`Outcome.STALE`), no step is taken, and
+      the node's previous row (older still) leaves the table. This is the only
+      case where no row would be young enough, since the arriving row is the
+      youngest: these no-step arrivals are counted in ``stale``.
+    - ``U_i <- Delta_i``, ``b_i <- base_version`` (``Sigma`` updated in place);
+    - ACED only: every row with age ``version - b_j > max_row_age`` leaves the
+      table (ages only grow, so it never comes back; the node's next update
+      re-enters), counted in ``rows_expired``;
+    - ``w <- w - lr * Sigma / |U|`` over the ``|U|`` rows present (the arriving
+      one included); ``version += 1``; :attr:`Outcome.APPLIED`.
+
+    The mean runs over the rows present, not over ``|A|``: a node that has not
+    sent yet (or whose row expired) is absent rather than counted as zero.
+
+    Args:
+        weights: initial weights, a sequence of numpy arrays (copied to float32).
+        node_ids: initially active node ids.
+        lr: server learning rate eta, > 0.
+        max_row_age: ``None`` (default) for ACE; an int >= 0 for ACED, the largest
+            row age in versions (since the row's base version) that enters the
+            mean. The authors' preliminary value is 50.
+        max_staleness: optional staleness bound (see :class:`ServerOptimizer`).
+        max_norm: optional L2-norm bound (see :class:`ServerOptimizer`).
+
+    Raises:
+        ValueError: a parameter is out of range; the message names it.
+
+    Extra counters: ``rows_expired`` (rows that left by age, ACED), ``resyncs``
+    (recomputes of ``Sigma`` from the rows).
+
+    Node churn: a lost node's row leaves the table (``Sigma`` recomputed).
+
+    Memory: ``w``, ``Sigma`` and one row per active node in the table: at most
+    ``(|A| + 2) * size(w)`` float32 with ``w``, plus chunk-sized scratch. Cost: 4
+    element-wise passes per arrival (row replace and sum update, step), one more
+    per expired row (subtracted from ``Sigma``, or ``Sigma`` recomputed when that
+    is cheaper), and a recompute of ``Sigma`` from the rows (``|U| + 1`` passes,
+    in increasing node order) after every ``|U|`` row changes, which bounds the
+    float32 drift of the running sum (about 1 pass per arrival amortised).
+    """
+
+    name: ClassVar[str] = "ace"
+    PARAMS: ClassVar[tuple[Param, ...]] = (
+        Param("max_row_age", None, "ACED: rows older than this many versions leave the mean "
+              "(none = ACE)", kind=int, low=0, optional=True, run_config_key="max-row-age"),
+    )
+    _counter_names: ClassVar[tuple[str, ...]] = ServerOptimizer._counter_names + (
+        "rows_expired",
+        "resyncs",
+    )
+
+    def __init__(self, weights: Sequence[np.ndarray], node_ids: Iterable[int],
+                 **params: Any) -> None:
+        super().__init__(weights, node_ids, **params)
+        # node -> [flat row, base version]
+        self._rows: dict[int, list[Any]] = {}
+        self._sum = np.zeros(self._size, dtype=_F32)
+        self._changes = 0  # row changes since Sigma was last recomputed
+
+    # ---------------------------------------------------------------- introspection
+    @property
+    def table(self) -> dict[int, np.ndarray]:
+        """node -> flat float32 copy of its row ``U_j``."""
+        return {n: r.copy() for n, (r, _) in self._rows.items()}
+
+    @property
+    def row_versions(self) -> dict[int, int]:
+        """node -> base version ``b_j`` of its row."""
+        return {n: int(b) for n, (_, b) in self._rows.items()}
+
+    @property
+    def table_sum(self) -> np.ndarray:
+        """A flat float32 copy of the running sum ``Sigma`` of the rows."""
+        return self._sum.copy()
+
+    # ------------------------------------------------------------------------ rule
+    def _on_valid(self, node: int, parts: Parts, base_version: int, staleness: int,
+                  now: float) -> Outcome:
+        age = self._max_row_age
+        if age is not None and staleness > age:
+            if node in self._rows:  # older still: it has expired too
+                self._counters["rows_expired"] += 1
+                self._remove([node])
+            return Outcome.STALE
+        self._put(node, parts, base_version)
+        if age is not None:
+            limit = self._version - age  # rows with b_j < limit are too old
+            old = [n for n, (_, b) in self._rows.items() if b < limit]
+            if old:
+                self._counters["rows_expired"] += len(old)
+                self._remove(old)
+        if self._changes >= len(self._rows):
+            self._resync()
+        w, a, s_all = self._w, self._scr_a, self._sum
+        n, lr = len(self._rows), self._lr
+        for lo, hi, s in chunks([(0, s_all)]):
+            t = a[: hi - lo]
+            np.divide(s, n, out=t)
+            np.multiply(t, lr, out=t)
+            ws = w[lo:hi]
+            np.subtract(ws, t, out=ws)
+        self._version += 1
+        return Outcome.APPLIED
+
+    def _put(self, node: int, parts: Parts, base_version: int) -> None:
+        """``U_i <- Delta_i``; ``Sigma <- Sigma + Delta_i - U_i(old)``."""
+        total = self._sum
+        entry = self._rows.get(node)
+        if entry is None:
+            self._rows[node] = [self._copy_new(parts), base_version]
+            for lo, hi, g in chunks(parts):
+                ts = total[lo:hi]
+                np.add(ts, g, out=ts)
+        else:
+            row, a = entry[0], self._scr_a
+            for lo, hi, g in chunks(parts):
+                t = a[: hi - lo]
+                r = row[lo:hi]
+                np.subtract(g, r, out=t)
+                ts = total[lo:hi]
+                np.add(ts, t, out=ts)
+                np.copyto(r, g)
+            entry[1] = base_version
+        self._changes += 1
+
+    def _remove(self, nodes: list[int]) -> None:
+        """Drop the rows of ``nodes``: subtract them, or recompute if cheaper."""
+        gone = [self._rows.pop(n)[0] for n in nodes]
+        if len(gone) >= len(self._rows) + 1:
+            self._resync()
+            return
+        for row in gone:
+            np.subtract(self._sum, row, out=self._sum)
+        self._changes += len(gone)
+
+    def _resync(self) -> None:
+        """``Sigma <- sum of the rows`` in increasing node order."""
+        total = self._sum
+        total.fill(0.0)
+        for node in sorted(self._rows):
+            np.add(total, self._rows[node][0], out=total)
+        self._changes = 0
+        self._counters["resyncs"] += 1
+
+    def _lost(self, node: int, now: float) -> None:
+        if self._rows.pop(node, None) is not None:
+            self._resync()
+
+    # -------------------------------------------------------------- checkpointing
+    def _extra_state(self) -> dict[str, Any]:
+        return {
+            "table_nodes": list(self._rows),
+            "table_versions": [int(b) for _, b in self._rows.values()],
+            "table_values": [r.copy() for r, _ in self._rows.values()],
+            "table_sum": self._sum.copy(),
+            "table_changes": self._changes,
+        }
+
+    def _load_extra(self, state: dict[str, Any]) -> None:
+        nodes = [int(n) for n in state["table_nodes"]]
+        versions = [int(b) for b in state["table_versions"]]
+        values = [self._flat_array(v, "table_values") for v in state["table_values"]]
+        if not len(nodes) == len(versions) == len(values):
+            raise ValueError(
+                "state table_nodes, table_versions, table_values differ in length"
+            )
+        total = self._flat_array(state["table_sum"], "table_sum")
+        self._rows = {n: [v, b] for n, b, v in zip(nodes, versions, values)}
+        self._sum[...] = total
+        self._changes = int(state["table_changes"])

@@ -1,0 +1,85 @@
+"""Delay-adaptive asynchronous SGD: the step shrinks when the delay exceeds the workers.
+
+References:
+    K. Mishchenko, F. Bach, M. Even, B. Woodworth, "Asynchronous SGD Beats Minibatch
+    SGD Under Arbitrary Delays", NeurIPS 2022 (their code steps
+    ``lr * M / max(M, tau)`` with M workers and delay tau);
+    A. Koloskova, S. U. Stich, M. Jaggi, "Sharper Convergence Guarantees for
+    Asynchronous SGD for Distributed and Federated Learning", NeurIPS 2022
+    (step ``lr`` if ``tau <= tau_C``, else ``min(lr, c / tau)``; with
+    ``c = lr * tau_C`` this is the same rule).
+
+Implemented: ``w <- w - lr * m / max(m, tau) * g`` for every arrival, with ``tau``
+the update's staleness in versions and ``m`` the delay threshold (by default the
+number of active nodes at the arrival).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import ClassVar
+
+import numpy as np
+
+from .base import Outcome, Parts, ServerOptimizer
+from .params import Param
+
+__all__ = ["DelayAdaptiveASGD"]
+
+
+class DelayAdaptiveASGD(ServerOptimizer):
+    """Delay-adaptive ASGD: ``w <- w - lr * m / max(m, tau) * g_i`` for every arrival.
+
+    ``tau = version - base_version`` is the update's staleness (versions, an int
+    >= 0); ``m`` is ``delay_threshold`` or, when it is ``None``, the number of
+    active nodes ``|A|`` at the arrival (``|A| >= 1``, since the sender is active).
+    An update no older than ``m`` takes the full step ``lr``; an older one takes
+    ``lr * m / tau`` (so ``tau * step <= lr * m``). With every node always in
+    flight the mean staleness is about ``|A|``: the default damps only the updates
+    slower than the average round trip. Every arrival is :attr:`Outcome.APPLIED`
+    and takes one step (``version`` += 1).
+
+    Args:
+        weights: initial weights, a sequence of numpy arrays (copied to float32).
+        node_ids: initially active node ids.
+        lr: server learning rate, > 0 (the step of an update with ``tau <= m``).
+        delay_threshold: ``m``, an int >= 1, or ``None`` (default) for the number
+            of active nodes at each arrival (Mishchenko et al.'s choice).
+        max_staleness: optional staleness bound (see :class:`ServerOptimizer`).
+        max_norm: optional L2-norm bound (see :class:`ServerOptimizer`).
+
+    Raises:
+        ValueError: a parameter is out of range; the message names it.
+
+    Extra counter: ``steps_shrunk`` (steps with ``tau > m``).
+
+    Memory: ``w`` and chunk-sized scratch.
+    """
+
+    name: ClassVar[str] = "daasgd"
+    PARAMS: ClassVar[tuple[Param, ...]] = (
+        Param("delay_threshold", None, "delay-adaptive ASGD: staleness above which the step "
+              "shrinks (none = the number of active nodes)", kind=int, low=1, optional=True,
+              run_config_key="delay-threshold"),
+    )
+    _counter_names: ClassVar[tuple[str, ...]] = ServerOptimizer._counter_names + (
+        "steps_shrunk",
+    )
+
+    def step_size(self, staleness: int) -> float:
+        """``lr * m / max(m, staleness)`` with the current ``m`` (a python float)."""
+        m = self._threshold()
+        return self._lr * m / max(m, int(staleness))
+
+    def _threshold(self) -> int:
+        if self._delay_threshold is not None:
+            return self._delay_threshold
+        return max(1, len(self._active))
+
+    def _on_valid(self, node: int, parts: Parts, base_version: int, staleness: int,
+                  now: float) -> Outcome:
+        if staleness > self._threshold():
+            self._counters["steps_shrunk"] += 1
+        self._sgd_step(parts, self.step_size(staleness))
+        self._version += 1
+        return Outcome.APPLIED
