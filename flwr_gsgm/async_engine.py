@@ -332,7 +332,8 @@ class AsyncEngine:
         saved = self._load_checkpoint()
         if saved is None:
             self._evaluate()
-            if self.s.in_flight_limit is None:
+            limit = self.s.in_flight_limit
+            if limit is None or limit >= len(self.nodes):
                 for pid in sorted(self.nodes):  # every node, as before the limit existed
                     self._dispatch(pid)
             else:
@@ -756,14 +757,15 @@ class AsyncEngine:
         Called whenever a slot may have freed: at start, after a reply, an error
         reply, a loss, a join and a resume. Without a limit every idle active node
         is dispatched, in partition-id order (after a reply that is the node that
-        replied: any other idle node is idle because a budget is spent). With a
-        limit, the dispatch policy picks among the idle active nodes until
-        ``max_in_flight`` nodes are busy.
+        replied: any other idle node is idle because a budget is spent); so is every
+        idle node when the limit leaves room for all of them, so a limit at or above
+        the number of nodes changes nothing. Otherwise the dispatch policy picks
+        among the idle active nodes until ``max_in_flight`` nodes are busy.
         """
         busy = {d.partition_id for d in self.in_flight.values()}
         idle = [pid for pid in sorted(self.nodes) if self.nodes[pid].active and pid not in busy]
         limit = self.s.in_flight_limit
-        if limit is None:
+        if limit is None or len(self.in_flight) + len(idle) <= limit:
             for pid in idle:
                 if self._may_dispatch():
                     self._dispatch(pid)
