@@ -11,6 +11,12 @@ once. Nodes are keyed on the ``partition-id`` they report (a ``query`` message a
 start-up and whenever a new node id appears), not on node ids, which change when a
 SuperNode restarts.
 
+Concurrency limit (``max_in_flight``, as in FedBuff/Papaya): at most that many
+nodes train at once; whenever a slot frees (a reply, an error reply, a lost node)
+a :class:`~flwr_gsgm.dispatch.DispatchPolicy` picks the next idle active node.
+Without a limit every active node is kept busy and the node that replied is sent
+the newest weights at once.
+
 With a :class:`~flwr_gsgm.virtual_clock.VirtualClock` (simulation), each dispatch
 gets a virtual finish time when it is sent and replies are applied in that order,
 waiting only for the earliest one to arrive, so the run is reproducible whatever
@@ -41,6 +47,7 @@ from flwr.serverapp import Grid
 
 from flwr_gsgm import checkpoint
 from flwr_gsgm.core import Outcome, ServerOptimizer, UpdateRejected
+from flwr_gsgm.dispatch import DISPATCH_POLICIES, make_dispatch_policy
 from flwr_gsgm.run_config import RUN_CONFIG
 from flwr_gsgm.virtual_clock import VirtualClock, derive_seed
 
@@ -103,6 +110,24 @@ class EngineSettings:
         Simulation clock, or None to use real arrival order (deployment).
     seed : int
         Run seed; each dispatch's client seed is derived from it.
+    max_in_flight : int | None
+        Concurrency limit: at most this many nodes train at once, each with at most
+        one dispatch [``max-in-flight``, 0 = all nodes]. None or 0 = every active
+        node is kept busy (no limit). When a slot frees (a reply, an error reply, a
+        lost node) the ``dispatch`` policy picks the next idle active node; under
+        the virtual clock it starts at the virtual time the slot freed.
+    dispatch : str
+        Which idle node gets a freed slot when ``max_in_flight`` binds [``dispatch``]:
+        "random" (uniform, seeded from ``seed``) or "scheduled" (fewest updates
+        received first; ties: earliest last reply, then partition-id); see
+        :mod:`flwr_gsgm.dispatch`. Without a limit the node that replied is the only
+        idle one, so the policy is not consulted and idle nodes are filled in
+        partition-id order, as before the limit existed.
+
+    Raises
+    ------
+    ValueError
+        On a value out of range; the message names the run config key and the value.
     """
 
     max_updates: int = _run_default("max-updates")
@@ -120,6 +145,8 @@ class EngineSettings:
     resume: bool = _run_default("resume")
     virtual_clock: VirtualClock | None = None
     seed: int = 0
+    max_in_flight: int | None = _run_default("max-in-flight") or None
+    dispatch: str = _run_default("dispatch")
 
     def __post_init__(self) -> None:
         checks = {
@@ -139,6 +166,19 @@ class EngineSettings:
             raise ValueError("checkpoint-every / resume need a checkpoint path (a run folder)")
         if self.max_seconds is not None and not self.max_seconds > 0:
             raise ValueError(f"max-seconds must be > 0 or unset, got {self.max_seconds!r}")
+        if self.max_in_flight is not None and (
+            isinstance(self.max_in_flight, bool) or not isinstance(self.max_in_flight, int)
+            or self.max_in_flight < 0
+        ):
+            raise ValueError(
+                f"max-in-flight must be an integer >= 0 (0 = all nodes) or None, got {self.max_in_flight!r}")
+        if self.dispatch not in DISPATCH_POLICIES:
+            raise ValueError(f"dispatch must be one of {', '.join(DISPATCH_POLICIES)}, got {self.dispatch!r}")
+
+    @property
+    def in_flight_limit(self) -> int | None:
+        """``max_in_flight`` with 0 read as None (no limit)."""
+        return self.max_in_flight or None
 
 
 @dataclass
@@ -288,6 +328,7 @@ class AsyncEngine:
         self.t0 = time.monotonic()
         self.last_refresh = -math.inf
         self.speeds: dict[int, float] = {}
+        self.policy = make_dispatch_policy(settings.dispatch, settings.seed)
 
     # ------------------------------------------------------------------ public
     def run(self) -> EngineReport:
@@ -297,8 +338,12 @@ class AsyncEngine:
         saved = self._load_checkpoint()
         if saved is None:
             self._evaluate()
-            for pid in sorted(self.nodes):
-                self._dispatch(pid)
+            limit = self.s.in_flight_limit
+            if limit is None or limit >= len(self.nodes):
+                for pid in sorted(self.nodes):  # every node, as before the limit existed
+                    self._dispatch(pid)
+            else:
+                self._top_up()
         else:
             self._restore(saved)
         with self._sigterm_checkpoints():
@@ -343,6 +388,9 @@ class AsyncEngine:
         self.optimizer = self.make_optimizer([a.copy() for a in self.initial], pids)
         slow = [p for p in pids if self.nodes[p].speed > 1.0]
         log(INFO, "[async] %d nodes (partition-ids %s); slow: %s", len(pids), pids, slow)
+        if self.s.in_flight_limit is not None:
+            log(INFO, "[async] at most %d node(s) in flight, dispatch %s",
+                self.s.in_flight_limit, self.s.dispatch)
 
     def _refuse_other_partitionings(self) -> None:
         """Keep the nodes that agree on the most common num-partitions; refuse the rest."""
@@ -443,8 +491,7 @@ class AsyncEngine:
             self.optimizer.on_node_joined(pid, now=self.vnow)
             self.counters["joined"] += 1
             log(INFO, "[async] partition %d joined (node %d)", pid, self.nodes[pid].node_id)
-            if self._may_dispatch():
-                self._dispatch(pid)
+            self._top_up()
 
     # ---------------------------------------------------------------- dispatch
     def _may_dispatch(self) -> bool:
@@ -560,6 +607,7 @@ class AsyncEngine:
         else:
             self.vnow = time.monotonic() - self.t0
         node = self.nodes[dispatch.partition_id]
+        self.policy.on_reply(node.partition_id, self.vnow, counted=not reply.has_error())
         if reply.has_error():
             self._on_error_reply(node, reply)
             return
@@ -572,8 +620,7 @@ class AsyncEngine:
             limit = self.s.max_consecutive_rejections
             if limit and node.rejections_in_row >= limit:
                 self._lose(node.partition_id, f"{node.rejections_in_row} rejected updates in a row")
-        if node.active and self._may_dispatch():
-            self._dispatch(node.partition_id)
+        self._top_up()
         if self.received % self.s.eval_every == 0:
             self._evaluate()
         if self.s.checkpoint_every and self.received % self.s.checkpoint_every == 0:
@@ -711,11 +758,28 @@ class AsyncEngine:
         self._top_up()
 
     def _top_up(self) -> None:
-        """Give idle active nodes work the budget still allows (after a loss)."""
+        """Give idle active nodes the work the budgets and the in-flight limit allow.
+
+        Called whenever a slot may have freed: at start, after a reply, an error
+        reply, a loss, a join and a resume. Without a limit every idle active node
+        is dispatched, in partition-id order (after a reply that is the node that
+        replied: any other idle node is idle because a budget is spent); so is every
+        idle node when the limit leaves room for all of them, so a limit at or above
+        the number of nodes changes nothing. Otherwise the dispatch policy picks
+        among the idle active nodes until ``max_in_flight`` nodes are busy.
+        """
         busy = {d.partition_id for d in self.in_flight.values()}
-        for pid in sorted(self.nodes):
-            if self.nodes[pid].active and pid not in busy and self._may_dispatch():
-                self._dispatch(pid)
+        idle = [pid for pid in sorted(self.nodes) if self.nodes[pid].active and pid not in busy]
+        limit = self.s.in_flight_limit
+        if limit is None or len(self.in_flight) + len(idle) <= limit:
+            for pid in idle:
+                if self._may_dispatch():
+                    self._dispatch(pid)
+            return
+        while idle and len(self.in_flight) < limit and self._may_dispatch():
+            pid = self.policy.pick(idle)
+            idle.remove(pid)
+            self._dispatch(pid)
 
     def _stop_in_flight(self) -> None:
         """Time budget spent: forget every in-flight dispatch (they are not applied)."""
@@ -823,6 +887,7 @@ class AsyncEngine:
             "speeds": dict(self.speeds),
             "num_partitions": self.num_partitions,
             "last_digest": dict(self.last_digest),
+            "dispatch": self.policy.state_dict(),
         }
 
     def _restore(self, state: dict[str, Any]) -> None:
@@ -838,6 +903,8 @@ class AsyncEngine:
         self.seq, self.vnow = state["seq"], state["vnow"]
         self.speeds, self.num_partitions = dict(state["speeds"]), state["num_partitions"]
         self.last_digest = dict(state["last_digest"])
+        if "dispatch" in state:  # checkpoints written before dispatch policies lack it
+            self.policy.load_state_dict(state["dispatch"])
         for pid, saved in state["nodes"].items():
             node = self.nodes.get(pid)
             if node is None:  # its SuperNode did not come back: known but inactive

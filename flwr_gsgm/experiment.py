@@ -70,6 +70,8 @@ def build_strategy(cfg: Mapping[str, Any], run_dir: Path | None = None) -> Async
         checkpoint_every=cfg["checkpoint-every"],
         checkpoint_path=(run_dir / "checkpoint.pt") if run_dir is not None else None,
         resume=cfg["resume"],
+        max_in_flight=cfg["max-in-flight"] or None,
+        dispatch=cfg["dispatch"],
     )
     # The rule's declared parameters, from their run config keys (0 = none -> None).
     params = optimizer_params_from(cfg, name)
@@ -171,19 +173,52 @@ def _title(cfg: Mapping[str, Any], summary: Mapping[str, Any], num_nodes: int) -
             f"final accuracy {100 * summary['final_accuracy']:.1f}%, MASD {summary['masd']:.4f}")
 
 
+def _recording_sampled(cls: type, sampled: dict[int, list[int]]) -> type:
+    """``cls`` (FedAvg or FedAvgM) noting each round's partition-ids from its train replies."""
+
+    class Recording(cls):  # type: ignore[misc, valid-type]
+        def aggregate_train(self, server_round, replies):
+            replies = list(replies)
+            sampled[server_round] = sorted(
+                int(r.content["metrics"]["partition-id"]) for r in replies
+                if not r.has_error() and "metrics" in r.content and "partition-id" in r.content["metrics"])
+            return super().aggregate_train(server_round, replies)
+
+    Recording.__name__ = cls.__name__
+    return Recording
+
+
 def _run_synchronous(grid: Grid, cfg: Mapping[str, Any], initial: ArrayRecord, evaluate_fn):
     """Flower's own FedAvg / FedAvgM with the same ClientApp ("weights" mode).
 
-    Rounds are chosen so every node does the same number of client computations as
-    ``max-updates`` in total; a round's virtual duration is that of its slowest node.
+    ``max-in-flight`` = m with 0 < m < nodes samples m nodes per round
+    (``fraction_train = m / nodes``, FedBuff's synchronous setting); otherwise every
+    node trains every round. Rounds are ``max-updates // nodes-per-round``, so the
+    client computations equal ``max-updates`` (rounded down). A round's virtual
+    duration is that of its slowest node among those that trained in it: every node
+    with full participation; with sampling, the partition-ids of the round's train
+    replies (Flower samples with the unseeded ``random`` module, so which nodes train
+    is read from the replies, not predicted; a sampled node whose reply failed does
+    not count). Node p's duration in round r is the clock's draw for
+    ``(p, dispatch index r - 1)``.
     """
     num_nodes = len(list(grid.get_node_ids()))
-    rounds = max(1, cfg["max-updates"] // num_nodes)
-    common = {"fraction_train": 1.0, "fraction_evaluate": 0.0, "min_available_nodes": num_nodes}
-    if cfg["strategy"] == "fedavgm":
-        strategy = FedAvgM(server_learning_rate=cfg["server-lr"], server_momentum=cfg["beta"], **common)
+    limit = cfg["max-in-flight"]
+    per_round = limit if 0 < limit < num_nodes else num_nodes
+    rounds = max(1, cfg["max-updates"] // per_round)
+    sampled: dict[int, list[int]] = {}
+    common = {"fraction_train": per_round / num_nodes, "fraction_evaluate": 0.0,
+              "min_available_nodes": num_nodes}
+    if per_round < num_nodes:
+        # min_train_nodes = m: Flower samples max(int(n * m / n), min_train_nodes) nodes,
+        # and int() of the float product may round m down.
+        common["min_train_nodes"] = per_round
+    fedavgm = cfg["strategy"] == "fedavgm"
+    cls = _recording_sampled(FedAvgM if fedavgm else FedAvg, sampled)
+    if fedavgm:
+        strategy = cls(server_learning_rate=cfg["server-lr"], server_momentum=cfg["beta"], **common)
     else:
-        strategy = FedAvg(**common)
+        strategy = cls(**common)
     train_config = ConfigRecord({"mode": "weights", "batch-size": cfg["batch-size"],
                                  "local-steps": cfg["local-steps"], "local-lr": cfg["local-lr"]})
     clock = virtual_clock_from(cfg)
@@ -191,21 +226,28 @@ def _run_synchronous(grid: Grid, cfg: Mapping[str, Any], initial: ArrayRecord, e
     t0 = time.monotonic()
     rows: list[dict[str, Any]] = []
     vtime = {0: 0.0}
-    for r in range(1, rounds + 1):
-        vtime[r] = vtime[r - 1] + max(clock.duration(speeds[p], p, r - 1) for p in range(num_nodes))
+
+    def virtual_time(r: int) -> float:
+        """Virtual seconds at the end of round r (rounds 1..r-1 known by then)."""
+        for k in range(len(vtime), r + 1):
+            trained = sampled.get(k, []) if per_round < num_nodes else range(num_nodes)
+            vtime[k] = vtime[k - 1] + max((clock.duration(speeds[p], p, k - 1) for p in trained
+                                           if p in speeds), default=0.0)
+        return vtime[r]
 
     def due(server_round: int) -> bool:
         # Evaluate where the count of client computations crosses a multiple of eval-every.
         every = cfg["eval-every"]
-        crossed = (server_round * num_nodes) // every != ((server_round - 1) * num_nodes) // every
+        crossed = (server_round * per_round) // every != ((server_round - 1) * per_round) // every
         return server_round in (0, rounds) or crossed
 
     def eval_and_record(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+        vt = virtual_time(server_round)  # every round, so no sampled round is missed
         if not due(server_round):
             return None
         res = evaluate_fn(server_round, arrays)
-        rows.append({"updates": server_round * num_nodes, "version": server_round,
-                     "virtual_time": round(vtime[server_round], 6),
+        rows.append({"updates": server_round * per_round, "version": server_round,
+                     "virtual_time": round(vt, 6),
                      "wall_time": round(time.monotonic() - t0, 3),
                      "accuracy": res["accuracy"], "loss": res["loss"], "staleness_mean": 0.0,
                      "staleness_max": 0, "train_loss": math.nan,
@@ -214,4 +256,4 @@ def _run_synchronous(grid: Grid, cfg: Mapping[str, Any], initial: ArrayRecord, e
 
     strategy.start(grid, initial, num_rounds=rounds, train_config=train_config,
                    evaluate_fn=eval_and_record, timeout=cfg["reply-timeout"])
-    return rows, {"received": rounds * num_nodes, "steps": rounds}
+    return rows, {"received": rounds * per_round, "steps": rounds}

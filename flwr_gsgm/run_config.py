@@ -227,6 +227,10 @@ RUN_CONFIG: dict[str, RunConfigKey] = {
     "max-consecutive-rejections": _key(10, _non_negative, "an integer >= 0 (0 = never)",
                                        "a node whose updates are rejected this often in a row is lost"),
     "min-nodes": _key(1, _positive, "an integer > 0", "nodes to wait for before training"),
+    "max-in-flight": _key(0, _non_negative, "an integer >= 0 (0 = all nodes)",
+                          "nodes training at once (FedAvg/FedAvgM: nodes sampled per round)"),
+    "dispatch": _key("random", _one_of("random", "scheduled"), "random or scheduled",
+                     "which idle node gets a freed slot (max-in-flight < nodes)"),
     # checkpoints
     "checkpoint-every": _key(0, _non_negative, "an integer >= 0 (0 = never)",
                              "save the server state every N client updates (and on SIGTERM)"),

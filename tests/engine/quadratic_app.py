@@ -13,7 +13,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-# Partition p pulls w toward TARGETS[p]; the optimum of the sum is their mean.
+# Partition p pulls w toward TARGETS[p % 4]; the optimum of the sum is their mean.
 TARGETS = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [-1.0, 2.0]], dtype=np.float32)
 INITIAL = {"w": np.zeros(2, np.float32), "b": np.zeros(1, np.float32)}
 
@@ -46,7 +46,7 @@ def make_app(misbehave: dict[int, Misbehaviour] | None = None, raise_for: set[in
             raise RuntimeError(f"partition {pid} fails on purpose")
         arrays = msg.content["arrays"].to_numpy_ndarrays()
         w, b = arrays
-        grad = {"w": (w - TARGETS[pid]).astype(np.float32), "b": (b - 0.5).astype(np.float32)}
+        grad = {"w": (w - TARGETS[pid % len(TARGETS)]).astype(np.float32), "b": (b - 0.5).astype(np.float32)}
         metrics = MetricRecord({
             "partition-id": pid,
             "model-version": int(msg.content["config"]["model-version"]),

@@ -38,6 +38,9 @@ def test_defaults_parse_to_the_main_job():
         ("cycle-quorum", 0.0, "run config cycle-quorum=0.0: expected in (0, 1]"),
         ("max-updates", 2.5, "run config max-updates=2.5: expected an integer > 0"),
         ("scheduling", "maybe", "run config scheduling='maybe': expected true or false"),
+        ("max-in-flight", -1, "run config max-in-flight=-1: expected an integer >= 0 (0 = all nodes)"),
+        ("max-in-flight", 1.5, "run config max-in-flight=1.5: expected an integer >= 0 (0 = all nodes)"),
+        ("dispatch", "fifo", "run config dispatch='fifo': expected random or scheduled"),
     ],
 )
 def test_bad_values_name_the_key(key, value, expected):
@@ -53,7 +56,8 @@ def test_unknown_key_is_named():
 
 @pytest.mark.parametrize(
     "bad",
-    [{"strategy": "sgd"}, {"server-lr": 0.0}, {"classes-per-node": 11}, {"beta": 1.0}],
+    [{"strategy": "sgd"}, {"server-lr": 0.0}, {"classes-per-node": 11}, {"beta": 1.0},
+     {"max-in-flight": -1}, {"dispatch": "fifo"}],
 )
 def test_server_app_fails_before_any_message_is_sent(bad, tmp_path):
     grid = InProcessGrid(make_app(), 2, run_config={})

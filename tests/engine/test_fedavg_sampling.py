@@ -1,0 +1,49 @@
+"""FedAvg with max-in-flight < nodes: Flower samples that many nodes per round, the
+rounds keep the client computations equal to max-updates, and a round lasts as long
+as its slowest sampled node (virtual clock)."""
+
+from __future__ import annotations
+
+import csv
+
+from clients.client_app import app as client_app
+from flwr_gsgm.experiment import run_experiment, virtual_clock_from
+from flwr_gsgm.inprocess_grid import InProcessGrid
+from flwr_gsgm.run_config import parse_run_config
+
+
+class SamplingGrid(InProcessGrid):
+    """Notes the partition-ids each synchronous round sent train messages to."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.rounds: list[list[int]] = []
+
+    def send_and_receive(self, messages, *, timeout=None):
+        messages = list(messages)
+        trained = [int(self.contexts[m.metadata.dst_node_id].node_config["partition-id"])
+                   for m in messages if m.metadata.message_type == "train"]
+        if trained:
+            self.rounds.append(sorted(trained))
+        return super().send_and_receive(messages, timeout=timeout)
+
+
+def test_fedavg_samples_max_in_flight_nodes_and_times_rounds_by_the_slowest_sampled(tmp_path):
+    cfg = parse_run_config({"strategy": "fedavg", "max-updates": 9, "eval-every": 2, "eval-examples": 200,
+                            "classes-per-node": 5, "max-in-flight": 2, "local-steps": 1})
+    grid = SamplingGrid(client_app, 4, run_config=cfg)
+    summary = run_experiment(grid, cfg, tmp_path / "run")
+    # 9 // 2 = 4 rounds of 2 distinct nodes each.
+    assert len(grid.rounds) == 4
+    assert all(len(set(r)) == 2 for r in grid.rounds)
+    with open(tmp_path / "run" / "metrics.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    assert [int(r["updates"]) for r in rows] == [0, 2, 4, 6, 8]
+    clock = virtual_clock_from(cfg)
+    speeds = clock.speed_factors([0, 1, 2, 3])
+    expected, t = [0.0], 0.0
+    for r, sampled in enumerate(grid.rounds, start=1):
+        t += max(clock.duration(speeds[p], p, r - 1) for p in sampled)
+        expected.append(round(t, 6))
+    assert [float(r["virtual_time"]) for r in rows] == expected
+    assert summary["updates_received"] == 8
