@@ -576,8 +576,8 @@ def estimate_seconds(spec: RunSpec, estimate: Mapping[str, float]) -> float:
     """
     cfg = parse_run_config(spec.run_config)
     updates = cfg["max-updates"]
-    if cfg["strategy"] in SYNC_STRATEGIES:
-        updates = max(1, updates // spec.nodes) * spec.nodes
+    if cfg["strategy"] in SYNC_STRATEGIES:  # whole rounds of the nodes sampled per round
+        updates = max(1, updates // spec.in_flight) * spec.in_flight
     evaluations = 1 + updates // cfg["eval-every"]
     test_size = _DATASET_TEST_SIZE[cfg["dataset"]]
     examples = min(cfg["eval-examples"] or test_size, test_size)

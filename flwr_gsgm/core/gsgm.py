@@ -97,15 +97,16 @@ class GSGM(ServerOptimizer):
       (counted in ``table_empty``). Cost: the running sum loses each expired row
       by one subtraction pass, or is recomputed from the remaining rows when that
       takes fewer passes; the expiry scan is over |table| ints only.
-    - ``lr_scaling = "cycle"`` (``apply = "arrival"`` only): ``lr`` is the step per
+    - ``lr_scaling = "cycle"``: ``lr`` is the step per
       cycle, divided over the contributions that close a cycle. Each per-arrival
       step is ``w <- w - (lr / c) * (u_i + beta * M)`` (heavy-ball) or
       ``w <- w - (lr / c) * ((1 - beta) * u_i + beta * M)`` (ema), with
       ``c = max(1, ceil(cycle_quorum * |A|))`` (``|A|`` the active nodes at the
       step; ``c = max(1, |A|)`` with ``scheduling = False``). A cycle of ``c``
       contributions thus moves ``w`` by about ``lr * (mean u + beta * M)``
-      whatever the number of nodes. With ``apply = "cycle"`` the step is already
-      per cycle: ``lr_scaling = "cycle"`` is rejected there.
+      whatever the number of nodes. With ``apply = "cycle"`` the one step of a
+      cycle is ``lr`` already, so both values of ``lr_scaling`` give the same rule
+      (a grid may cross the two options).
 
     Args:
         weights: initial weights, a sequence of numpy arrays (copied to float32).
@@ -139,8 +140,8 @@ class GSGM(ServerOptimizer):
             (one step per closed cycle, see Options).
         table_max_age: ``None`` (default, off) or an int >= 0, the largest row age
             in versions kept in the table mean; needs ``averaging = "table"``.
-        lr_scaling: ``"step"`` (default: ``lr`` per step) or ``"cycle"`` (``lr``
-            per cycle, ``lr / c`` per step; needs ``apply = "arrival"``).
+        lr_scaling: ``"step"`` (``lr`` per step) or ``"cycle"`` (``lr`` per cycle,
+            ``lr / c`` per step; the same as ``"step"`` with ``apply = "cycle"``).
         max_staleness: optional staleness bound (see :class:`ServerOptimizer`).
         max_norm: optional L2-norm bound (see :class:`ServerOptimizer`).
 
@@ -149,8 +150,8 @@ class GSGM(ServerOptimizer):
 
     Raises:
         ValueError: a parameter is not declared or out of range, or two options do not
-            go together (``table_max_age`` without table averaging, ``lr_scaling =
-            "cycle"`` with ``apply = "cycle"``); the message names it.
+            go together (``table_max_age`` without table averaging); the message
+            names it.
 
     Extra counters: ``cycles`` (closes), ``cycles_quorum``, ``cycles_update_budget``,
     ``cycles_time_budget`` (closes for those reasons), ``slots_applied``,
@@ -208,12 +209,6 @@ class GSGM(ServerOptimizer):
             raise ValueError(
                 f"table_max_age={self._table_max_age!r} needs averaging='table', got "
                 f"averaging={self._averaging!r}"
-            )
-        if self._lr_scaling == "cycle" and self._apply == "cycle":
-            raise ValueError(
-                "lr_scaling='cycle' divides lr over the per-arrival steps of a cycle; "
-                "with apply='cycle' there is one step per cycle already: use "
-                "lr_scaling='step'"
             )
 
         self._M = np.zeros(self._size, dtype=_F32)

@@ -245,7 +245,6 @@ def test_lr_scaling_cycle_uses_the_quorum_count():
     [
         (dict(apply="batch"), "apply"),
         (dict(lr_scaling="node"), "lr_scaling"),
-        (dict(apply="cycle", lr_scaling="cycle"), "lr_scaling"),
         (dict(table_max_age=3), "table_max_age"),  # slot averaging
         (dict(averaging="table", table_max_age=-1), "table_max_age"),
         (dict(averaging="table", table_max_age=1.5), "table_max_age"),
@@ -260,3 +259,12 @@ def test_constructor_rejects_bad_options_naming_them(kw, name):
 def test_defaults_are_the_previous_behaviour():
     p = make().params
     assert (p["apply"], p["table_max_age"], p["lr_scaling"]) == ("arrival", None, "step")
+
+
+def test_lr_scaling_is_moot_with_cycle_application():
+    # apply = "cycle" steps once per cycle with lr: both lr_scalings are that rule.
+    a, b = make(apply="cycle"), make(apply="cycle", lr_scaling="cycle")
+    for node, g in ((1, (1, 2)), (2, (3, 4)), (1, (5, 6)), (3, (-1, 0)), (2, (2, 2))):
+        assert a.on_update(node, [f32(*g)], 0) == b.on_update(node, [f32(*g)], 0)
+    assert_bits_equal(a.weights[0], b.weights[0], "w")
+    assert a.version == b.version == 1

@@ -46,7 +46,7 @@ gsgm_params = st.fixed_dictionaries(
         "lr_scaling": st.sampled_from(["step", "step", "cycle"]),
     }
 ).map(
-    # table_max_age needs table averaging; lr_scaling="cycle" needs apply="arrival".
+    # table_max_age needs table averaging; lr_scaling is moot with apply="cycle".
     lambda p: dict(
         p,
         table_max_age=p["table_max_age"] if p["averaging"] == "table" else None,

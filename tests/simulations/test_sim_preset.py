@@ -13,10 +13,11 @@ from simulations.preset import (
     load_preset,
     partition_label,
     report_runs,
+    setting_label,
+    stand_in_tuned,
     tune_runs,
 )
 from simulations.results import divergence, run_row
-from simulations.preset import stand_in_tuned
 from simulations.sweep import dry_run
 
 PRESETS = Path(__file__).resolve().parents[2] / "simulations" / "presets"
@@ -51,10 +52,62 @@ def test_fashion_mnist_preset_expands_to_the_issue_4_sweep():
                                             "target": 0.2}
 
 
+def test_scale_preset_expands_to_the_issue_9_sweep():
+    preset = load_preset(PRESETS / "fashion_mnist_scale.toml")
+    assert preset.tune_nodes == 10 and preset.tune_seed == 0 and preset.seeds == [1, 2, 3]
+    runs = report_runs(preset, stand_in_tuned(preset))
+    settings = {(r.nodes, r.max_in_flight) for r in runs}
+    assert settings == {(10, 0), (30, 0), (30, 20), (100, 0), (100, 20), (300, 0), (300, 20)}
+    budget = {r.nodes: r.run_config["max-updates"] for r in runs}
+    assert budget == {10: 4000, 30: 4000, 100: 10000, 300: 10000}
+    limited = [r for r in runs if r.max_in_flight]
+    assert all(r.run_config["max-in-flight"] == 20 and "-f20/" in r.run_id for r in limited)
+    assert all("max-in-flight" not in r.run_config for r in runs if not r.max_in_flight)
+    at_300 = {r.method for r in runs if r.nodes == 300}
+    assert at_300 == {"gsgm", "asgd", "fedbuff", "ca2fl", "ace", "fedavg"}
+    assert {r.method for r in runs if r.nodes == 10} == set(preset.methods)
+    # GSGM dispatches by its schedule, the baselines at random (the run config default)
+    assert all(r.run_config.get("dispatch") == "scheduled" for r in runs if r.method == "gsgm")
+    assert all("dispatch" not in r.run_config for r in runs if r.method in ("asgd", "fedbuff", "ca2fl"))
+    assert setting_label(300, "k2", 20) == "n300-k2-f20" and setting_label(10, "k2", 20) == "n10-k2"
+
+
+def test_question_config_and_max_in_flight_expand_and_conflicts_are_refused(tmp_path):
+    body = """
+[sweep]
+reference = "a"
+[base]
+max-updates = 100
+[methods.a]
+config = { strategy = "asgd" }
+[questions.q]
+nodes = [4, 40]
+max-in-flight = [0, 8, 40]
+partitions = [{ partitioner = "iid" }]
+config = { max-updates = 500 }
+"""
+    preset = load_preset(write(tmp_path, body))
+    runs = report_runs(preset, stand_in_tuned(preset))
+    # 8 and 40 in flight at 4 nodes are "all"; 40 at 40 nodes too: 3 settings x 3 seeds
+    assert sorted({r.run_id.split("/")[2] for r in runs}) == ["n4-iid", "n40-iid", "n40-iid-f8"]
+    assert {r.run_config["max-updates"] for r in runs} == {500}
+    with pytest.raises(ValueError, match="different run configs"):
+        load_preset(write(tmp_path, body + """
+[questions.r]
+nodes = [4]
+partitions = [{ partitioner = "iid" }]
+config = { max-updates = 600 }
+"""))
+    with pytest.raises(ValueError, match="max-in-flight must be a non-empty list"):
+        load_preset(write(tmp_path, body.replace("[0, 8, 40]", "[-1]")))
+    with pytest.raises(ValueError, match="'partitioner' is set by partitions"):
+        load_preset(write(tmp_path, body.replace("max-updates = 500", 'partitioner = "iid"')))
+
+
 def test_dry_run_counts_runs_and_estimates_time(tmp_path):
     preset = load_preset(PRESETS / "fashion_mnist.toml", out=tmp_path)
     text = dry_run(preset, tmp_path, jobs=2)
-    assert "Total: 322 runs" in text  # 130 tuning + 192 reporting runs and "with --jobs 2" in text
+    assert "Total: 322 runs" in text and "with --jobs 2" in text  # 130 tuning + 192 reporting runs
     assert "gsgm                      80" in text
 
 
