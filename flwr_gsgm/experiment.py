@@ -76,7 +76,7 @@ def build_strategy(cfg: Mapping[str, Any], run_dir: Path | None = None) -> Async
     # The rule's declared parameters, from their run config keys (0 = none -> None).
     params = optimizer_params_from(cfg, name)
     return STRATEGIES[name](
-        server_lr=params.pop("lr"),
+        server_lr=params.pop("lr", None),  # absent: server-lr = 0, the rule's default
         client_mode=cfg["client-mode"],
         batch_size=cfg["batch-size"],
         local_batches=cfg["local-batches"],
@@ -216,7 +216,9 @@ def _run_synchronous(grid: Grid, cfg: Mapping[str, Any], initial: ArrayRecord, e
     fedavgm = cfg["strategy"] == "fedavgm"
     cls = _recording_sampled(FedAvgM if fedavgm else FedAvg, sampled)
     if fedavgm:
-        strategy = cls(server_learning_rate=cfg["server-lr"], server_momentum=cfg["beta"], **common)
+        # server-lr 0 = the strategy's default: Flower's FedAvgM default.
+        lr = {"server_learning_rate": cfg["server-lr"]} if cfg["server-lr"] else {}
+        strategy = cls(server_momentum=cfg["beta"], **lr, **common)
     else:
         strategy = cls(**common)
     train_config = ConfigRecord({"mode": "weights", "batch-size": cfg["batch-size"],

@@ -81,8 +81,13 @@ def _means_none(param: Param, value: Any) -> bool:
     return param.optional and param.kind in (int, float) and not isinstance(value, bool) and value == 0
 
 
+def _means_rule_default(param: Param, value: Any) -> bool:
+    """The run config's ``0`` for a per-rule default stands for "the rule's own default"."""
+    return param.rule_default and not isinstance(value, bool) and value == 0
+
+
 def _accepts(param: Param, value: Any) -> bool:
-    if _means_none(param, value):
+    if _means_none(param, value) or _means_rule_default(param, value):
         return True
     try:
         param.check(value)
@@ -93,6 +98,8 @@ def _accepts(param: Param, value: Any) -> bool:
 
 def _expected(param: Param) -> str:
     """``param.expected()``, with the ``0 = none`` of an optional number."""
+    if param.rule_default:
+        return f"0 (the strategy's default) or {param.expected()}"
     if not param.optional:
         return param.expected()
     prefix = "an integer " if param.kind is int else ""
@@ -104,7 +111,9 @@ def _expected(param: Param) -> str:
 
 def _same_declaration(a: Param, b: Param) -> bool:
     """Two rules may share a key only if it means the same value, range and default."""
-    fields = ("default", "kind", "low", "low_open", "high", "high_open", "choices", "optional")
+    fields = ("kind", "low", "low_open", "high", "high_open", "choices", "optional", "rule_default")
+    if not a.rule_default:  # a per-rule default may differ from rule to rule
+        fields += ("default",)
     return all(getattr(a, f) == getattr(b, f) for f in fields)
 
 
@@ -145,7 +154,7 @@ def _optimizer_keys() -> dict[str, RunConfigKey]:
     for key, (param, rules) in _declaring_rules().items():
         readers = rules + [s for s, keys in SYNC_STRATEGY_KEYS.items() if key in keys]
         help = param.doc if set(rules) == every_rule else f"{param.doc} ({', '.join(readers)})"
-        default = param.kind(0) if param.default is None else param.default
+        default = param.kind(0) if param.default is None or param.rule_default else param.default
         out[key] = _key(default, lambda v, p=param: _accepts(p, v), _expected(param), help)
     return out
 
@@ -169,7 +178,8 @@ def optimizer_params_from(cfg: Mapping[str, Any], rule: str) -> dict[str, Any]:
     """The keyword arguments of rule ``rule`` that a parsed run config sets.
 
     Every declared parameter with a run config key, by parameter name (``lr``
-    included); ``0`` of an optional number becomes ``None``.
+    included); ``0`` of an optional number becomes ``None``; ``0`` of a per-rule
+    default (``server-lr``) is left out, so the rule's declared default applies.
 
     Raises:
         ValueError: unknown ``rule``. KeyError: ``cfg`` was not parsed (a key is missing).
@@ -178,6 +188,8 @@ def optimizer_params_from(cfg: Mapping[str, Any], rule: str) -> dict[str, Any]:
     for param in declared_params(rule):
         if param.run_config_key is not None:
             value = cfg[param.run_config_key]
+            if _means_rule_default(param, value):
+                continue
             out[param.name] = None if _means_none(param, value) else value
     return out
 

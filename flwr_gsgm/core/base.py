@@ -169,7 +169,7 @@ class ServerOptimizer(abc.ABC):
     #: This class's own parameters; :meth:`declared_params` adds the inherited ones.
     PARAMS: ClassVar[tuple[Param, ...]] = (
         Param("lr", 0.02, "server learning rate eta", low=0.0, low_open=True,
-              run_config_key="server-lr"),
+              run_config_key="server-lr", rule_default=True),
         Param("max_staleness", None, "drop updates staler than this", kind=int, low=0,
               optional=True, run_config_key="max-staleness"),
         Param("max_norm", None, "reject updates with a larger L2 norm", low=0.0,

@@ -46,6 +46,10 @@ class Param:
             (``beta``) only with identical declarations apart from ``doc``.
         normalize: optional ``str -> str`` applied to a ``str`` value before the
             check (e.g. accept ``heavy_ball`` for ``heavy-ball``).
+        rule_default: each rule may redeclare the parameter with its own default
+            (the server learning rate: a step per arrival, per buffer or per cycle
+            means different scales); its shared run config key then defaults to
+            ``0``, "the strategy's own default".
 
     Raises:
         ValueError: an inconsistent declaration (unknown kind, choices on a
@@ -64,6 +68,7 @@ class Param:
     optional: bool = False
     run_config_key: str | None = None
     normalize: Callable[[str], str] | None = None
+    rule_default: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in _KINDS:

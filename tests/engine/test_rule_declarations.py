@@ -57,9 +57,12 @@ def test_defaults_agree_in_every_layer(name):
     cfg = parse_run_config({"strategy": name})
     assert build_strategy(cfg).optimizer_params == defaults
     for p in declared_params(name):
-        if p.run_config_key is not None:
+        if p.run_config_key is not None and not p.rule_default:
             shown = RUN_CONFIG[p.run_config_key].default
             assert (None if p.optional and shown == 0 else shown) == p.default, p.name
+    # server-lr: 0 in the run config = the rule's own declared default
+    assert RUN_CONFIG["server-lr"].default == 0.0
+    assert build_strategy(parse_run_config({"strategy": name, "server-lr": 0.3})).server_lr == 0.3
 
 
 def test_registry_strategies_and_run_config_list_the_same_rules():
@@ -145,6 +148,8 @@ from .params import Param
 class ScaledSGD(ServerOptimizer):
     name: ClassVar[str] = "zz-scaled"
     PARAMS: ClassVar[tuple[Param, ...]] = (
+        Param("lr", 0.3, "server learning rate eta", low=0.0, low_open=True,
+              run_config_key="server-lr", rule_default=True),
         Param("scale", 0.5, "step scale", low=0.0, low_open=True, run_config_key="zz-scale"),
         Param("warm", None, "warm-up updates", kind=int, low=1, optional=True,
               run_config_key="zz-warm"),
@@ -171,6 +176,9 @@ CHECK_NEW_RULE = textwrap.dedent(
     assert RUN_CONFIG["zz-warm"].expected == "an integer >= 0 (0 = none)"
     assert "zz-scaled" in RUN_CONFIG["strategy"].expected
     assert strategy_keys("zz-scaled") >= {"zz-scale", "server-lr"}
+    # its own learning rate default, through the shared server-lr key (0 = the rule's)
+    assert build_strategy(parse_run_config({"strategy": "zz-scaled"})).server_lr == 0.3
+    assert build_strategy(parse_run_config({"strategy": "asgd"})).server_lr == 0.02
     cfg = parse_run_config({"strategy": "zz-scaled", "zz-scale": 0.25, "zz-warm": 3})
     params = build_strategy(cfg).optimizer_params
     assert (params["scale"], params["warm"]) == (0.25, 3), params

@@ -29,8 +29,7 @@ def test_defaults_parse_to_the_main_job():
     "key, value, expected",
     [
         ("strategy", "sgd", "run config strategy='sgd': expected one of gsgm, asgd"),
-        ("server-lr", 0.0, "run config server-lr=0.0: expected > 0"),
-        ("server-lr", -0.1, "run config server-lr=-0.1: expected > 0"),
+        ("server-lr", -0.1, "run config server-lr=-0.1: expected 0 (the strategy's default) or > 0"),
         ("local-lr", 0, "run config local-lr=0.0: expected > 0"),
         ("classes-per-node", 11, "run config classes-per-node=11: expected an integer in [1, 10]"),
         ("beta", 1.0, "run config beta=1.0: expected in [0, 1)"),
@@ -56,7 +55,7 @@ def test_unknown_key_is_named():
 
 @pytest.mark.parametrize(
     "bad",
-    [{"strategy": "sgd"}, {"server-lr": 0.0}, {"classes-per-node": 11}, {"beta": 1.0},
+    [{"strategy": "sgd"}, {"server-lr": -1.0}, {"classes-per-node": 11}, {"beta": 1.0},
      {"max-in-flight": -1}, {"dispatch": "fifo"}],
 )
 def test_server_app_fails_before_any_message_is_sent(bad, tmp_path):
