@@ -157,7 +157,12 @@ class AsyncStrategy:
         return params
 
     def _build_optimizer(self, weights: list[np.ndarray], partition_ids: list[int]) -> ServerOptimizer:
-        return make_optimizer(self.optimizer_name, weights, partition_ids, **self.optimizer_params)
+        params = dict(self.optimizer_params)
+        if "concurrency" in params and params["concurrency"] is None:
+            # A rule that scales its step by the nodes in flight (GSGM's lr per cycle)
+            # learns the engine's concurrency limit (None: every node is in flight).
+            params["concurrency"] = self.engine.in_flight_limit
+        return make_optimizer(self.optimizer_name, weights, partition_ids, **params)
 
     def summary(self) -> None:
         """Log the strategy's configuration."""

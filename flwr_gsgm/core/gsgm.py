@@ -102,7 +102,8 @@ class GSGM(ServerOptimizer):
       step is ``w <- w - (lr / c) * (u_i + beta * M)`` (heavy-ball) or
       ``w <- w - (lr / c) * ((1 - beta) * u_i + beta * M)`` (ema), with
       ``c = max(1, ceil(cycle_quorum * |A|))`` (``|A|`` the active nodes at the
-      step; ``c = max(1, |A|)`` with ``scheduling = False``). A cycle of ``c``
+      step, or ``concurrency`` when fewer nodes train at once; ``c = max(1, |A|)``
+      with ``scheduling = False``). A cycle of ``c``
       contributions thus moves ``w`` by about ``lr * (mean u + beta * M)``
       whatever the number of nodes. With ``apply = "cycle"`` the one step of a
       cycle is ``lr`` already, so both values of ``lr_scaling`` give the same rule
@@ -191,6 +192,11 @@ class GSGM(ServerOptimizer):
         Param("lr_scaling", "step", "apply = arrival: lr per step, or per cycle divided over "
               "the cycle's contributions", kind=str, choices=_LR_SCALING,
               run_config_key="lr-scaling"),
+        # Set by the strategy from the engine's max-in-flight, not a run config key of
+        # its own: staleness grows with the nodes in flight, not with the nodes known.
+        Param("concurrency", None, "nodes training at once (none = every active node); "
+              "lr_scaling = cycle counts c over min(|A|, concurrency)", kind=int, low=1,
+              optional=True),
     )
     _counter_names: ClassVar[tuple[str, ...]] = ServerOptimizer._counter_names + (
         "cycles",
@@ -496,6 +502,8 @@ class GSGM(ServerOptimizer):
         if self._lr_scaling == "step":
             return self._lr
         n = len(self._active)
+        if self._concurrency is not None:
+            n = min(n, self._concurrency)
         if self._scheduling:
             c = max(1, math.ceil(self._cycle_quorum * n - 1e-9))
         else:

@@ -268,3 +268,15 @@ def test_lr_scaling_is_moot_with_cycle_application():
         assert a.on_update(node, [f32(*g)], 0) == b.on_update(node, [f32(*g)], 0)
     assert_bits_equal(a.weights[0], b.weights[0], "w")
     assert a.version == b.version == 1
+
+
+def test_lr_per_cycle_counts_the_nodes_in_flight_when_concurrency_is_bounded():
+    # 8 active nodes, quorum 0.5: c = ceil(0.5 * 8) = 4 -> step lr / 4 = 0.125;
+    # with 2 in flight: c = ceil(0.5 * 2) = 1 -> step lr = 0.5 (heavy-ball, M = 0 still).
+    nodes = range(1, 9)
+    wide = make(nodes, lr_scaling="cycle", cycle_quorum=0.5)
+    narrow = make(nodes, lr_scaling="cycle", cycle_quorum=0.5, concurrency=2)
+    wide.on_update(1, [f32(1, -2)], 0)
+    narrow.on_update(1, [f32(1, -2)], 0)
+    assert_bits_equal(wide.weights[0], f32(-0.125, 0.25), "w (c = 4)")
+    assert_bits_equal(narrow.weights[0], f32(-0.5, 1.0), "w (c = 1)")

@@ -239,3 +239,14 @@ def test_bad_engine_settings_name_the_key_and_value(kwargs, message):
     if "dispatch" in kwargs:
         with pytest.raises(ValueError, match="dispatch must be one of random, scheduled, got 'fifo'"):
             make_dispatch_policy("fifo")
+
+
+def test_gsgm_learns_the_concurrency_limit_from_the_engine():
+    weights = [np.zeros(2, np.float32)]
+    bounded = GSGM(engine=EngineSettings(max_in_flight=3), lr_scaling="cycle")
+    assert bounded._build_optimizer(weights, list(range(8))).params["concurrency"] == 3
+    unbounded = GSGM(lr_scaling="cycle")
+    assert unbounded._build_optimizer(weights, list(range(8))).params["concurrency"] is None
+    # a value given by the user wins
+    given = GSGM(engine=EngineSettings(max_in_flight=3), concurrency=5)
+    assert given._build_optimizer(weights, list(range(8))).params["concurrency"] == 5
