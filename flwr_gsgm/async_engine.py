@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from logging import INFO, WARNING
 from typing import Any
 
@@ -39,16 +39,15 @@ from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from flwr_gsgm import checkpoint
+from flwr_gsgm import checkpoint, engine_state
 from flwr_gsgm.core import Outcome, ServerOptimizer, UpdateRejected
-from flwr_gsgm.dispatch import make_dispatch_policy
+from flwr_gsgm.dispatcher import Dispatcher
 from flwr_gsgm.engine_settings import EngineSettings
 from flwr_gsgm.evaluation import EvaluateFn, Evaluator, wall_since, weights_record
 from flwr_gsgm.in_flight import Dispatch, InFlight
 from flwr_gsgm.ledger import Ledger
 from flwr_gsgm.membership import Membership, Node
 from flwr_gsgm.reply_intake import ReplyIntake
-from flwr_gsgm.virtual_clock import derive_seed
 
 __all__ = ["EngineSettings", "AsyncEngine", "EngineReport", "EvaluateFn", "OptimizerFactory"]
 
@@ -113,7 +112,6 @@ class AsyncEngine:
             if arr.dtype != np.float32:
                 raise ValueError(f"initial array {key!r} has dtype {arr.dtype}, expected float32")
         self.make_optimizer = optimizer_factory
-        self.train_config = train_config
         self.s = settings
         self.optimizer: ServerOptimizer | None = None
         self.ledger = Ledger()
@@ -121,12 +119,12 @@ class AsyncEngine:
         self.members = Membership(grid, self.in_flight, settings, self.ledger)
         self.intake = ReplyIntake(self.keys)
         self.evaluator = Evaluator(self.keys, evaluate_fn, settings.max_updates)
-        self.policy = make_dispatch_policy(settings.dispatch, settings.seed)
+        self.dispatcher = Dispatcher(settings, train_config, self.members, self.in_flight)
+        self.policy = self.dispatcher.policy
         self.rows: list[dict[str, float]] = []
         self.received = 0
         self.diverged = False
         self.stop_requested = False
-        self.seq = 0
         self.vnow = 0.0
         self.t0 = time.monotonic()
 
@@ -143,7 +141,7 @@ class AsyncEngine:
         """
         self.t0 = time.monotonic()
         self._start()
-        with checkpoint.on_sigterm(self.s.checkpoint_every, self._request_stop):
+        with checkpoint.on_sigterm(self.s.checkpoint_every, lambda: setattr(self, "stop_requested", True)):
             while not self._finished():
                 self.in_flight.pull()
                 progressed = self._apply_ready()
@@ -173,7 +171,7 @@ class AsyncEngine:
         limit = self.s.in_flight_limit
         if limit is None or limit >= len(self.members.nodes):
             for pid in sorted(self.members.nodes):  # every node, as before the limit existed
-                self._dispatch(pid)
+                self.dispatcher.dispatch(self.optimizer, pid, self.vnow)
         else:
             self._top_up()
 
@@ -182,68 +180,17 @@ class AsyncEngine:
             return True
         if not self.in_flight:
             return True  # no node left, or the time budget is spent
-        return self.s.virtual_clock is None and self._beyond_time_budget(wall_since(self.t0))
-
-    def _beyond_time_budget(self, t: float) -> bool:
-        return self.s.max_seconds is not None and t > self.s.max_seconds
-
-    def _request_stop(self) -> None:
-        self.stop_requested = True
+        return self.s.virtual_clock is None and self.s.beyond_time_budget(wall_since(self.t0))
 
     def _stop_if_requested(self) -> None:
         if self.stop_requested:
             self._save_checkpoint()
             raise SystemExit(f"SIGTERM: checkpoint saved at {self.received} updates")
 
-    # ------------------------------------------------------------------ dispatch
-    def _may_dispatch(self) -> bool:
-        budget_left = self.received + len(self.in_flight) < self.s.max_updates
-        time_left = self.s.max_seconds is None or self.vnow < self.s.max_seconds
-        return budget_left and time_left
-
     def _top_up(self) -> None:
-        """Give idle active nodes the work the budgets and the in-flight limit allow.
-
-        Called whenever a slot may have freed: at start, after a reply, an error
-        reply, a loss, a join and a resume. Without a limit, or when the limit leaves
-        room for every idle node, every idle active node is dispatched in
-        partition-id order, so a limit at or above the number of nodes changes
-        nothing. Otherwise the dispatch policy picks among the idle active nodes
-        until ``max_in_flight`` nodes are busy.
-        """
-        idle = self.members.idle_active()
-        limit = self.s.in_flight_limit
-        if limit is None or len(self.in_flight) + len(idle) <= limit:
-            for pid in idle:
-                if self._may_dispatch():
-                    self._dispatch(pid)
-            return
-        while idle and len(self.in_flight) < limit and self._may_dispatch():
-            pid = self.policy.pick(idle)
-            idle.remove(pid)
-            self._dispatch(pid)
-
-    def _dispatch(self, pid: int) -> None:
-        """Send the current weights to partition ``pid`` with its seed and virtual duration."""
+        """Fill the slots that may have freed (:meth:`Dispatcher.top_up`)."""
         assert self.optimizer is not None
-        node = self.members.nodes[pid]
-        index = node.dispatches
-        node.dispatches += 1
-        version = self.optimizer.version
-        config = ConfigRecord(dict(self.train_config))
-        config["model-version"] = version
-        config["seed"] = derive_seed(self.s.seed, pid, index)
-        v_finish = 0.0  # unused without the virtual clock: replies go in arrival order
-        if self.s.virtual_clock is not None:
-            duration = self.s.virtual_clock.duration(node.speed, pid, index)
-            config["virtual-duration"] = duration
-            v_finish = self.vnow + duration
-        weights = [np.array(w, copy=True) for w in self.optimizer.weights]
-        self.seq += 1
-        dispatch = Dispatch(v_finish, self.seq, pid, version, dict(config),
-                            weights if self.s.checkpoint_every else None)
-        self.optimizer.on_dispatch(pid)
-        self.in_flight.push_train(dispatch, node.node_id, weights)
+        self.dispatcher.top_up(self.optimizer, self.received, self.vnow)
 
     # ------------------------------------------------------------------- replies
     def _apply_ready(self) -> bool:
@@ -253,7 +200,7 @@ class AsyncEngine:
             dispatch = self.in_flight.next_ready()
             if dispatch is None:
                 break
-            if self.s.virtual_clock is not None and self._beyond_time_budget(dispatch.v_finish):
+            if self.s.virtual_clock is not None and self.s.beyond_time_budget(dispatch.v_finish):
                 self.in_flight.clear()  # time budget spent: in-flight work is not applied
                 break
             self._handle(dispatch)
@@ -354,40 +301,11 @@ class AsyncEngine:
         self.diverged = self.diverged or diverged
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed to continue this run bit-identically (numpy + python values).
-
-        In-flight dispatches are saved with the weights they carried; a resumed run
-        re-sends them with the same seed and virtual finish time.
-        """
-        assert self.optimizer is not None
-        in_flight = [{k: v for k, v in asdict(d).items() if k not in Dispatch.TRANSIENT}
-                     for d in sorted(self.in_flight.dispatches.values())]
-        return {"keys": list(self.keys), "optimizer": self.optimizer.state_dict(),
-                **self.members.state_dict(), **self.ledger.state_dict(), "in_flight": in_flight,
-                "rows": [dict(r) for r in self.rows], "received": self.received, "diverged": self.diverged,
-                "seq": self.seq, "vnow": self.vnow, "last_digest": dict(self.intake.last_digest),
-                "dispatch": self.policy.state_dict()}
+        """Everything needed to continue this run bit-identically (:func:`engine_state.save_state`)."""
+        return engine_state.save_state(self)
 
     def _restore(self, state: dict[str, Any]) -> None:
-        assert self.optimizer is not None
-        if state["keys"] != self.keys:
-            raise ValueError(f"checkpoint model keys {state['keys'][:3]}... differ from the model's")
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.ledger.load_state_dict(state)
-        self.members.load_state_dict(state)
-        self.rows = [dict(r) for r in state["rows"]]
-        self.received, self.diverged = state["received"], state["diverged"]
-        self.seq, self.vnow = state["seq"], state["vnow"]
-        self.intake.last_digest = dict(state["last_digest"])
-        if "dispatch" in state:  # checkpoints written before dispatch policies lack it
-            self.policy.load_state_dict(state["dispatch"])
-        for saved in state["in_flight"]:
-            dispatch = Dispatch(**saved)
-            node = self.members.nodes[dispatch.partition_id]
-            if node.active:
-                self.in_flight.push_train(dispatch, node.node_id, dispatch.arrays)
-        log(INFO, "[async] resumed at %d updates (version %d, virtual time %.1f s)",
-            self.received, self.optimizer.version, self.vnow)
+        engine_state.restore_state(self, state)
         self._top_up()
 
     def _save_checkpoint(self) -> None:

@@ -1,13 +1,15 @@
 """Atomic file writes: a crash leaves the old file or the new one, never a torn one.
 
 The one helper every writer of run files uses (run outputs, checkpoints, the
-sweep's tables, cached partitions): write to ``<name>.tmp`` in the same folder,
+sweep's tables, cached data): write to a uniquely named ``.<name>.*.tmp`` file in
+the same folder (so concurrent writers of one path never share a temporary file),
 flush and fsync, then ``os.replace`` it over the target.
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
@@ -37,15 +39,15 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[Any]], object
         left as it was.
     """
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with open(tmp, "wb" if binary else "w", **({} if binary else {"newline": newline})) as fh:
+        with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"newline": newline})) as fh:
             write(fh)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        Path(tmp).unlink(missing_ok=True)
         raise
     return path
 

@@ -129,3 +129,7 @@ class EngineSettings:
     def in_flight_limit(self) -> int | None:
         """``max_in_flight`` with 0 read as None (no limit)."""
         return self.max_in_flight or None
+
+    def beyond_time_budget(self, t: float) -> bool:
+        """True if engine time ``t`` (seconds) is past ``max_seconds`` (never without one)."""
+        return self.max_seconds is not None and t > self.max_seconds
