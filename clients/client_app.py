@@ -123,6 +123,7 @@ from clients.local_data import disk_cached, folder_fingerprint, image_folder_spl
 from clients.models import build_model
 from clients.partitioning import PartitionConfig, load_partition
 from clients.training import MODES, compute_update, evaluate, num_examples_used
+from flwr_gsgm.virtual_clock import derive_seed
 
 __all__ = ["DEFAULT_RUN_CONFIG", "DEFAULT_TRAIN_CONFIG", "RunSettings", "app"]
 
@@ -328,9 +329,8 @@ def _node_train_data(settings: RunSettings) -> ImageData:
 
 
 def _derive_seed(*parts: int) -> int:
-    """A 63-bit seed from integers (negative ones are taken modulo 2**63)."""
-    entropy = [int(p) % 2**63 for p in parts]
-    return int(np.random.SeedSequence(entropy).generate_state(1, dtype=np.uint64)[0] >> 1)
+    """A 63-bit seed from integers (:func:`flwr_gsgm.virtual_clock.derive_seed`, ``bits=63``)."""
+    return derive_seed(*parts, bits=63)
 
 
 # ------------------------------------------------------------- arrays <-> model

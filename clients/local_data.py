@@ -43,7 +43,6 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -51,6 +50,7 @@ from typing import Any
 import torch
 
 from clients.datasets import DatasetInfo, ImageData
+from flwr_gsgm.atomic import atomic_write
 
 __all__ = [
     "CLASS_NAMES",
@@ -251,18 +251,9 @@ def disk_cached(
     data = build()
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                torch.save(
-                    {"images": data.images.contiguous(), "labels": data.labels.contiguous(),
-                     "num_classes": data.num_classes, "key": text},
-                    fh,
-                )
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        stored = {"images": data.images.contiguous(), "labels": data.labels.contiguous(),
+                  "num_classes": data.num_classes, "key": text}
+        atomic_write(path, lambda fh: torch.save(stored, fh), binary=True)
     except OSError:
         pass
     return data

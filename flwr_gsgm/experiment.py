@@ -258,4 +258,4 @@ def _run_synchronous(grid: Grid, cfg: Mapping[str, Any], initial: ArrayRecord, e
 
     strategy.start(grid, initial, num_rounds=rounds, train_config=train_config,
                    evaluate_fn=eval_and_record, timeout=cfg["reply-timeout"])
-    return rows, {"received": rounds * per_round, "steps": rounds}
+    return rows, {"updates_received": rounds * per_round, "steps_applied": rounds}

@@ -24,6 +24,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
 
 from flwr.app import Context, Error, Message, RecordDict
+from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
@@ -31,7 +32,8 @@ from flwr.supercore.task_identity import TaskIdentity
 __all__ = ["InProcessGrid", "CLIENT_APP_EXCEPTION"]
 
 ClientAppCallable = Callable[[Message, Context], Message]
-CLIENT_APP_EXCEPTION = 2  # error code Flower uses for an exception raised in a ClientApp
+#: Error code of the reply to a message whose ClientApp raised (Flower's own constant).
+CLIENT_APP_EXCEPTION = ErrorCode.CLIENT_APP_RAISED_EXCEPTION
 
 
 class InProcessGrid(Grid):
@@ -211,7 +213,8 @@ def _claim_task_identity(run_id: int) -> None:
     """Stamp this process as a ServerApp task, as Flower does before ``main`` runs.
 
     ``Message`` reads the run id from it. A real ServerApp process already has one;
-    it is left alone.
+    it is left alone. The fields are private (no public setter in flwr 1.42):
+    ``tests/engine/test_private_apis.py`` pins them, as it pins ``_message_id``.
     """
     for attr, value in (("_run_id", run_id), ("_node_id", 0), ("_task_id", 0)):
         if getattr(TaskIdentity, attr) is None:

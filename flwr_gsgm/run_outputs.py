@@ -14,12 +14,12 @@ from __future__ import annotations
 import csv
 import json
 import math
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from flwr_gsgm import stability
+from flwr_gsgm.atomic import atomic_write, atomic_write_text
 
 __all__ = ["METRIC_COLUMNS", "write_config", "write_model", "write_metrics", "summarize", "write_summary", "plot_accuracy"]
 
@@ -29,16 +29,10 @@ METRIC_COLUMNS = (
 )
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def write_config(run_dir: Path, cfg: Mapping[str, Any]) -> Path:
     """Write ``config.json`` (sorted keys) and return its path."""
     path = run_dir / "config.json"
-    _atomic_write_text(path, json.dumps(dict(cfg), indent=2, sort_keys=True) + "\n")
+    atomic_write_text(path, json.dumps(dict(cfg), indent=2, sort_keys=True) + "\n")
     return path
 
 
@@ -46,11 +40,8 @@ def write_model(run_dir: Path, arrays: Any) -> Path:
     """Write the final global model as ``model.pt`` (a torch ``state_dict``; atomic)."""
     import torch
 
-    path = run_dir / "model.pt"
-    tmp = path.with_suffix(".pt.tmp")
-    torch.save(arrays.to_torch_state_dict(), tmp)
-    os.replace(tmp, path)
-    return path
+    return atomic_write(run_dir / "model.pt", lambda fh: torch.save(arrays.to_torch_state_dict(), fh),
+                        binary=True)
 
 
 def _fmt(value: Any) -> str:
@@ -61,15 +52,13 @@ def _fmt(value: Any) -> str:
 
 def write_metrics(run_dir: Path, rows: Sequence[Mapping[str, Any]]) -> Path:
     """Write ``metrics.csv`` with :data:`METRIC_COLUMNS`; floats in shortest round-trip form."""
-    path = run_dir / "metrics.csv"
-    tmp = path.with_suffix(".csv.tmp")
-    with tmp.open("w", newline="") as fh:
+    def write(fh: Any) -> None:
         writer = csv.writer(fh, lineterminator="\n")
         writer.writerow(METRIC_COLUMNS)
         for row in rows:
             writer.writerow([_fmt(row.get(col, "")) for col in METRIC_COLUMNS])
-    os.replace(tmp, path)
-    return path
+
+    return atomic_write(run_dir / "metrics.csv", write, newline="")
 
 
 def summarize(
@@ -83,6 +72,8 @@ def summarize(
 ) -> dict[str, Any]:
     """Summary figures of one run (GSGM.md, "Measuring stability").
 
+    ``counters`` uses the same names as the summary (the engine's
+    :meth:`flwr_gsgm.ledger.Ledger.report_counters`); a missing one counts 0.
     Accuracy figures are fractions in [0, 1]; MASD and std are over the second half
     of the evaluations; times are seconds.
     """
@@ -93,14 +84,14 @@ def summarize(
         "masd": stability.masd(acc),
         "accuracy_std": stability.accuracy_std(acc),
         "evaluations": len(acc),
-        "updates_received": int(counters.get("received", 0)),
-        "steps_applied": int(counters.get("steps", 0)),
-        "updates_deferred": int(counters.get("deferred", 0)),
+        "updates_received": int(counters.get("updates_received", 0)),
+        "steps_applied": int(counters.get("steps_applied", 0)),
+        "updates_deferred": int(counters.get("updates_deferred", 0)),
         "rejected": int(sum(rejections.values())),
         "rejected_by_reason": dict(sorted(rejections.items())),
         "dropped": int(counters.get("dropped", 0)),
-        "error_replies": int(counters.get("error-replies", 0)),
-        "nodes_lost": int(counters.get("nodes-lost", 0)),
+        "error_replies": int(counters.get("error_replies", 0)),
+        "nodes_lost": int(counters.get("nodes_lost", 0)),
         "staleness_mean": float(staleness_mean),
         "staleness_max": int(staleness_max),
         "virtual_seconds": float(virtual_seconds),
@@ -112,7 +103,7 @@ def write_summary(run_dir: Path, summary: Mapping[str, Any]) -> Path:
     """Write ``summary.json`` (NaN written as null) and return its path."""
     clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in summary.items()}
     path = run_dir / "summary.json"
-    _atomic_write_text(path, json.dumps(clean, indent=2) + "\n")
+    atomic_write_text(path, json.dumps(clean, indent=2) + "\n")
     return path
 
 

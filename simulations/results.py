@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from flwr_gsgm import stability
+from flwr_gsgm.atomic import atomic_write
 
 __all__ = [
     "SUMMARY_FIELDS",
@@ -92,7 +93,6 @@ def run_row(
     chance: float,
     margin: float,
     target: float,
-    run_seconds: float | None = None,
 ) -> dict[str, Any]:
     """The ``runs.csv`` row of the run in ``run_dir``.
 
@@ -105,7 +105,8 @@ def run_row(
     row.update(base)
     row["run_dir"] = str(run_dir)
     summary_path = run_dir / "summary.json"
-    if run_seconds is None and (run_dir / "run_seconds.txt").is_file():
+    run_seconds = None
+    if (run_dir / "run_seconds.txt").is_file():
         run_seconds = float((run_dir / "run_seconds.txt").read_text().strip() or "nan")
     row["run_seconds"] = "" if run_seconds is None else round(run_seconds, 2)
     if not summary_path.is_file():
@@ -148,14 +149,13 @@ def _cell(value: Any) -> Any:
 
 def write_csv(path: Path, rows: Sequence[Mapping[str, Any]], columns: Sequence[str] = RUN_COLUMNS) -> Path:
     """Write rows with ``columns`` (atomically: a ``.tmp`` file renamed in place)."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with tmp.open("w", newline="") as fh:
+    def write(fh: Any) -> None:
         writer = csv.DictWriter(fh, fieldnames=list(columns), extrasaction="ignore", lineterminator="\n")
         writer.writeheader()
         for row in rows:
             writer.writerow({k: _cell(row.get(k, "")) for k in columns})
-    tmp.replace(path)
-    return path
+
+    return atomic_write(path, write, newline="")
 
 
 _INT_COLUMNS = {"seed", "nodes", "max_in_flight", "evaluations", "updates_received", "steps_applied",

@@ -63,6 +63,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from flwr_gsgm.atomic import atomic_write_text
 from simulations.preset import (
     Preset,
     RunSpec,
@@ -173,10 +174,7 @@ def write_tuned(path: Path, preset: Preset, tuned: Mapping[str, Mapping[str, Any
         lines.append(f"[selection.{json.dumps(name)}]")
         lines += [f"{json.dumps(k)} = {_toml_value(v)}" for k, v in sel.items()]
         lines.append("")
-    tmp = path.with_suffix(".toml.tmp")
-    tmp.write_text("\n".join(lines))
-    tmp.replace(path)
-    return path
+    return atomic_write_text(path, "\n".join(lines))
 
 
 def read_tuned(path: Path) -> dict[str, dict[str, Any]]:
@@ -272,9 +270,9 @@ class _Worker:
 
 
 class _Runner:
-    """Hands runs to worker processes (at most ``jobs`` alive); replaces dead ones."""
+    """Hands runs to worker processes (one per calling thread at most); replaces dead ones."""
 
-    def __init__(self, out: Path, jobs: int, timeout: float | None, fresh: bool) -> None:
+    def __init__(self, out: Path, timeout: float | None, fresh: bool) -> None:
         self.timeout = timeout
         self.fresh = fresh
         self.out = out
@@ -328,7 +326,7 @@ def execute(specs: Sequence[RunSpec], out: Path, desc: str, stats: dict[str, int
     stats["skipped"] = stats.get("skipped", 0) + len(specs) - len(todo)
     if not todo:
         return
-    runner = _Runner(out, opts.jobs, opts.timeout, opts.fresh)
+    runner = _Runner(out, opts.timeout, opts.fresh)
     failed = 0
     with ThreadPoolExecutor(max_workers=max(1, opts.jobs)) as pool, \
             tqdm(total=len(todo), desc=desc, unit="run", disable=opts.quiet, dynamic_ncols=True) as bar:
@@ -488,9 +486,7 @@ def _append_log(out: Path, entry: Mapping[str, Any]) -> None:
     path = out / "sweep_log.json"
     log = json.loads(path.read_text()) if path.is_file() else []
     log.append(dict(entry))
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(log, indent=2) + "\n")
-    tmp.replace(path)
+    atomic_write_text(path, json.dumps(log, indent=2) + "\n")
 
 
 def run_sweep(preset: Preset, *, stage: str = "all", only: Sequence[str] | None = None,

@@ -22,7 +22,7 @@ from .fedbuff import FedBuff
 from .ca2fl import CA2FL
 from .ace import ACE
 from .delay_adaptive_asgd import DelayAdaptiveASGD
-from .base import Outcome, ServerOptimizer, UpdateRejected
+from .base import CORE_REASONS, INTAKE_REASONS, REASONS, Outcome, ServerOptimizer, UpdateRejected
 from .params import Param
 from .registry import OPTIMIZERS, declared_params, make_optimizer, optimizer_params
 
@@ -45,6 +45,9 @@ __all__ = [
     "Param",
     "ServerOptimizer",
     "UpdateRejected",
+    "REASONS",
+    "CORE_REASONS",
+    "INTAKE_REASONS",
     "declared_params",
     "make_optimizer",
     "optimizer_params",

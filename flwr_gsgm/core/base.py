@@ -33,6 +33,9 @@ from .params import Param, describe, resolve
 
 __all__ = [
     "CHUNK",
+    "CORE_REASONS",
+    "INTAKE_REASONS",
+    "REASONS",
     "Outcome",
     "ServerOptimizer",
     "UpdateRejected",
@@ -67,25 +70,44 @@ class Outcome(str, enum.Enum):
     STALE = "stale"
 
 
+#: Rejection reasons of the server optimizers' validation (:meth:`ServerOptimizer.on_update`).
+CORE_REASONS: tuple[str, ...] = (
+    "num-arrays",
+    "shape",
+    "dtype",
+    "non-finite",
+    "norm",
+    "unknown-node",
+    "base-version",
+)
+#: Rejection reasons of the engine's reply intake (:mod:`flwr_gsgm.reply_intake`),
+#: checked before the optimizer sees an update: no ArrayRecord / MetricRecord, a
+#: partition-id or model-version other than the message's, other array keys, arrays
+#: that cannot be decoded, a replayed update.
+INTAKE_REASONS: tuple[str, ...] = (
+    "missing-arrays",
+    "missing-metrics",
+    "partition-id",
+    "model-version",
+    "array-keys",
+    "array-format",
+    "duplicate",
+)
+#: Every rejection reason of a run, the one list ``rejected_by_reason`` is keyed by.
+REASONS: tuple[str, ...] = INTAKE_REASONS + CORE_REASONS
+
+
 class UpdateRejected(ValueError):
     """An update failed validation; the optimizer state is unchanged.
 
     Attributes:
-        reason: short kebab-case code, one of ``"num-arrays"``, ``"shape"``,
-            ``"dtype"``, ``"non-finite"``, ``"norm"``, ``"unknown-node"``,
-            ``"base-version"``.
+        reason: short kebab-case code, one of :data:`REASONS` (the optimizers raise
+            those of :data:`CORE_REASONS`, the engine's reply intake those of
+            :data:`INTAKE_REASONS`).
         message: what was wrong: the offending value and what was expected.
     """
 
-    REASONS: ClassVar[tuple[str, ...]] = (
-        "num-arrays",
-        "shape",
-        "dtype",
-        "non-finite",
-        "norm",
-        "unknown-node",
-        "base-version",
-    )
+    REASONS: ClassVar[tuple[str, ...]] = REASONS
 
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(reason, message)
@@ -256,6 +278,7 @@ class ServerOptimizer(abc.ABC):
         self._version = 0
         self._active: set[int] = {_check_node(n) for n in node_ids}
         self._counters: dict[str, int] = {k: 0 for k in self._counter_names}
+        self._last_staleness: int | None = None
 
     # ------------------------------------------------------------------ read-only API
     @property
@@ -283,6 +306,16 @@ class ServerOptimizer(abc.ABC):
     def counters(self) -> dict[str, int]:
         """A copy of the event counters (see the class docstring)."""
         return dict(self._counters)
+
+    @property
+    def last_staleness(self) -> int | None:
+        """Staleness ``version - base_version`` (in versions) of the last valid update.
+
+        The value the staleness bound and the rule saw, computed once in
+        :meth:`on_update`; None before the first valid update. The engine records it
+        instead of computing its own.
+        """
+        return self._last_staleness
 
     @property
     def active_nodes(self) -> frozenset[int]:
@@ -338,6 +371,7 @@ class ServerOptimizer(abc.ABC):
         self._tick(now)
         self._counters["arrivals"] += 1
         staleness = self._version - int(base_version)
+        self._last_staleness = staleness
         if self._max_staleness is not None and staleness > self._max_staleness:
             outcome = self._on_stale(node, now)
         else:

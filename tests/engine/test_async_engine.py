@@ -33,9 +33,9 @@ def weights(result) -> dict[str, np.ndarray]:
 def test_asgd_converges_to_mean_target_and_counts_every_update():
     result, _ = run(ASGD(server_lr=0.1, virtual_clock=CLOCK), num_nodes=3, max_updates=300)
     rep = result.report
-    assert rep.counters["received"] == 300
-    assert rep.counters["applied"] == 300
-    assert rep.counters["steps"] == 300
+    assert rep.counters["updates_received"] == 300
+    assert rep.counters["updates_applied"] == 300
+    assert rep.counters["steps_applied"] == 300
     # The optimum of sum_p 0.5||w - t_p||^2 over p = 0, 1, 2 is mean(t) = (2/3, 2/3);
     # with a fast node 4x more frequent, ASGD is biased toward the fast nodes' targets,
     # but stays within 0.25 of the optimum and b converges to 0.5.
@@ -73,18 +73,18 @@ def test_gsgm_applies_fewer_steps_than_updates_received_with_a_slow_node():
     strategy = GSGM(server_lr=0.1, beta=0.5, cycle_quorum=1.0, averaging="slot", virtual_clock=CLOCK)
     result, _ = run(strategy, num_nodes=4, max_updates=80)
     c = result.report.counters
-    assert c["received"] == 80
-    assert c["applied"] + c.get("deferred", 0) == 80
-    assert c.get("deferred", 0) > 0  # fast nodes' extra updates went into slots
+    assert c["updates_received"] == 80
+    assert c["updates_applied"] + c.get("updates_deferred", 0) == 80
+    assert c.get("updates_deferred", 0) > 0  # fast nodes' extra updates went into slots
 
 
 def test_error_replies_lose_the_node_and_the_run_finishes_with_the_others():
     app = make_app(raise_for={1})
     result, _ = run(ASGD(server_lr=0.1, virtual_clock=CLOCK), num_nodes=3, max_updates=50, app=app)
     c = result.report.counters
-    assert c["error-replies"] == 3  # EngineSettings.max_consecutive_errors
-    assert c["nodes-lost"] == 1
-    assert c["received"] == 50
+    assert c["error_replies"] == 3  # EngineSettings.max_consecutive_errors
+    assert c["nodes_lost"] == 1
+    assert c["updates_received"] == 50
 
 
 def test_a_node_that_vanishes_is_lost_after_reply_timeout():
@@ -102,9 +102,9 @@ def test_a_node_that_vanishes_is_lost_after_reply_timeout():
     result, _ = run(strategy, grid=grid, max_updates=40, evaluate_fn=evaluate_fn, eval_every=10)
     c = result.report.counters
     assert vanished == {"node": 3}
-    assert c["nodes-lost"] == 1
-    assert c["lost-in-flight"] == 1
-    assert c["received"] == 40
+    assert c["nodes_lost"] == 1
+    assert c["lost_in_flight"] == 1
+    assert c["updates_received"] == 40
 
 
 def _nan_update(pid, grad, metrics):
@@ -132,7 +132,7 @@ def test_rejected_replies_are_counted_and_never_touch_the_model(bad, reason):
                     app=make_app(misbehave={2: bad}))
     rep = result.report
     assert rep.rejections[reason] > 0
-    assert rep.counters["applied"] + rep.rejections[reason] == 30
+    assert rep.counters["updates_applied"] + rep.rejections[reason] == 30
     w = weights(result)
     assert np.all(np.isfinite(w["w"]))
     # Only partitions 0 and 1 moved w: both pull toward x + y <= 1 (targets (1,0), (0,1)).
@@ -145,7 +145,7 @@ def test_time_budget_in_virtual_seconds():
                     max_seconds=20.0)
     assert result.report.virtual_seconds <= 20.0
     # Two fast nodes (about 1 s each) and one 4x slower: about 2*20 + 20/4 = 45 updates.
-    assert 38 <= result.report.counters["received"] <= 52
+    assert 38 <= result.report.counters["updates_received"] <= 52
 
 
 def test_a_restarted_node_rejoins_under_its_partition_id_and_contributes_again():
@@ -167,8 +167,8 @@ def test_a_restarted_node_rejoins_under_its_partition_id_and_contributes_again()
     result, _ = run(strategy, grid=grid, max_updates=80, evaluate_fn=evaluate_fn, eval_every=20)
     c = result.report.counters
     assert events == ["killed", 4]  # new node id 4
-    assert c["nodes-lost"] == 1 and c["joined"] == 1
-    assert c["received"] == 80
+    assert c["nodes_lost"] == 1 and c["nodes_joined"] == 1
+    assert c["updates_received"] == 80
     # Partition 1 trained before it died and again after it rejoined.
     # Partition 1 trained before it died, was absent a while, then trained again.
     versions = [v for pid, v in calls if pid == 1]
@@ -181,15 +181,15 @@ def test_two_nodes_claiming_one_partition_at_start_keep_the_first():
     grid = InProcessGrid(make_app(), 3, run_config={})
     grid.add_node({"partition-id": 1, "num-partitions": 3})  # node 4 claims partition 1 too
     result, _ = run(ASGD(server_lr=0.1, virtual_clock=CLOCK), grid=grid, max_updates=30)
-    assert result.report.counters["nodes-refused"] == 1
-    assert result.report.counters["received"] == 30
+    assert result.report.counters["nodes_refused"] == 1
+    assert result.report.counters["updates_received"] == 30
 
 
 def test_an_evaluate_fn_without_loss_or_returning_none_is_not_divergence():
     for fn in (lambda step, arrays: None, lambda step, arrays: MetricRecord({"accuracy": 0.5})):
         result, _ = run(ASGD(server_lr=0.1, virtual_clock=CLOCK), max_updates=30,
                         evaluate_fn=fn, eval_every=10)
-        assert result.report.counters["received"] == 30
+        assert result.report.counters["updates_received"] == 30
         assert result.report.counters["diverged"] == 0
 
 
@@ -216,7 +216,7 @@ def test_a_node_back_under_its_old_node_id_rejoins():
     result, _ = run(strategy, grid=grid, max_updates=120, evaluate_fn=evaluate_fn, eval_every=10)
     c = result.report.counters
     assert state == {"removed": True, "back": True}
-    assert c["nodes-lost"] == 1 and c["joined"] == 1
+    assert c["nodes_lost"] == 1 and c["nodes_joined"] == 1
     versions = [v for pid, v in calls if pid == 2]
     gap = max(range(1, len(versions)), key=lambda i: versions[i] - versions[i - 1])
     assert len(versions[gap:]) >= 5  # it trained again after it came back
@@ -232,6 +232,6 @@ def test_with_worker_threads_the_engine_waits_for_replies_instead_of_sleeping(mo
         threaded, _ = run(ASGD(server_lr=0.1, virtual_clock=CLOCK, engine=hourly), grid=grid)
     assert slept == []
     on_pull, _ = run(ASGD(server_lr=0.1, virtual_clock=CLOCK))
-    assert threaded.report.counters["received"] == 60
+    assert threaded.report.counters["updates_received"] == 60
     for key, value in weights(on_pull).items():
         np.testing.assert_array_equal(weights(threaded)[key], value)

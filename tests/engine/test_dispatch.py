@@ -11,6 +11,7 @@ import pytest
 from flwr.app import MetricRecord
 
 from flwr_gsgm.async_engine import AsyncEngine, EngineSettings
+from flwr_gsgm.in_flight import InFlight
 from flwr_gsgm.dispatch import RandomDispatch, ScheduledDispatch, make_dispatch_policy
 from flwr_gsgm.inprocess_grid import InProcessGrid
 from flwr_gsgm.strategies import ASGD, GSGM
@@ -41,19 +42,19 @@ def engine_log(monkeypatch):
     """Record, at every push, the engine's in-flight count and the partitions in flight,
     and every update received (partition-id, in the order the engine applies them)."""
     log = {"in_flight": [], "busy": [], "received": []}
-    push, apply = AsyncEngine._push, AsyncEngine._apply_update
+    push, apply = InFlight.push_train, AsyncEngine._on_update
 
-    def recording_push(self, dispatch, weights):
-        push(self, dispatch, weights)
-        log["in_flight"].append(len(self.in_flight))
-        log["busy"].append(sorted(d.partition_id for d in self.in_flight.values()))
+    def recording_push(self, dispatch, node_id, weights):
+        push(self, dispatch, node_id, weights)
+        log["in_flight"].append(len(self))
+        log["busy"].append(sorted(d.partition_id for d in self.dispatches.values()))
 
-    def recording_apply(self, dispatch, reply):
+    def recording_apply(self, node, dispatch, reply):
         log["received"].append(dispatch.partition_id)
-        return apply(self, dispatch, reply)
+        return apply(self, node, dispatch, reply)
 
-    monkeypatch.setattr(AsyncEngine, "_push", recording_push)
-    monkeypatch.setattr(AsyncEngine, "_apply_update", recording_apply)
+    monkeypatch.setattr(InFlight, "push_train", recording_push)
+    monkeypatch.setattr(AsyncEngine, "_on_update", recording_apply)
     return log
 
 
@@ -84,7 +85,7 @@ def strip(rows):
 def test_scheduled_dispatch_keeps_per_node_contributions_even_with_4x_slower_nodes(engine_log):
     assert [p for p, f in CLOCK.speed_factors(list(range(8))).items() if f > 1] == [4, 7]
     result, grid = run(max_in_flight=2, dispatch="scheduled")
-    assert result.report.counters["received"] == 200
+    assert result.report.counters["updates_received"] == 200
     # Contributions counted when dispatched (received + in flight): spread <= 1 at every dispatch.
     assert max(spreads(grid.trained, 8)) == 1
     # Counted when received, a slow node's update lands 4 s after dispatch: spread <= 2.
@@ -97,7 +98,7 @@ def test_scheduled_dispatch_keeps_per_node_contributions_even_with_4x_slower_nod
 
 def test_random_dispatch_lets_per_node_contributions_drift_apart(engine_log):
     result, grid = run(max_in_flight=2, dispatch="random")
-    assert result.report.counters["received"] == 200
+    assert result.report.counters["updates_received"] == 200
     assert max(spreads(grid.trained, 8)) == 18
     counts = np.bincount(engine_log["received"], minlength=8)
     assert counts.sum() == 200 and counts.max() - counts.min() == 15
@@ -116,7 +117,7 @@ def test_scheduled_still_beats_random_when_a_slow_node_is_the_bottleneck():
 @pytest.mark.parametrize("dispatch", ["random", "scheduled"])
 def test_never_more_than_max_in_flight_nodes_train_at_once(engine_log, dispatch):
     result, _ = run(max_in_flight=3, dispatch=dispatch, max_updates=120)
-    assert result.report.counters["received"] == 120
+    assert result.report.counters["updates_received"] == 120
     assert max(engine_log["in_flight"]) == 3
     # One dispatch per node at most: the partitions in flight are distinct.
     assert all(len(set(busy)) == len(busy) for busy in engine_log["busy"])
@@ -147,8 +148,8 @@ def test_a_node_that_keeps_failing_is_lost_and_its_slot_goes_to_another(engine_l
     result, grid = run(num_nodes=4, max_updates=60, app=make_app(raise_for={1}), max_in_flight=2,
                        dispatch="scheduled")
     c = result.report.counters
-    assert c["error-replies"] == 3 and c["nodes-lost"] == 1
-    assert c["received"] == 60
+    assert c["error_replies"] == 3 and c["nodes_lost"] == 1
+    assert c["updates_received"] == 60
     assert grid.trained.count(1) == 3  # three failures, then never again
     assert max(engine_log["in_flight"]) == 2
     assert 1 not in engine_log["received"]
@@ -170,8 +171,8 @@ def test_a_vanished_node_is_lost_under_the_limit_and_frees_its_slot(engine_log):
 
     result = strategy.start(grid, initial_arrays(), max_updates=40, evaluate_fn=evaluate_fn, eval_every=10)
     c = result.report.counters
-    assert c["received"] == 40
-    assert c["nodes-lost"] == 1 and c["lost-in-flight"] == 1
+    assert c["updates_received"] == 40
+    assert c["nodes_lost"] == 1 and c["lost_in_flight"] == 1
     assert set(engine_log["in_flight"]) == {1}
     assert engine_log["received"][:10] == [0, 1, 2, 3, 0, 1, 2, 3, 0, 1]
     assert grid.trained[10] == 2 and 2 not in grid.trained[11:]

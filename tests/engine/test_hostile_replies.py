@@ -97,7 +97,7 @@ def test_every_bad_reply_is_rejected_counted_and_never_touches_the_model(caplog)
     rejections = Counter(with_hostile.report.rejections)
     expected = {reason for _, reason in KINDS} | {"duplicate"}
     assert set(rejections) == expected
-    hostile_replies = with_hostile.report.counters["received"] - without.report.counters["received"]
+    hostile_replies = with_hostile.report.counters["updates_received"] - without.report.counters["updates_received"]
     assert sum(rejections.values()) == hostile_replies > len(KINDS)
     for key in ("w", "b"):
         assert np.array_equal(with_hostile.arrays[key].numpy(), without.arrays[key].numpy())
@@ -110,8 +110,8 @@ def test_a_node_of_another_partitioning_is_refused():
     grid = InProcessGrid(make_app(), 3, run_config={})
     grid.add_node({"partition-id": 7, "num-partitions": 8})  # not one of 3 partitions
     result = ASGD(server_lr=0.1, virtual_clock=CLOCK).start(grid, initial_arrays(), max_updates=30)
-    assert result.report.counters["nodes-refused"] == 1
-    assert result.report.counters["received"] == 30
+    assert result.report.counters["nodes_refused"] == 1
+    assert result.report.counters["updates_received"] == 30
 
 
 
@@ -123,11 +123,11 @@ def test_a_node_sending_only_garbage_is_evicted_and_does_not_stall_gsgm():
         grid, initial_arrays(), max_updates=200)
     c = result.report.counters
     assert result.report.rejections == {"non-finite": 10}
-    assert c["nodes-lost"] == 1
+    assert c["nodes_lost"] == 1
     # Stalled, the run would stay at the 3 steps taken before the first cycle blocked;
     # evicted, cycles keep closing with the three honest nodes (one of them 4x slower,
     # so most fast-node updates are averaged into slots: about one step per 3 updates).
-    assert c["steps"] > 50
+    assert c["steps_applied"] > 50
 
 
 def test_an_all_zero_update_may_recur():

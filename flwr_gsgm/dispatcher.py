@@ -1,0 +1,87 @@
+"""Sending work: which idle nodes get the current weights, and what each message carries.
+
+:class:`Dispatcher` fills free slots (every idle active node without a
+concurrency limit; otherwise the :mod:`dispatch policy <flwr_gsgm.dispatch>`'s
+picks up to ``max_in_flight``) within the update and time budgets, and builds each
+train message: the weights, ``model-version``, the dispatch's derived ``seed`` and,
+under the virtual clock, its ``virtual-duration`` and virtual finish time.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from flwr.app import ConfigRecord
+
+from flwr_gsgm.core import ServerOptimizer
+from flwr_gsgm.dispatch import make_dispatch_policy
+from flwr_gsgm.engine_settings import EngineSettings
+from flwr_gsgm.in_flight import Dispatch, InFlight
+from flwr_gsgm.membership import Membership
+from flwr_gsgm.virtual_clock import derive_seed
+
+__all__ = ["Dispatcher"]
+
+
+class Dispatcher:
+    """Sends train messages to idle active nodes within the budgets and the in-flight limit.
+
+    ``seq`` counts dispatches sent (their tie-break order); it is checkpointed.
+    """
+
+    def __init__(self, settings: EngineSettings, train_config: ConfigRecord, members: Membership,
+                 in_flight: InFlight) -> None:
+        self.s = settings
+        self.train_config = train_config
+        self.members = members
+        self.in_flight = in_flight
+        self.policy = make_dispatch_policy(settings.dispatch, settings.seed)
+        self.seq = 0
+
+    def may_dispatch(self, received: int, vnow: float) -> bool:
+        """True if the update budget and the time budget (engine seconds) leave room."""
+        budget_left = received + len(self.in_flight) < self.s.max_updates
+        time_left = self.s.max_seconds is None or vnow < self.s.max_seconds
+        return budget_left and time_left
+
+    def top_up(self, optimizer: ServerOptimizer, received: int, vnow: float) -> None:
+        """Give idle active nodes the work the budgets and the in-flight limit allow.
+
+        Called whenever a slot may have freed: at start, after a reply, an error
+        reply, a loss, a join and a resume. Without a limit, or when the limit leaves
+        room for every idle node, every idle active node is dispatched in
+        partition-id order, so a limit at or above the number of nodes changes
+        nothing. Otherwise the dispatch policy picks among the idle active nodes
+        until ``max_in_flight`` nodes are busy.
+        """
+        idle = self.members.idle_active()
+        limit = self.s.in_flight_limit
+        if limit is None or len(self.in_flight) + len(idle) <= limit:
+            for pid in idle:
+                if self.may_dispatch(received, vnow):
+                    self.dispatch(optimizer, pid, vnow)
+            return
+        while idle and len(self.in_flight) < limit and self.may_dispatch(received, vnow):
+            pid = self.policy.pick(idle)
+            idle.remove(pid)
+            self.dispatch(optimizer, pid, vnow)
+
+    def dispatch(self, optimizer: ServerOptimizer, pid: int, vnow: float) -> None:
+        """Send the current weights to partition ``pid``; ``vnow`` is the engine clock (s)."""
+        node = self.members.nodes[pid]
+        index = node.dispatches
+        node.dispatches += 1
+        version = optimizer.version
+        config = ConfigRecord(dict(self.train_config))
+        config["model-version"] = version
+        config["seed"] = derive_seed(self.s.seed, pid, index)
+        v_finish = 0.0  # unused without the virtual clock: replies go in arrival order
+        if self.s.virtual_clock is not None:
+            duration = self.s.virtual_clock.duration(node.speed, pid, index)
+            config["virtual-duration"] = duration
+            v_finish = vnow + duration
+        weights = [np.array(w, copy=True) for w in optimizer.weights]
+        self.seq += 1
+        dispatch = Dispatch(v_finish, self.seq, pid, version, dict(config),
+                            weights if self.s.checkpoint_every else None)
+        optimizer.on_dispatch(pid)
+        self.in_flight.push_train(dispatch, node.node_id, weights)

@@ -1,0 +1,135 @@
+"""Engine parameters (:class:`EngineSettings`), each tied to its run config key."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from flwr_gsgm.dispatch import DISPATCH_POLICIES
+from flwr_gsgm.run_config import RUN_CONFIG
+from flwr_gsgm.virtual_clock import VirtualClock
+
+__all__ = ["EngineSettings"]
+
+
+def _run_default(key: str) -> Any:
+    """The run config's default of ``key``: the engine keeps no default of its own."""
+    return RUN_CONFIG[key].default
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """Engine parameters (run config keys in brackets; defaults are the run config's).
+
+    Attributes
+    ----------
+    max_updates : int
+        Budget in client updates received (client computations, not applied steps)
+        [``max-updates``]. Must be >= 1.
+    max_seconds : float | None
+        Budget in seconds of the engine clock: virtual seconds under the virtual
+        clock, wall seconds otherwise [``max-seconds``, 0 = none].
+    eval_every : int
+        Evaluate every this many client updates received [``eval-every``].
+    message_ttl : float
+        TTL in seconds of every message sent [``message-ttl``].
+    reply_timeout : float
+        Wall seconds after which a node whose reply has not come is treated as lost
+        [``reply-timeout``].
+    poll_interval : float
+        Wall seconds to sleep when no reply can be applied [``poll-interval``].
+    node_refresh_interval : float
+        Wall seconds between checks for new node ids (joins, restarts).
+    max_consecutive_errors : int
+        Error replies in a row after which a node is treated as lost.
+    max_consecutive_rejections : int
+        Rejected updates in a row after which a node is treated as lost (0 = never)
+        [``max-consecutive-rejections``]: a node that only sends garbage must not stall
+        GSGM's cycles, which wait for every active node.
+    min_nodes : int
+        Nodes to wait for (up to ``reply_timeout``) before training starts [``min-nodes``].
+    checkpoint_every : int
+        Save a checkpoint every this many client updates received (0 = never)
+        [``checkpoint-every``]; also on SIGTERM when checkpoints are on.
+    checkpoint_path : Path | None
+        Where the checkpoint goes (written atomically); required if ``checkpoint_every``.
+    resume : bool
+        Continue from ``checkpoint_path`` if it exists [``resume``].
+    virtual_clock : VirtualClock | None
+        Simulation clock, or None to use real arrival order (deployment).
+    seed : int
+        Run seed; each dispatch's client seed is derived from it.
+    max_in_flight : int | None
+        Concurrency limit: at most this many nodes train at once, each with at most
+        one dispatch [``max-in-flight``, 0 = all nodes]. None or 0 = every active
+        node is kept busy (no limit). When a slot frees (a reply, an error reply, a
+        lost node) the ``dispatch`` policy picks the next idle active node; under
+        the virtual clock it starts at the virtual time the slot freed.
+    dispatch : str
+        Which idle node gets a freed slot when ``max_in_flight`` binds [``dispatch``]:
+        "random" (uniform, seeded from ``seed``) or "scheduled" (fewest updates
+        received first; ties: earliest last reply, then partition-id); see
+        :mod:`flwr_gsgm.dispatch`. Without a limit the node that replied is the only
+        idle one, so the policy is not consulted and idle nodes are filled in
+        partition-id order, as before the limit existed.
+
+    Raises
+    ------
+    ValueError
+        On a value out of range; the message names the run config key and the value.
+    """
+
+    max_updates: int = _run_default("max-updates")
+    max_seconds: float | None = None
+    eval_every: int = _run_default("eval-every")
+    message_ttl: float = _run_default("message-ttl")
+    reply_timeout: float = _run_default("reply-timeout")
+    poll_interval: float = _run_default("poll-interval")
+    node_refresh_interval: float = 10.0
+    max_consecutive_errors: int = 3
+    max_consecutive_rejections: int = _run_default("max-consecutive-rejections")
+    min_nodes: int = _run_default("min-nodes")
+    checkpoint_every: int = _run_default("checkpoint-every")
+    checkpoint_path: Path | None = None
+    resume: bool = _run_default("resume")
+    virtual_clock: VirtualClock | None = None
+    seed: int = 0
+    max_in_flight: int | None = _run_default("max-in-flight") or None
+    dispatch: str = _run_default("dispatch")
+
+    def __post_init__(self) -> None:
+        checks = {
+            "max-updates": (self.max_updates, self.max_updates >= 1, ">= 1"),
+            "eval-every": (self.eval_every, self.eval_every >= 1, ">= 1"),
+            "message-ttl": (self.message_ttl, self.message_ttl > 0, "> 0 seconds"),
+            "reply-timeout": (self.reply_timeout, self.reply_timeout > 0, "> 0 seconds"),
+            "poll-interval": (self.poll_interval, self.poll_interval >= 0, ">= 0 seconds"),
+            "min-nodes": (self.min_nodes, self.min_nodes >= 1, ">= 1"),
+        }
+        for key, (value, ok, expected) in checks.items():
+            if not ok:
+                raise ValueError(f"{key} must be {expected}, got {value!r}")
+        if self.checkpoint_every < 0:
+            raise ValueError(f"checkpoint-every must be >= 0, got {self.checkpoint_every!r}")
+        if (self.checkpoint_every or self.resume) and self.checkpoint_path is None:
+            raise ValueError("checkpoint-every / resume need a checkpoint path (a run folder)")
+        if self.max_seconds is not None and not self.max_seconds > 0:
+            raise ValueError(f"max-seconds must be > 0 or unset, got {self.max_seconds!r}")
+        if self.max_in_flight is not None and (
+            isinstance(self.max_in_flight, bool) or not isinstance(self.max_in_flight, int)
+            or self.max_in_flight < 0
+        ):
+            raise ValueError(
+                f"max-in-flight must be an integer >= 0 (0 = all nodes) or None, got {self.max_in_flight!r}")
+        if self.dispatch not in DISPATCH_POLICIES:
+            raise ValueError(f"dispatch must be one of {', '.join(DISPATCH_POLICIES)}, got {self.dispatch!r}")
+
+    @property
+    def in_flight_limit(self) -> int | None:
+        """``max_in_flight`` with 0 read as None (no limit)."""
+        return self.max_in_flight or None
+
+    def beyond_time_budget(self, t: float) -> bool:
+        """True if engine time ``t`` (seconds) is past ``max_seconds`` (never without one)."""
+        return self.max_seconds is not None and t > self.max_seconds

@@ -1,0 +1,103 @@
+"""Evaluation rows of an asynchronous run and the divergence check.
+
+Each row (one line of ``metrics.csv``, columns
+:data:`flwr_gsgm.run_outputs.METRIC_COLUMNS`) holds the centralized evaluation of
+the global model and the ledger's figures since the previous row.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from logging import INFO, WARNING
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, MetricRecord
+from flwr.common.logger import log
+
+from flwr_gsgm.core import ServerOptimizer
+from flwr_gsgm.ledger import Ledger
+
+__all__ = ["EvaluateFn", "Evaluator", "weights_record"]
+
+EvaluateFn = Callable[[int, ArrayRecord], "MetricRecord | None"]
+
+
+def weights_record(keys: list[str], weights: list[np.ndarray]) -> ArrayRecord:
+    """An ``ArrayRecord`` holding copies of ``weights`` under ``keys`` (model order)."""
+    return ArrayRecord({k: Array(np.array(w)) for k, w in zip(keys, weights)})
+
+
+class Evaluator:
+    """Builds evaluation rows with ``evaluate_fn`` (or NaN accuracy and loss without it).
+
+    Parameters
+    ----------
+    keys : list[str]
+        Array keys of the model.
+    evaluate_fn : callable | None
+        ``(updates_received, arrays) -> MetricRecord | None`` with ``accuracy`` and ``loss``.
+    max_updates : int
+        The run's budget, for the log line only.
+    """
+
+    def __init__(self, keys: list[str], evaluate_fn: EvaluateFn | None, max_updates: int) -> None:
+        self.keys = keys
+        self.evaluate_fn = evaluate_fn
+        self.max_updates = max_updates
+
+    def row(self, received: int, optimizer: ServerOptimizer, ledger: Ledger, vnow: float,
+            wall: float) -> tuple[dict[str, float], bool]:
+        """Evaluate now; return the row and whether the model diverged (non-finite).
+
+        ``vnow`` is the engine clock and ``wall`` the wall seconds since the start.
+        """
+        row: dict[str, float] = {
+            "updates": received,
+            "version": optimizer.version,
+            "virtual_time": round(vnow, 6),
+            "wall_time": round(wall, 3),
+            "accuracy": math.nan,
+            "loss": math.nan,
+        }
+        loss_known = False
+        if self.evaluate_fn is not None:
+            res = self.evaluate_fn(received, weights_record(self.keys, optimizer.weights))
+            if res is not None:
+                row["accuracy"] = float(res.get("accuracy", math.nan))
+                row["loss"] = float(res.get("loss", math.nan))
+                loss_known = "loss" in res
+        row.update(ledger.window_stats())
+        opt_counters = optimizer.counters
+        row["deferred"] = int(opt_counters.get("deferred", 0))
+        row["rejected"] = ledger.rejected
+        row["dropped"] = ledger.dropped(opt_counters)
+        diverged = self._diverged(received, optimizer, row, loss_known)
+        self._log(row)
+        return row, diverged
+
+    @staticmethod
+    def _diverged(received: int, optimizer: ServerOptimizer, row: dict[str, float], loss_known: bool) -> bool:
+        """True once the model is non-finite: every later update would be rejected."""
+        weights_finite = all(bool(np.isfinite(w).all()) for w in optimizer.weights)
+        loss_finite = not loss_known or math.isfinite(row["loss"])
+        if weights_finite and loss_finite:
+            return False
+        log(WARNING, "[async] diverged at %d updates (non-finite %s); stopping",
+            received, "weights" if not weights_finite else "test loss")
+        return True
+
+    def _log(self, row: dict[str, float]) -> None:
+        log(
+            INFO,
+            "[async] updates %d/%d | version %d | vtime %.1f s | wall %.1f s | "
+            "acc %.4f | loss %.4f | staleness mean %.2f max %d",
+            row["updates"], self.max_updates, row["version"], row["virtual_time"], row["wall_time"],
+            row["accuracy"], row["loss"], row["staleness_mean"], row["staleness_max"],
+        )
+
+
+def wall_since(t0: float) -> float:
+    """Wall seconds since ``t0`` (a ``time.monotonic()`` reading)."""
+    return time.monotonic() - t0

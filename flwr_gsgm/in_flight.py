@@ -1,0 +1,182 @@
+"""What the engine has in flight: train dispatches, membership queries, their replies.
+
+:class:`InFlight` is the engine's transport over Flower's ``Grid``: it pushes train
+and query messages, pulls replies, remembers which reply arrived when, and says
+which dispatch is to be handled next: under the virtual clock the one with the
+earliest virtual finish time (once its reply is here), otherwise the earliest
+arrival. Deadlines (``reply-timeout``) are read from the wall-clock send time of
+each message. Which idle node gets a freed slot is the dispatch policy's choice
+(:mod:`flwr_gsgm.dispatch`).
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.serverapp import Grid
+
+__all__ = ["Dispatch", "InFlight"]
+
+
+@dataclass(order=True)
+class Dispatch:
+    """One train message in flight; ordered by virtual finish time, then send order.
+
+    ``v_finish`` is in virtual seconds (0.0 without the virtual clock); ``sent_at``
+    in seconds of ``time.monotonic()``.
+    """
+
+    v_finish: float
+    seq: int
+    partition_id: int = field(compare=False)
+    base_version: int = field(compare=False)
+    config: dict[str, Any] = field(compare=False)
+    # The weights sent, kept only when checkpoints are on: a resumed run re-sends them.
+    arrays: list[np.ndarray] | None = field(compare=False, default=None)
+    message_id: str = field(compare=False, default="")
+    node_id: int = field(compare=False, default=0)
+    sent_at: float = field(compare=False, default=0.0)
+
+    #: Fields that belong to one push, not to the dispatch: not checkpointed.
+    TRANSIENT = ("message_id", "node_id", "sent_at")
+
+
+class InFlight:
+    """Train dispatches and queries pushed whose reply has not been handled yet.
+
+    Parameters
+    ----------
+    grid : Grid
+        Where messages are pushed and replies pulled.
+    keys : list[str]
+        Array keys of the model, in order (the layout of every train message).
+    message_ttl : float
+        TTL in seconds of every message pushed.
+    virtual_order : bool
+        True (virtual clock): replies are handled in virtual finish order;
+        False: in arrival order.
+    """
+
+    def __init__(self, grid: Grid, keys: list[str], message_ttl: float, virtual_order: bool) -> None:
+        self.grid = grid
+        self.keys = keys
+        self.ttl = message_ttl
+        self.virtual_order = virtual_order
+        self.dispatches: dict[str, Dispatch] = {}  # message id -> train dispatch
+        self.queries: dict[str, tuple[int, float]] = {}  # message id -> (node id, sent at)
+        self.heap: list[Dispatch] = []
+        self.arrived: dict[str, Message] = {}
+        self.arrival_order: list[str] = []
+
+    def __len__(self) -> int:
+        """Number of train dispatches in flight."""
+        return len(self.dispatches)
+
+    def busy_partitions(self) -> set[int]:
+        """Partition-ids with a train dispatch in flight."""
+        return {d.partition_id for d in self.dispatches.values()}
+
+    # ------------------------------------------------------------------ push
+    def push_train(self, dispatch: Dispatch, node_id: int, weights: list[np.ndarray]) -> None:
+        """Send ``dispatch`` with ``weights`` (float32, model order) to ``node_id``; track it."""
+        arrays = ArrayRecord({k: Array(w) for k, w in zip(self.keys, weights)})
+        message = Message(
+            RecordDict({"arrays": arrays, "config": ConfigRecord(dispatch.config)}),
+            node_id,
+            "train",
+            ttl=self.ttl,
+        )
+        (mid,) = list(self.grid.push_messages([message]))
+        dispatch.message_id, dispatch.node_id, dispatch.sent_at = mid, node_id, time.monotonic()
+        self.dispatches[mid] = dispatch
+        heapq.heappush(self.heap, dispatch)
+
+    def push_queries(self, node_ids: list[int]) -> None:
+        """Ask each of ``node_ids`` for its partition-id (a ``query`` message)."""
+        messages = [Message(RecordDict({"config": ConfigRecord()}), node_id, "query", ttl=self.ttl)
+                    for node_id in node_ids]
+        sent_at = time.monotonic()
+        for node_id, mid in zip(node_ids, self.grid.push_messages(messages)):
+            self.queries[mid] = (node_id, sent_at)
+
+    # ------------------------------------------------------------------ pull
+    def awaited(self) -> list[str]:
+        """Ids of the pushed messages whose reply has not arrived yet (dispatches first)."""
+        wanted = [m for m in self.dispatches if m not in self.arrived]
+        return wanted + [m for m in self.queries if m not in self.arrived]
+
+    def pull(self) -> None:
+        """Pull the replies that are ready and note their arrival order."""
+        wanted = self.awaited()
+        if not wanted:
+            return
+        for reply in self.grid.pull_messages(wanted):
+            mid = reply.metadata.reply_to_message_id
+            if mid in self.arrived:
+                continue
+            self.arrived[mid] = reply
+            self.arrival_order.append(mid)
+
+    def idle(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds (the poll interval) for replies.
+
+        A grid with a ``wait_for_replies(message_ids, timeout)`` method (the
+        in-process grid) returns as soon as one reply is ready; other grids are
+        polled, so this sleeps the whole interval. Either way only wall time
+        changes: what is applied, and in which order, does not.
+        """
+        wait = getattr(self.grid, "wait_for_replies", None)
+        if wait is None:
+            time.sleep(timeout)
+        else:
+            wait(self.awaited(), timeout)
+
+    def take_reply(self, mid: str) -> Message:
+        """Remove and return the reply to message ``mid`` (KeyError if it has not arrived)."""
+        reply = self.arrived.pop(mid)
+        self.arrival_order.remove(mid)
+        return reply
+
+    # ------------------------------------------------------------ dispatches
+    def next_ready(self) -> Dispatch | None:
+        """The dispatch whose reply is to be handled next, if its reply is here."""
+        if not self.virtual_order:
+            for mid in self.arrival_order:
+                if mid in self.dispatches:
+                    return self.dispatches[mid]
+            return None
+        while self.heap and self.heap[0].message_id not in self.dispatches:
+            heapq.heappop(self.heap)  # lost or already handled
+        if not self.heap or self.heap[0].message_id not in self.arrived:
+            return None
+        return self.heap[0]
+
+    def finish(self, dispatch: Dispatch) -> Message:
+        """Stop tracking ``dispatch`` and return its reply (which must have arrived)."""
+        reply = self.take_reply(dispatch.message_id)
+        del self.dispatches[dispatch.message_id]
+        return reply
+
+    def drop_partition(self, partition_id: int) -> int:
+        """Forget every dispatch to ``partition_id`` (and replies to it); return how many."""
+        mids = [m for m, d in self.dispatches.items() if d.partition_id == partition_id]
+        for mid in mids:
+            del self.dispatches[mid]
+            if mid in self.arrived:
+                self.take_reply(mid)
+        return len(mids)
+
+    def overdue(self, now: float, timeout: float) -> list[Dispatch]:
+        """Dispatches without a reply, sent more than ``timeout`` seconds before ``now``."""
+        return [d for d in self.dispatches.values()
+                if d.message_id not in self.arrived and now - d.sent_at > timeout]
+
+    def clear(self) -> None:
+        """Forget every dispatch (the time budget is spent: they are not applied)."""
+        self.dispatches.clear()
+        self.heap.clear()

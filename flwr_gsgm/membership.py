@@ -1,0 +1,226 @@
+"""Who is in the federation: discovery, queries, joins, losses and refusals.
+
+Nodes are keyed on the ``partition-id`` they report in answer to a ``query``
+message (sent at start-up and whenever a new node id appears), not on node ids,
+which change when a SuperNode restarts. A node whose partitioning differs from the
+run's (another ``num-partitions``, a partition-id out of range, a partition already
+held by another node at start-up) is refused.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from logging import WARNING
+from typing import Any
+
+from flwr.app import Message, MetricRecord
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+
+from flwr_gsgm.engine_settings import EngineSettings
+from flwr_gsgm.in_flight import InFlight
+from flwr_gsgm.ledger import Ledger
+
+__all__ = ["Membership", "Node"]
+
+#: ``lose(partition_id, why, may_return)``: the engine's handler of a lost node.
+LoseFn = Callable[[int, str, bool], None]
+
+
+@dataclass
+class Node:
+    """One partition of the federation and the node now holding it."""
+
+    partition_id: int
+    node_id: int
+    speed: float
+    dispatches: int = 0
+    errors_in_row: int = 0
+    rejections_in_row: int = 0
+    # Lost through silence or transport errors (a crash, a reboot): its node id is
+    # queried again if it shows up, since a SuperNode restarted with the same
+    # authentication key keeps its node id. Nodes lost for bad work stay out.
+    may_return: bool = False
+    active: bool = True
+
+    #: Fields saved in a checkpoint.
+    SAVED = ("dispatches", "errors_in_row", "rejections_in_row", "active", "speed")
+
+
+class Membership:
+    """The nodes of a run, keyed by partition-id.
+
+    ``started`` becomes True once training starts (the optimizer exists): from then
+    on a (re)attached partition is a join, and a node must report the run's
+    ``num-partitions``.
+    """
+
+    def __init__(self, grid: Grid, in_flight: InFlight, settings: EngineSettings, ledger: Ledger) -> None:
+        self.grid = grid
+        self.in_flight = in_flight
+        self.s = settings
+        self.ledger = ledger
+        self.nodes: dict[int, Node] = {}  # partition-id -> node
+        self.node_ids_seen: set[int] = set()
+        self.num_partitions = 0
+        self.reported_num: dict[int, int] = {}  # partition-id -> num-partitions it reported
+        self.speeds: dict[int, float] = {}
+        self.last_refresh = -math.inf
+        self.started = False
+
+    def idle_active(self) -> list[int]:
+        """Partition-ids of the active nodes without a dispatch in flight, in order."""
+        busy = self.in_flight.busy_partitions()
+        return [pid for pid in sorted(self.nodes) if self.nodes[pid].active and pid not in busy]
+
+    # ------------------------------------------------------------- discovery
+    def discover(self, lose: LoseFn) -> list[int]:
+        """Query nodes until ``min_nodes`` answered; return the partition-ids, sorted.
+
+        Raises
+        ------
+        RuntimeError
+            If fewer than ``min_nodes`` nodes answer within ``reply_timeout`` seconds.
+        """
+        deadline = time.monotonic() + self.s.reply_timeout
+        while True:
+            self.query_new_nodes()
+            self.in_flight.pull()
+            self.register_query_replies(lose)
+            if len(self.nodes) >= self.s.min_nodes and not self.in_flight.queries:
+                break
+            if time.monotonic() > deadline:
+                if len(self.nodes) >= self.s.min_nodes:
+                    break
+                raise RuntimeError(
+                    f"only {len(self.nodes)} node(s) answered within reply-timeout="
+                    f"{self.s.reply_timeout} s, min-nodes={self.s.min_nodes} required"
+                )
+            self.in_flight.idle(max(self.s.poll_interval, 0.01))
+        self._refuse_other_partitionings()
+        pids = sorted(self.nodes)
+        if self.s.virtual_clock is not None:
+            num_partitions = max(self.num_partitions, max(pids) + 1)
+            self.speeds = self.s.virtual_clock.speed_factors(list(range(num_partitions)))
+        for pid in pids:
+            self.nodes[pid].speed = self.speeds.get(pid, 1.0)
+        return pids
+
+    def _refuse_other_partitionings(self) -> None:
+        """Keep the nodes that agree on the most common num-partitions; refuse the rest."""
+        counts = Counter(self.reported_num.values())
+        self.num_partitions = max(counts, key=lambda n: (counts[n], n))
+        for pid, num in self.reported_num.items():
+            if num != self.num_partitions:
+                self.ledger.count("nodes_refused")
+                del self.nodes[pid]
+                log(WARNING, "[async] partition %d refused: it reports num-partitions %d, the run has %d",
+                    pid, num, self.num_partitions)
+
+    def query_new_nodes(self) -> None:
+        """Query node ids not seen before, and returning ones that may come back."""
+        present = set(self.grid.get_node_ids())
+        asked = {node_id for node_id, _ in self.in_flight.queries.values()}
+        returning = {n.node_id for n in self.nodes.values() if not n.active and n.may_return}
+        new_ids = sorted(((present - self.node_ids_seen) | (present & returning)) - asked)
+        self.node_ids_seen.update(new_ids)
+        self.in_flight.push_queries(new_ids)
+
+    def refresh_due(self) -> bool:
+        """True (and the refresh clock restarts) every ``node_refresh_interval`` wall seconds."""
+        now = time.monotonic()
+        if now - self.last_refresh < self.s.node_refresh_interval:
+            return False
+        self.last_refresh = now
+        return True
+
+    def register_query_replies(self, lose: LoseFn) -> list[int]:
+        """Map answered queries to partition-ids; return partition-ids that (re)joined.
+
+        Queries unanswered after ``reply_timeout`` seconds are forgotten.
+        """
+        joined = []
+        queries = self.in_flight.queries
+        for mid in [m for m in queries if m in self.in_flight.arrived]:
+            node_id, _ = queries.pop(mid)
+            reply = self.in_flight.take_reply(mid)
+            pid = self._partition_of_query_reply(node_id, reply)
+            if pid is not None and self._attach(pid, node_id, lose):
+                joined.append(pid)
+        now = time.monotonic()
+        for mid, (node_id, sent_at) in list(queries.items()):
+            if now - sent_at > self.s.reply_timeout:
+                del queries[mid]
+                log(WARNING, "[async] node %d did not answer its query; ignored", node_id)
+        return joined
+
+    def _partition_of_query_reply(self, node_id: int, reply: Message) -> int | None:
+        if reply.has_error():
+            log(WARNING, "[async] node %d answered its query with error: %s", node_id, reply.error.reason)
+            return None
+        metrics = reply.content.get("metrics")
+        if not isinstance(metrics, MetricRecord) or "partition-id" not in metrics:
+            log(WARNING, "[async] node %d query reply has no partition-id; ignored", node_id)
+            return None
+        pid, num = int(metrics["partition-id"]), int(metrics.get("num-partitions", 0))
+        if not 0 <= pid < num or (self.started and num != self.num_partitions):
+            # A node that does not belong to this federation's partitioning.
+            self.ledger.count("nodes_refused")
+            log(WARNING, "[async] node %d refused: partition-id %d of %d does not belong (run has %d)",
+                node_id, pid, num, self.num_partitions)
+            return None
+        if not self.started:
+            self.reported_num[pid] = num
+        return pid
+
+    def _attach(self, pid: int, node_id: int, lose: LoseFn) -> bool:
+        """Bind ``pid`` to ``node_id``; return True if the partition (re)joins the run."""
+        node = self.nodes.get(pid)
+        if node is None:
+            self.nodes[pid] = Node(pid, node_id, self.speeds.get(pid, 1.0))
+            return self.started
+        if node.active and node.node_id != node_id and not self.started:
+            self.ledger.count("nodes_refused")
+            log(WARNING, "[async] node %d refused: partition-id %d is already node %d's",
+                node_id, pid, node.node_id)
+            return False
+        if node.active and node.node_id != node_id:
+            # A restarted SuperNode: the old node id is gone, its work is lost.
+            lose(pid, f"replaced by node {node_id}", True)
+        node.node_id = node_id
+        if node.active:
+            return False
+        node.active = True
+        node.errors_in_row = node.rejections_in_row = 0
+        return True
+
+    def mark_lost(self, pid: int, may_return: bool) -> Node | None:
+        """Deactivate ``pid``; return its node, or None if it was not active."""
+        node = self.nodes[pid]
+        if not node.active:
+            return None
+        node.active = False
+        node.may_return = may_return
+        return node
+
+    # ------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """Per-partition state and the clock's speed factors, as python values."""
+        return {"nodes": {pid: {k: getattr(n, k) for k in Node.SAVED} for pid, n in self.nodes.items()},
+                "speeds": dict(self.speeds), "num_partitions": self.num_partitions}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`; a saved partition not present now stays inactive."""
+        self.speeds, self.num_partitions = dict(state["speeds"]), state["num_partitions"]
+        for pid, saved in state["nodes"].items():
+            node = self.nodes.get(pid)
+            if node is None:  # its SuperNode did not come back: known but inactive
+                node = self.nodes[pid] = Node(pid, -1, saved["speed"], active=False)
+            node.dispatches, node.errors_in_row, node.speed = (
+                saved["dispatches"], saved["errors_in_row"], saved["speed"])
+            node.rejections_in_row = saved["rejections_in_row"]
+            node.active = node.active and saved["active"]

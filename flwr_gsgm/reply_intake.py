@@ -1,0 +1,134 @@
+"""Reply intake: unpack a train reply and check its envelope before the optimizer sees it.
+
+A reply must carry an ``ArrayRecord`` under ``"arrays"`` whose keys are the model's,
+in order, and a ``MetricRecord`` under ``"metrics"`` with the partition-id and model
+version of the message it answers (see ``clients/client_app.py`` for the protocol).
+A partition must not replay the bytes of an earlier update for other weights.
+A reply that fails raises :class:`ReplyRejected`, whose reason is one of
+:data:`flwr_gsgm.core.INTAKE_REASONS` (part of the run's one list,
+:data:`flwr_gsgm.core.REASONS`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, Message, MetricRecord
+
+from flwr_gsgm.core import INTAKE_REASONS, UpdateRejected
+from flwr_gsgm.in_flight import Dispatch
+
+__all__ = ["REQUIRED_REPLY_METRICS", "ReplyIntake", "ReplyRejected"]
+
+# Metric keys a train reply must carry (see clients/client_app.py for the protocol).
+REQUIRED_REPLY_METRICS = ("partition-id", "model-version", "num-examples")
+
+
+class ReplyRejected(UpdateRejected):
+    """A train reply failed the intake checks; ``reason`` is one of ``INTAKE_REASONS``.
+
+    A subclass of :class:`~flwr_gsgm.core.UpdateRejected`, so the engine records both
+    kinds of rejection in one place, keyed by one list of reasons.
+
+    Raises
+    ------
+    ValueError
+        If ``reason`` is not one of :data:`~flwr_gsgm.core.INTAKE_REASONS` (a bug).
+    """
+
+    def __init__(self, reason: str, message: str) -> None:
+        if reason not in INTAKE_REASONS:
+            raise ValueError(f"unknown intake rejection reason {reason!r}; add it to INTAKE_REASONS")
+        super().__init__(reason, message)
+
+
+class ReplyIntake:
+    """Unpacks train replies for a model with array keys ``keys`` (in order).
+
+    Keeps, per partition, the digest and base version of its last update, to catch
+    replays; that memory is part of the engine's checkpoint (:attr:`last_digest`).
+    """
+
+    def __init__(self, keys: list[str]) -> None:
+        self.keys = keys
+        # partition-id -> (digest, base version) of its last update
+        self.last_digest: dict[int, tuple[bytes, int]] = {}
+
+    def unpack(self, dispatch: Dispatch, reply: Message) -> list[np.ndarray]:
+        """Return the update's arrays (model order) from ``reply`` to ``dispatch``.
+
+        Raises
+        ------
+        ReplyRejected
+            On a missing record or metric, a partition-id or model-version other than
+            the message's, other array keys, undecodable arrays, or a replay.
+        """
+        arrays, metrics = self._records(reply)
+        self._check_metrics(dispatch, metrics)
+        if list(arrays.keys()) != self.keys:
+            raise ReplyRejected(
+                "array-keys",
+                f"reply array keys {list(arrays.keys())} differ from the model's {self.keys} "
+                "(same keys, same order expected)",
+            )
+        try:
+            update = arrays.to_numpy_ndarrays()
+        except Exception as err:  # a corrupt payload must not stop the run
+            raise ReplyRejected("array-format", f"arrays cannot be decoded: {err}") from err
+        self._reject_duplicate(dispatch, update)
+        return update
+
+    @staticmethod
+    def _records(reply: Message) -> tuple[ArrayRecord, MetricRecord]:
+        content = reply.content
+        arrays, metrics = content.get("arrays"), content.get("metrics")
+        if not isinstance(arrays, ArrayRecord):
+            raise ReplyRejected("missing-arrays", "reply has no ArrayRecord under 'arrays'")
+        if not isinstance(metrics, MetricRecord):
+            raise ReplyRejected("missing-metrics", "reply has no MetricRecord under 'metrics'")
+        return arrays, metrics
+
+    @staticmethod
+    def _check_metrics(dispatch: Dispatch, metrics: MetricRecord) -> None:
+        missing = [k for k in REQUIRED_REPLY_METRICS if k not in metrics]
+        if missing:
+            raise ReplyRejected("missing-metrics", f"reply metrics lack {missing}")
+        if int(metrics["partition-id"]) != dispatch.partition_id:
+            raise ReplyRejected(
+                "partition-id",
+                f"reply says partition-id={metrics['partition-id']}, "
+                f"message was sent to partition {dispatch.partition_id}",
+            )
+        if int(metrics["model-version"]) != dispatch.base_version:
+            raise ReplyRejected(
+                "model-version",
+                f"reply says model-version={metrics['model-version']}, "
+                f"message carried version {dispatch.base_version}",
+            )
+
+    def _reject_duplicate(self, dispatch: Dispatch, update: list[np.ndarray]) -> None:
+        """Reject a replay: the partition's previous update bytes, sent for another version.
+
+        A deterministic client may send the same bytes twice for the same weights
+        (same model version), and an all-zero update may recur; otherwise, for weights
+        that changed, equal bytes mean a replay.
+        """
+        digest = hashlib.blake2b(digest_size=16)
+        for arr in update:
+            digest.update(np.ascontiguousarray(arr).view(np.uint8).ravel())
+        value = digest.digest()
+        previous = self.last_digest.get(dispatch.partition_id)
+        self.last_digest[dispatch.partition_id] = (value, dispatch.base_version)
+        replayed = previous is not None and previous[0] == value and previous[1] != dispatch.base_version
+        if replayed and any(np.any(arr) for arr in update):  # an all-zero update may recur
+            raise ReplyRejected(
+                "duplicate",
+                f"partition {dispatch.partition_id} sent the bytes of its update for version "
+                f"{previous[1]} again for version {dispatch.base_version}",
+            )
+
+    def train_loss(self, reply: Message) -> Any:
+        """The reply's ``train-loss`` metric, or None (call after :meth:`unpack`)."""
+        return reply.content["metrics"].get("train-loss")

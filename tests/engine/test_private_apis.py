@@ -1,0 +1,82 @@
+"""Pins the private attributes of Flower and flwr-datasets the project still uses.
+
+No public API does these jobs in the installed versions. If a test here fails after
+an upgrade, the named attribute moved: adapt the module named in the message (or
+switch it to a public API if the new release has one), then update the pinned
+version below.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+flwr = pytest.importorskip("flwr")
+
+FLWR_PINNED = "1.42"
+FLWR_DATASETS_PINNED = "0.6"
+
+
+def _installed(dist: str) -> str:
+    from importlib.metadata import version
+
+    return version(dist)
+
+
+def _why(attr: str, dist: str, pinned: str, user: str) -> str:
+    return (f"{user} relies on the private attribute {attr} of {dist} {pinned}.x; "
+            f"{dist} {_installed(dist)} is installed and it no longer behaves as expected")
+
+
+def test_flwr_version_is_the_pinned_one():
+    assert _installed("flwr").startswith(FLWR_PINNED + "."), (
+        f"flwr {_installed('flwr')} installed; tests/engine/test_private_apis.py pins "
+        f"{FLWR_PINNED}.x: re-check the private attributes below, then update the pin")
+
+
+def test_flwr_message_id_is_stored_in_metadata_dict():
+    """InProcessGrid gives messages ids the way a SuperLink does (no public setter)."""
+    from flwr.app import ConfigRecord, Message, RecordDict
+
+    from flwr_gsgm.inprocess_grid import _claim_task_identity
+
+    _claim_task_identity(1)
+    msg = Message(RecordDict({"config": ConfigRecord()}), 1, "query")
+    why = _why("Metadata.__dict__['_message_id']", "flwr", FLWR_PINNED, "flwr_gsgm/inprocess_grid.py")
+    assert "_message_id" in msg.metadata.__dict__, why
+    msg.metadata.__dict__["_message_id"] = "pinned-1"
+    assert msg.metadata.message_id == "pinned-1", why
+
+
+def test_flwr_task_identity_has_the_private_fields():
+    """InProcessGrid stamps the process as a ServerApp task (run id of new messages)."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    for attr in ("_run_id", "_node_id", "_task_id"):
+        assert hasattr(TaskIdentity, attr), _why(f"TaskIdentity.{attr}", "flwr", FLWR_PINNED,
+                                                 "flwr_gsgm/inprocess_grid.py")
+
+
+def test_flwr_datasets_partitioner_exposes_its_row_assignment():
+    """clients/partitioning.py reads the row assignment instead of load_partition (speed).
+
+    (It falls back to ``load_partition`` when the attribute is missing, so a change
+    would only slow it down; this test makes the change visible.)
+    """
+    datasets = pytest.importorskip("datasets")
+    from flwr_datasets.partitioner import PathologicalPartitioner
+
+    assert _installed("flwr-datasets").startswith(FLWR_DATASETS_PINNED + "."), (
+        f"flwr-datasets {_installed('flwr-datasets')} installed; this test pins {FLWR_DATASETS_PINNED}.x")
+    partitioner = PathologicalPartitioner(num_partitions=3, partition_by="label", num_classes_per_partition=1,
+                                          class_assignment_mode="first-deterministic")
+    partitioner.dataset = datasets.Dataset.from_dict({"index": list(range(12)), "label": [i % 3 for i in range(12)]})
+    _ = partitioner.num_partitions
+    why = _why("PathologicalPartitioner._partition_id_to_indices(_determined)", "flwr-datasets",
+               FLWR_DATASETS_PINNED, "clients/partitioning.py (_load_index)")
+    assert getattr(partitioner, "_partition_id_to_indices_determined", None) is True, why
+    mapping = getattr(partitioner, "_partition_id_to_indices", None)
+    assert isinstance(mapping, dict) and sorted(mapping) == [0, 1, 2], why
+    for pid in range(3):
+        expected = partitioner.load_partition(pid)["index"]
+        assert np.asarray(mapping[pid]).tolist() == list(expected), why
