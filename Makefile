@@ -9,7 +9,7 @@ DATA_DIR ?= /usr/share/datasets/fashion-mnist
 NUM_NODES ?= 10
 RUN_CONFIG ?=
 
-.PHONY: setup data run test bench clean
+.PHONY: setup data run test lint bench clean
 
 setup: data $(STAMP)
 
@@ -34,8 +34,13 @@ data:
 run: setup
 	PATH="$(CURDIR)/$(BIN):$$PATH" bash scripts/run_simulation.sh $(NUM_NODES) $(RUN_CONFIG)
 
-test: setup
+test: setup lint
 	$(BIN)/python -m pytest -q
+
+# ruff (pyproject [tool.ruff]): the linter and the formatter's check, 100 columns.
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 bench: setup
 	$(BIN)/python benchmarks/bench_core.py

@@ -78,8 +78,9 @@ def bench(shapes, updates, pattern, cycles, lr):
     base: list[float] = []
     i = 0
     for c in range(cycles + 1):
-        block = [baseline_step(w_base, updates[(i + j) % len(updates)], lr)
-                 for j in range(len(pattern))]
+        block = [
+            baseline_step(w_base, updates[(i + j) % len(updates)], lr) for j in range(len(pattern))
+        ]
         if c > 0:  # the first block is a warm-up
             base += block
         for node in pattern:
@@ -107,20 +108,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=float, nargs="+", default=[1e6, 1e7])
     parser.add_argument("--cycles", type=int, default=20)
-    parser.add_argument("--chunk", type=int, default=None,
-                        help="override flwr_gsgm.core.base.CHUNK (elements)")
+    parser.add_argument(
+        "--chunk", type=int, default=None, help="override flwr_gsgm.core.base.CHUNK (elements)"
+    )
     args = parser.parse_args()
     if args.chunk:
         core_base.CHUNK = args.chunk
 
     lr = 0.01
-    print(f"numpy {np.__version__}, python {platform.python_version()}, "
-          f"{platform.machine()}, {os.cpu_count()} CPUs, chunk {core_base.CHUNK}; "
-          "times are medians in ms")
+    print(
+        f"numpy {np.__version__}, python {platform.python_version()}, "
+        f"{platform.machine()}, {os.cpu_count()} CPUs, chunk {core_base.CHUNK}; "
+        "times are medians in ms"
+    )
     print("ratio = GSGM median / baseline median; 'hot' = baseline alone in a tight loop")
-    print(f"{'params':>10} {'arrays':>6} {'w-=lr*g':>8} {'hot':>6} | {'apply':>6} "
-          f"{'ratio':>5} {'hot':>5} | {'mixed':>6} {'ratio':>5} {'hot':>5} | "
-          "mixed by kind: median ms (count)")
+    print(
+        f"{'params':>10} {'arrays':>6} {'w-=lr*g':>8} {'hot':>6} | {'apply':>6} "
+        f"{'ratio':>5} {'hot':>5} | {'mixed':>6} {'ratio':>5} {'hot':>5} | "
+        "mixed by kind: median ms (count)"
+    )
     for size in args.sizes:
         total = int(size)
         shapes = model_shapes(total)
@@ -134,17 +140,17 @@ def main() -> None:
         base = median_ms(apply_b + mixed_b)
         apply_ms = median_ms(apply_t["all"])
         mixed_ms = median_ms(mixed_t["all"])
-        print(f"{total:>10,} {len(shapes):>6} {base:>8.2f} {hot:>6.2f} | {apply_ms:>6.2f} "
-              f"{apply_ms / median_ms(apply_b):>5.2f} {apply_ms / hot:>5.2f} | "
-              f"{mixed_ms:>6.2f} {mixed_ms / median_ms(mixed_b):>5.2f} "
-              f"{mixed_ms / hot:>5.2f} | " + kinds(mixed_t))
+        print(
+            f"{total:>10,} {len(shapes):>6} {base:>8.2f} {hot:>6.2f} | {apply_ms:>6.2f} "
+            f"{apply_ms / median_ms(apply_b):>5.2f} {apply_ms / hot:>5.2f} | "
+            f"{mixed_ms:>6.2f} {mixed_ms / median_ms(mixed_b):>5.2f} "
+            f"{mixed_ms / hot:>5.2f} | " + kinds(mixed_t)
+        )
         print(f"{'':>10} {'':>6} {'':>8} {'':>6} | apply by kind: " + kinds(apply_t))
 
 
 def kinds(times: dict[str, list[float]]) -> str:
-    return ", ".join(
-        f"{k} {median_ms(v):.2f} ({len(v)})" for k, v in times.items() if k != "all"
-    )
+    return ", ".join(f"{k} {median_ms(v):.2f} ({len(v)})" for k, v in times.items() if k != "all")
 
 
 if __name__ == "__main__":

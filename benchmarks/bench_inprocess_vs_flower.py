@@ -47,12 +47,22 @@ def main() -> None:
     overrides = {"max-updates": args.updates, "run-name": "bench"}
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
-        env = {**os.environ, "FLWR_HOME": str(out / "flwr-home"),
-               "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-        cli = [f"{k}={json.dumps(v)}" for k, v in {**overrides, "output-dir": str(out / "flower")}.items()]
+        env = {
+            **os.environ,
+            "FLWR_HOME": str(out / "flwr-home"),
+            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        }
+        cli = [
+            f"{k}={json.dumps(v)}"
+            for k, v in {**overrides, "output-dir": str(out / "flower")}.items()
+        ]
         t0 = time.monotonic()
-        subprocess.run(["bash", str(ROOT / "scripts" / "run_simulation.sh"), str(args.nodes), *cli],
-                       env=env, check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            ["bash", str(ROOT / "scripts" / "run_simulation.sh"), str(args.nodes), *cli],
+            env=env,
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
         flower_cmd = time.monotonic() - t0
 
         cfg = parse_run_config({**overrides, "output-dir": str(out / "inprocess")})
@@ -62,13 +72,18 @@ def main() -> None:
         inproc_cmd = time.monotonic() - t0
 
         flower_dir, inproc_dir = out / "flower" / "bench", out / "inprocess" / "bench"
-        same = strip_wall_time(flower_dir / "metrics.csv") == strip_wall_time(inproc_dir / "metrics.csv")
+        same = strip_wall_time(flower_dir / "metrics.csv") == strip_wall_time(
+            inproc_dir / "metrics.csv"
+        )
         flower_train = json.loads((flower_dir / "summary.json").read_text())["wall_seconds"]
         inproc_train = json.loads((inproc_dir / "summary.json").read_text())["wall_seconds"]
     print(f"{args.nodes} nodes, {args.updates} client updates; metrics.csv identical: {same}")
     print(f"{'':10} {'flower (s)':>11} {'in-process (s)':>15} {'flower / in-process':>20}")
     print(f"{'command':10} {flower_cmd:11.1f} {inproc_cmd:15.1f} {flower_cmd / inproc_cmd:20.2f}")
-    print(f"{'training':10} {flower_train:11.1f} {inproc_train:15.1f} {flower_train / inproc_train:20.2f}")
+    print(
+        f"{'training':10} {flower_train:11.1f} {inproc_train:15.1f} "
+        f"{flower_train / inproc_train:20.2f}"
+    )
 
 
 if __name__ == "__main__":

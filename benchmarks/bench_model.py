@@ -49,11 +49,14 @@ def main() -> None:
                 model(test[start : start + chunk])
 
     rows = [("training step, 32 images", lambda m: train_step(m), 100)]
-    rows += [(f"evaluation, 2000 images in chunks of {c}", lambda m, c=c: evaluate(m, c), 10) for c in (32, 1000)]
+    rows += [
+        (f"evaluation, 2000 images in chunks of {c}", lambda m, c=c: evaluate(m, c), 10)
+        for c in (32, 1000)
+    ]
     print(f"{'':42s} {'NCHW ms':>9s} {'ch.last ms':>11s} {'ratio':>6s}")
     for name, fn, repeats in rows:
-        a = _median_ms(lambda: fn(nchw), repeats)
-        b = _median_ms(lambda: fn(channels_last), repeats)
+        a = _median_ms(lambda fn=fn: fn(nchw), repeats)
+        b = _median_ms(lambda fn=fn: fn(channels_last), repeats)
         print(f"{name:42s} {a:9.2f} {b:11.2f} {a / b:6.2f}")
 
 

@@ -87,7 +87,7 @@ def main(grid: Grid, context: Context) -> None:
         json.dump({"node_id": node, "rows": rows}, fh)
 '''
 
-PROBE_PYPROJECT = '''[build-system]
+PROBE_PYPROJECT = """[build-system]
 requires = ["hatchling"]
 build-backend = "hatchling.build"
 
@@ -119,7 +119,7 @@ partitioner = "pathological"
 classes-per-node = 2
 seed = 0
 client-threads = 1
-'''
+"""
 
 
 # ------------------------------------------------------------------ /proc sampling
@@ -151,7 +151,9 @@ def _kib(text: str, key: str) -> int:
 
 def _kind(pid: int) -> str:
     try:
-        cmd = (Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")).decode(errors="replace")
+        cmd = (Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")).decode(
+            errors="replace"
+        )
     except OSError:
         return "gone"
     for kind in ("flwr-clientapp", "flower-superexec", "flower-supernode"):
@@ -204,8 +206,10 @@ class TreeSampler(threading.Thread):
 
     def figures(self) -> dict[str, object]:
         """Peaks in MiB: over the whole run, and without the first (cold) ClientApp."""
-        apps = sorted((p for p, k in self.kind.items() if k == "flwr-clientapp"),
-                      key=self.first_seen.__getitem__)
+        apps = sorted(
+            (p for p, k in self.kind.items() if k == "flwr-clientapp"),
+            key=self.first_seen.__getitem__,
+        )
         cold = apps[0] if apps else None
         warm = [s for s in self.samples if cold not in s[3]]
 
@@ -228,11 +232,16 @@ class TreeSampler(threading.Thread):
             "peak_rss_supernode_mib": mib(per_kind.get("flower-supernode", 0)),
             "peak_rss_superexec_mib": mib(per_kind.get("flower-superexec", 0)),
             "peak_rss_clientapp_cold_mib": mib(self.hwm.get(cold, 0)) if cold else None,
-            "peak_rss_clientapp_warm_mib": mib(max((self.hwm.get(p, 0) for p in apps[1:]), default=0)),
+            "peak_rss_clientapp_warm_mib": mib(
+                max((self.hwm.get(p, 0) for p in apps[1:]), default=0)
+            ),
             "clientapp_processes": len(apps),
             # wall seconds each warm ClientApp process was seen alive (start-up + work + exit)
-            "clientapp_lifetime_s": round(statistics.mean(
-                self.last_seen[p] - self.first_seen[p] for p in apps[1:]), 2) if len(apps) > 1 else None,
+            "clientapp_lifetime_s": round(
+                statistics.mean(self.last_seen[p] - self.first_seen[p] for p in apps[1:]), 2
+            )
+            if len(apps) > 1
+            else None,
             "samples": len(self.samples),
         }
 
@@ -255,7 +264,9 @@ def _leftovers(base: Path, ports: set[int]) -> list[int]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--updates", type=int, default=20, help="timed updates (after one cold start)")
+    parser.add_argument(
+        "--updates", type=int, default=20, help="timed updates (after one cold start)"
+    )
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--local-batches", type=int, default=1)
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
@@ -265,10 +276,17 @@ def main() -> int:
     base = (args.workdir or Path(tempfile.mkdtemp(prefix="bench-supernode-"))).resolve()
     base.mkdir(parents=True, exist_ok=True)
     run_dir = base / "run"
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-           "VENV": str(BIN.parent), "RUN_DIR": str(run_dir), "CERT_DIR": str(base / "certs"),
-           "KEY_DIR": str(base / "keys"), "FLWR_HOME": str(run_dir / "flwr-home"),
-           "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1", "STOP_TIMEOUT": "10"}
+    env = {
+        **os.environ,
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        "VENV": str(BIN.parent),
+        "RUN_DIR": str(run_dir),
+        "CERT_DIR": str(base / "certs"),
+        "KEY_DIR": str(base / "keys"),
+        "FLWR_HOME": str(run_dir / "flwr-home"),
+        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+        "STOP_TIMEOUT": "10",
+    }
 
     app_dir = base / "probe-app"
     shutil.rmtree(app_dir, ignore_errors=True)
@@ -282,19 +300,38 @@ def main() -> int:
     flwr_run = None
     sampler = None
     try:
-        subprocess.run(["bash", str(DEPLOY / "start_local.sh"), "1"], env=env, check=True,
-                       timeout=180, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            ["bash", str(DEPLOY / "start_local.sh"), "1"],
+            env=env,
+            check=True,
+            timeout=180,
+            stdout=subprocess.DEVNULL,
+        )
         supernode_pid = int((run_dir / "pids" / "supernode-node-0.pid").read_text())
         sampler = TreeSampler(supernode_pid)
         sampler.start()
-        run_config = (f'updates={args.updates} out="{out}" batch-size={args.batch_size} '
-                      f"local-batches={args.local_batches}")
+        run_config = (
+            f'updates={args.updates} out="{out}" batch-size={args.batch_size} '
+            f"local-batches={args.local_batches}"
+        )
         started = time.monotonic()
         with (base / "probe-run.log").open("w") as log:
             flwr_run = subprocess.Popen(
-                [str(BIN / "flwr"), "run", str(app_dir), "gsgm-local", "--stream",
-                 "--run-config", run_config],
-                env=env, cwd=app_dir, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                [
+                    str(BIN / "flwr"),
+                    "run",
+                    str(app_dir),
+                    "gsgm-local",
+                    "--stream",
+                    "--run-config",
+                    run_config,
+                ],
+                env=env,
+                cwd=app_dir,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
             flwr_run.wait(timeout=120 + 60 * (args.updates + 1))
         elapsed = time.monotonic() - started
         if not out.is_file():
@@ -308,10 +345,15 @@ def main() -> int:
             os.killpg(flwr_run.pid, signal.SIGKILL)
         ports = set()
         for log in (run_dir / "logs").glob("*.log"):
-            ports.update(int(p) for p in re.findall(r"running on https?://127\.0\.0\.1:(\d+)",
-                                                   log.read_text(errors="replace")))
-        subprocess.run(["bash", str(DEPLOY / "stop_local.sh")], env=env, timeout=60,
-                       stdout=subprocess.DEVNULL)
+            ports.update(
+                int(p)
+                for p in re.findall(
+                    r"running on https?://127\.0\.0\.1:(\d+)", log.read_text(errors="replace")
+                )
+            )
+        subprocess.run(
+            ["bash", str(DEPLOY / "stop_local.sh")], env=env, timeout=60, stdout=subprocess.DEVNULL
+        )
         for _ in range(10):
             left = _leftovers(base, ports)
             if not left:
@@ -331,39 +373,68 @@ def main() -> int:
         "updates": len(warm),
         "errors": sum(r["error"] for r in rows),
         "cold_round_trip_s": round(cold["round_trip"], 3),
-        "round_trip_s": {"mean": round(statistics.mean(rt), 3), "median": round(statistics.median(rt), 3),
-                         "min": round(min(rt), 3), "max": round(max(rt), 3)},
-        "compute_time_s": {"mean": round(statistics.mean(ct), 4), "median": round(statistics.median(ct), 4),
-                           "min": round(min(ct), 4), "max": round(max(ct), 4)},
+        "round_trip_s": {
+            "mean": round(statistics.mean(rt), 3),
+            "median": round(statistics.median(rt), 3),
+            "min": round(min(rt), 3),
+            "max": round(max(rt), 3),
+        },
+        "compute_time_s": {
+            "mean": round(statistics.mean(ct), 4),
+            "median": round(statistics.median(ct), 4),
+            "min": round(min(ct), 4),
+            "max": round(max(ct), 4),
+        },
         "overhead_per_update_s": round(statistics.mean(rt) - statistics.mean(ct), 3),
         **sampler.figures(),
         "wall_s": round(elapsed, 1),
-        "torch": subprocess.run([sys.executable, "-c", "import torch; print(torch.__version__)"],
-                                capture_output=True, text=True).stdout.strip(),
+        "torch": subprocess.run(
+            [sys.executable, "-c", "import torch; print(torch.__version__)"],
+            capture_output=True,
+            text=True,
+        ).stdout.strip(),
         "load_average": [round(x, 2) for x in os.getloadavg()],
     }
-    print(f"SuperNode + ClientApp, default model (fashion-mnist CNN, gradient, batch-size "
-          f"{args.batch_size} x {args.local_batches}), torch {figures['torch']}")
+    print(
+        f"SuperNode + ClientApp, default model (fashion-mnist CNN, gradient, batch-size "
+        f"{args.batch_size} x {args.local_batches}), torch {figures['torch']}"
+    )
     f = figures
     print("  memory, SuperNode + SuperExec + ClientApp process(es), summed over the tree:")
-    print(f"    peak RSS  {f['peak_rss_tree_mib']:7.1f} MiB (with the cold first ClientApp), "
-          f"{f['steady_peak_rss_tree_mib']:7.1f} MiB afterwards")
-    print(f"    peak PSS  {f['peak_pss_tree_mib']:7.1f} MiB (with the cold first ClientApp), "
-          f"{f['steady_peak_pss_tree_mib']:7.1f} MiB afterwards")
+    print(
+        f"    peak RSS  {f['peak_rss_tree_mib']:7.1f} MiB (with the cold first ClientApp), "
+        f"{f['steady_peak_rss_tree_mib']:7.1f} MiB afterwards"
+    )
+    print(
+        f"    peak PSS  {f['peak_pss_tree_mib']:7.1f} MiB (with the cold first ClientApp), "
+        f"{f['steady_peak_pss_tree_mib']:7.1f} MiB afterwards"
+    )
     print(f"    peak anonymous RSS {f['peak_anon_rss_tree_mib']:7.1f} MiB")
-    print(f"  peak RSS per process: SuperNode {f['peak_rss_supernode_mib']} MiB, SuperExec "
-          f"{f['peak_rss_superexec_mib']} MiB, ClientApp cold {f['peak_rss_clientapp_cold_mib']} MiB, "
-          f"warm {f['peak_rss_clientapp_warm_mib']} MiB ({f['clientapp_processes']} ClientApp processes)")
-    print(f"  a warm ClientApp process lives {f['clientapp_lifetime_s']} s on average "
-          "(Python + flwr + torch start-up, FAB install, data from the cache-dir, compute, exit)")
+    print(
+        f"  peak RSS per process: SuperNode {f['peak_rss_supernode_mib']} MiB, SuperExec "
+        f"{f['peak_rss_superexec_mib']} MiB, ClientApp cold {f['peak_rss_clientapp_cold_mib']} "
+        "MiB, "
+        f"warm {f['peak_rss_clientapp_warm_mib']} MiB ({f['clientapp_processes']} ClientApp "
+        "processes)"
+    )
+    print(
+        f"  a warm ClientApp process lives {f['clientapp_lifetime_s']} s on average "
+        "(Python + flwr + torch start-up, FAB install, data from the cache-dir, compute, exit)"
+    )
     r, c = figures["round_trip_s"], figures["compute_time_s"]
-    print(f"  round trip per update ({figures['updates']} updates): mean {r['mean']:.2f} s, "
-          f"median {r['median']:.2f} s, min {r['min']:.2f} s, max {r['max']:.2f} s "
-          f"(first, cold: {figures['cold_round_trip_s']:.2f} s)")
-    print(f"  client compute-time per update:          mean {c['mean'] * 1000:.1f} ms, "
-          f"median {c['median'] * 1000:.1f} ms, max {c['max'] * 1000:.1f} ms")
-    print(f"  overhead per update (round trip - compute): {figures['overhead_per_update_s']:.2f} s; "
-          f"load average {figures['load_average']}")
+    print(
+        f"  round trip per update ({figures['updates']} updates): mean {r['mean']:.2f} s, "
+        f"median {r['median']:.2f} s, min {r['min']:.2f} s, max {r['max']:.2f} s "
+        f"(first, cold: {figures['cold_round_trip_s']:.2f} s)"
+    )
+    print(
+        f"  client compute-time per update:          mean {c['mean'] * 1000:.1f} ms, "
+        f"median {c['median'] * 1000:.1f} ms, max {c['max'] * 1000:.1f} ms"
+    )
+    print(
+        f"  overhead per update (round trip - compute): {figures['overhead_per_update_s']:.2f} s; "
+        f"load average {figures['load_average']}"
+    )
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
     if not args.workdir:

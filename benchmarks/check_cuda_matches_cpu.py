@@ -26,10 +26,14 @@ def main() -> int:
     labels = torch.randint(0, 10, (40,), generator=gen)
     model = build_model("fashion-mnist", seed=1)
     cpu, _ = compute_update(model, images, labels, mode="gradient", batch_size=8, seed=5)
-    gpu, _ = compute_update(model, images, labels, mode="gradient", batch_size=8, seed=5, device="cuda")
+    gpu, _ = compute_update(
+        model, images, labels, mode="gradient", batch_size=8, seed=5, device="cuda"
+    )
     worst = max(float(np.max(np.abs(a - b) / (np.abs(a) + 1e-5))) for a, b in zip(cpu, gpu))
-    ok = all(np.allclose(a, b, rtol=1e-3, atol=1e-5) and a.dtype == b.dtype == np.float32
-             for a, b in zip(cpu, gpu))
+    ok = all(
+        np.allclose(a, b, rtol=1e-3, atol=1e-5) and a.dtype == b.dtype == np.float32
+        for a, b in zip(cpu, gpu)
+    )
     print(f"largest relative difference CPU vs CUDA: {worst:.2e} -> {'ok' if ok else 'MISMATCH'}")
     return 0 if ok else 1
 

@@ -119,7 +119,12 @@ from flwr.clientapp import ClientApp
 
 from clients.datasets import ImageData, dataset_info, load_dataset
 from clients.device import choose_device
-from clients.local_data import disk_cached, folder_fingerprint, image_folder_split, load_image_folder
+from clients.local_data import (
+    disk_cached,
+    folder_fingerprint,
+    image_folder_split,
+    load_image_folder,
+)
 from clients.models import build_model
 from clients.partitioning import PartitionConfig, load_partition
 from clients.training import MODES, compute_update, evaluate, num_examples_used
@@ -208,7 +213,7 @@ class RunSettings:
             if key not in nc:
                 raise ValueError(
                     f"Missing node config key {key!r}: start the SuperNode with "
-                    "--node-config \"partition-id=<i> num-partitions=<n>\""
+                    '--node-config "partition-id=<i> num-partitions=<n>"'
                 )
         num_partitions = _get_int(nc, "num-partitions", None, minimum=1)
         partition_id = _get_int(nc, "partition-id", None)
@@ -236,9 +241,7 @@ class RunSettings:
             partition=partition,
             partition_id=partition_id,
             client_threads=_get_int(rc, "client-threads", d["client-threads"], minimum=1),
-            eval_max_examples=_get_int(
-                rc, "eval-max-examples", d["eval-max-examples"], minimum=1
-            ),
+            eval_max_examples=_get_int(rc, "eval-max-examples", d["eval-max-examples"], minimum=1),
             data_dir=_get_str(nc, "data-dir", "") or None,
             cache_dir=_get_str(nc, "cache-dir", "") or None,
             device=device,
@@ -276,15 +279,22 @@ def _train_data(
 ) -> ImageData:
     """The node's training set: its partition of ``dataset``, or its ``data_dir``."""
     if data_dir:
+
         def build() -> ImageData:
             return load_image_folder(image_folder_split(data_dir, "train"), dataset_info(dataset))
+
         key = _source_key(dataset, root, data_dir, cache_dir)
     else:
+
         def build() -> ImageData:
             train, _ = load_dataset(dataset, root)
             return train.subset(load_partition(dataset, root, config, partition_id))
-        key = {**_source_key(dataset, root, None, cache_dir), "partition": repr(config),
-               "partition-id": partition_id}
+
+        key = {
+            **_source_key(dataset, root, None, cache_dir),
+            "partition": repr(config),
+            "partition-id": partition_id,
+        }
     return disk_cached(cache_dir, "train", key, build)
 
 
@@ -299,6 +309,7 @@ def _eval_data(
     cache_dir: str | None = None,
 ) -> ImageData:
     """The node's evaluation set (see the module docstring), at most ``max_examples``."""
+
     def subsample(data: ImageData, rows: torch.Tensor) -> ImageData:
         if len(rows) > max_examples:
             gen = torch.Generator().manual_seed(
@@ -308,23 +319,36 @@ def _eval_data(
         return data.subset(rows)
 
     if data_dir:
+
         def build() -> ImageData:
             test = load_image_folder(image_folder_split(data_dir, "test"), dataset_info(dataset))
             return subsample(test, torch.arange(len(test)))
     else:
+
         def build() -> ImageData:
             _, test = load_dataset(dataset, root)
-            classes = torch.unique(_train_data(dataset, root, config, partition_id, None, cache_dir).labels)
+            classes = torch.unique(
+                _train_data(dataset, root, config, partition_id, None, cache_dir).labels
+            )
             return subsample(test, torch.nonzero(torch.isin(test.labels, classes)).flatten())
-    key = {**_source_key(dataset, root, data_dir, cache_dir), "partition": repr(config),
-           "partition-id": partition_id, "max-examples": max_examples}
+
+    key = {
+        **_source_key(dataset, root, data_dir, cache_dir),
+        "partition": repr(config),
+        "partition-id": partition_id,
+        "max-examples": max_examples,
+    }
     return disk_cached(cache_dir, "eval", key, build)
 
 
 def _node_train_data(settings: RunSettings) -> ImageData:
     return _train_data(
-        settings.dataset, settings.data_root, settings.partition, settings.partition_id,
-        settings.data_dir, settings.cache_dir,
+        settings.dataset,
+        settings.data_root,
+        settings.partition,
+        settings.partition_id,
+        settings.data_dir,
+        settings.cache_dir,
     )
 
 
@@ -473,9 +497,7 @@ def train(msg: Message, context: Context) -> Message:
     }
     if "virtual-duration" in config:
         metrics["virtual-duration"] = _get_float(config, "virtual-duration", None)
-    return Message(
-        RecordDict({"arrays": out, "metrics": MetricRecord(metrics)}), reply_to=msg
-    )
+    return Message(RecordDict({"arrays": out, "metrics": MetricRecord(metrics)}), reply_to=msg)
 
 
 @app.evaluate()
@@ -493,7 +515,9 @@ def evaluate_handler(msg: Message, context: Context) -> Message:
         settings.cache_dir,
     )
     model, _ = _model_from_message(msg, settings)
-    loss, accuracy = evaluate(model, data.images, data.labels, device=choose_device(settings.device))
+    loss, accuracy = evaluate(
+        model, data.images, data.labels, device=choose_device(settings.device)
+    )
     metrics = MetricRecord(
         {"num-examples": len(data), "eval-loss": float(loss), "eval-accuracy": float(accuracy)}
     )

@@ -230,9 +230,7 @@ def _find_file(root: Path, stem: str, hint: str) -> Path:
     for candidate in candidates:
         if candidate.is_file():
             return candidate
-    raise FileNotFoundError(
-        f"Dataset file {stem}[.gz] not found in {root}. {hint}"
-    )
+    raise FileNotFoundError(f"Dataset file {stem}[.gz] not found in {root}. {hint}")
 
 
 _FASHION_MNIST_HINT = (
@@ -240,7 +238,7 @@ _FASHION_MNIST_HINT = (
     "(files land in /usr/share/datasets/fashion-mnist), or set the run config key "
     "`data-root` to a directory holding the four files train-images-idx3-ubyte.gz, "
     "train-labels-idx1-ubyte.gz, t10k-images-idx3-ubyte.gz, t10k-labels-idx1-ubyte.gz; "
-    "with internet access, `python -c \"from torchvision.datasets import FashionMNIST; "
+    'with internet access, `python -c "from torchvision.datasets import FashionMNIST; '
     "FashionMNIST('DIR', download=True)\"` downloads them and `data-root=DIR` then works."
 )
 
@@ -338,7 +336,9 @@ def _unpickle(path: Path) -> dict:
     except Exception as err:  # truncated, not a pickle, forbidden global, ...
         raise ValueError(f"Corrupt CIFAR file {path}: cannot unpickle ({err})") from err
     if not isinstance(entry, dict):
-        raise ValueError(f"Corrupt CIFAR file {path}: expected a pickled dict, got {type(entry).__name__}")
+        raise ValueError(
+            f"Corrupt CIFAR file {path}: expected a pickled dict, got {type(entry).__name__}"
+        )
     return _str_keys(entry)
 
 
@@ -373,10 +373,15 @@ def read_cifar_batch(
     data = np.asarray(entry["data"])
     if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3 * 32 * 32:
         raise ValueError(
-            f"Corrupt CIFAR file {path}: expected uint8 data [N, 3072], got {data.dtype} {data.shape}"
+            f"Corrupt CIFAR file {path}: expected uint8 data [N, 3072], got {data.dtype} "
+            f"{data.shape}"
         )
     labels = np.asarray(entry[label_key])
-    if labels.ndim != 1 or len(labels) != len(data) or (len(labels) and labels.dtype.kind not in "iu"):
+    if (
+        labels.ndim != 1
+        or len(labels) != len(data)
+        or (len(labels) and labels.dtype.kind not in "iu")
+    ):
         raise ValueError(
             f"Corrupt CIFAR file {path}: {label_key!r} must hold {len(data)} integers, "
             f"got {labels.dtype} {labels.shape}"
@@ -500,9 +505,7 @@ def dataset_info(name: str) -> DatasetInfo:
     try:
         return DATASETS[name]
     except KeyError:
-        raise ValueError(
-            f"Unknown dataset: dataset={name!r}; known: {sorted(DATASETS)}"
-        ) from None
+        raise ValueError(f"Unknown dataset: dataset={name!r}; known: {sorted(DATASETS)}") from None
 
 
 def load_dataset(name: str, root: str | os.PathLike[str]) -> tuple[ImageData, ImageData]:
@@ -556,8 +559,10 @@ def _main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     root = download(args.name, args.root)
     train, test = load_dataset(args.name, root)
-    print(f"{args.name}: {len(train)} train and {len(test)} test images in {root}; "
-          f"set data-root={str(root)!r}")
+    print(
+        f"{args.name}: {len(train)} train and {len(test)} test images in {root}; "
+        f"set data-root={str(root)!r}"
+    )
     return 0
 
 

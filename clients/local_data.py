@@ -64,12 +64,28 @@ __all__ = [
 # Class names of the registered data sets, in label order (used for folder names).
 CLASS_NAMES: dict[str, tuple[str, ...]] = {
     "fashion-mnist": (
-        "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
-        "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
+        "T-shirt/top",
+        "Trouser",
+        "Pullover",
+        "Dress",
+        "Coat",
+        "Sandal",
+        "Shirt",
+        "Sneaker",
+        "Bag",
+        "Ankle boot",
     ),
     "cifar10": (
-        "airplane", "automobile", "bird", "cat", "deer",
-        "dog", "frog", "horse", "ship", "truck",
+        "airplane",
+        "automobile",
+        "bird",
+        "cat",
+        "deer",
+        "dog",
+        "frog",
+        "horse",
+        "ship",
+        "truck",
     ),
 }
 
@@ -99,8 +115,7 @@ def class_index(folder_name: str, info: DatasetInfo) -> int:
     if names:
         accepted += " or one of " + ", ".join(names)
     raise ValueError(
-        f"data-dir class folder {folder_name!r} names no class of {info.name}: "
-        f"expected {accepted}"
+        f"data-dir class folder {folder_name!r} names no class of {info.name}: expected {accepted}"
     )
 
 
@@ -243,7 +258,8 @@ def disk_cached(
         try:
             stored = torch.load(path, map_location="cpu", weights_only=True)
             return ImageData(
-                images=stored["images"], labels=stored["labels"],
+                images=stored["images"],
+                labels=stored["labels"],
                 num_classes=int(stored["num_classes"]),
             )
         except Exception:  # noqa: BLE001 - a bad cache entry is rebuilt, never fatal
@@ -251,8 +267,12 @@ def disk_cached(
     data = build()
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        stored = {"images": data.images.contiguous(), "labels": data.labels.contiguous(),
-                  "num_classes": data.num_classes, "key": text}
+        stored = {
+            "images": data.images.contiguous(),
+            "labels": data.labels.contiguous(),
+            "num_classes": data.num_classes,
+            "key": text,
+        }
         atomic_write(path, lambda fh: torch.save(stored, fh), binary=True)
     except OSError:
         pass

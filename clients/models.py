@@ -61,9 +61,7 @@ class PixelNormalize(nn.Module):
     def __init__(self, in_channels: int, mean: Sequence[float], std: Sequence[float]) -> None:
         super().__init__()
         if len(mean) != in_channels or len(std) != in_channels:
-            raise ValueError(
-                f"mean/std need {in_channels} values, got {len(mean)} and {len(std)}"
-            )
+            raise ValueError(f"mean/std need {in_channels} values, got {len(mean)} and {len(std)}")
         self.register_buffer(
             "mean", torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1), persistent=False
         )
@@ -218,9 +216,7 @@ def build_model(dataset_name: str, *, seed: int | None = None) -> nn.Module:
         If no model is registered for ``dataset_name``.
     """
     if dataset_name not in MODELS:
-        raise ValueError(
-            f"No model for dataset={dataset_name!r}; known: {sorted(MODELS)}"
-        )
+        raise ValueError(f"No model for dataset={dataset_name!r}; known: {sorted(MODELS)}")
     info = dataset_info(dataset_name)
     if seed is None:
         model = MODELS[dataset_name](info)
@@ -274,9 +270,7 @@ def set_weights(model: nn.Module, arrays: Sequence[np.ndarray]) -> None:
     """
     state = model.state_dict()
     if len(arrays) != len(state):
-        raise ValueError(
-            f"Expected {len(state)} arrays for the model, got {len(arrays)}"
-        )
+        raise ValueError(f"Expected {len(state)} arrays for the model, got {len(arrays)}")
     new_state = {}
     for (key, ref), arr in zip(state.items(), arrays):
         arr = np.asarray(arr)

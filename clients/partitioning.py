@@ -116,10 +116,7 @@ class PartitionConfig:
                 f"Invalid num-partitions={self.num_partitions}: more partitions than "
                 f"the {num_examples} training examples"
             )
-        if (
-            not _is_int(self.classes_per_node)
-            or not 1 <= self.classes_per_node <= num_classes
-        ):
+        if not _is_int(self.classes_per_node) or not 1 <= self.classes_per_node <= num_classes:
             raise ValueError(
                 f"Invalid classes-per-node={self.classes_per_node!r}: expected an "
                 f"integer in 1..{num_classes}"
@@ -131,9 +128,7 @@ class PartitionConfig:
             or not math.isfinite(alpha)
             or alpha <= 0
         ):
-            raise ValueError(
-                f"Invalid dirichlet-alpha={alpha!r}: expected a finite number > 0"
-            )
+            raise ValueError(f"Invalid dirichlet-alpha={alpha!r}: expected a finite number > 0")
         if not _is_int(self.seed):
             raise ValueError(f"Invalid seed={self.seed!r}: expected an integer")
 
@@ -161,9 +156,9 @@ def _build_partitioner(labels: np.ndarray, num_classes: int, config: PartitionCo
         index = np.random.default_rng(config.seed).permutation(index)
     # "arrow" format: column reads are zero-copy (the partitioners read the whole
     # label column with np.asarray, which is ~50x slower with the python format).
-    table = datasets.Dataset.from_dict(
-        {"label": labels[index], "index": index}
-    ).with_format("arrow")
+    table = datasets.Dataset.from_dict({"label": labels[index], "index": index}).with_format(
+        "arrow"
+    )
 
     if config.partitioner == "iid":
         partitioner = IidPartitioner(num_partitions=config.num_partitions)

@@ -103,9 +103,15 @@ class AsyncEngine:
         If fewer than ``min_nodes`` nodes answer the start-up query in time.
     """
 
-    def __init__(self, grid: Grid, initial_arrays: ArrayRecord, optimizer_factory: OptimizerFactory,
-                 train_config: ConfigRecord, settings: EngineSettings,
-                 evaluate_fn: EvaluateFn | None = None) -> None:
+    def __init__(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        optimizer_factory: OptimizerFactory,
+        train_config: ConfigRecord,
+        settings: EngineSettings,
+        evaluate_fn: EvaluateFn | None = None,
+    ) -> None:
         self.keys = list(initial_arrays.keys())
         self.initial = initial_arrays.to_numpy_ndarrays()
         for key, arr in zip(self.keys, self.initial):
@@ -115,7 +121,9 @@ class AsyncEngine:
         self.s = settings
         self.optimizer: ServerOptimizer | None = None
         self.ledger = Ledger()
-        self.in_flight = InFlight(grid, self.keys, settings.message_ttl, settings.virtual_clock is not None)
+        self.in_flight = InFlight(
+            grid, self.keys, settings.message_ttl, settings.virtual_clock is not None
+        )
         self.members = Membership(grid, self.in_flight, settings, self.ledger)
         self.intake = ReplyIntake(self.keys)
         self.evaluator = Evaluator(self.keys, evaluate_fn, settings.max_updates)
@@ -141,7 +149,9 @@ class AsyncEngine:
         """
         self.t0 = time.monotonic()
         self._start()
-        with checkpoint.on_sigterm(self.s.checkpoint_every, lambda: setattr(self, "stop_requested", True)):
+        with checkpoint.on_sigterm(
+            self.s.checkpoint_every, lambda: setattr(self, "stop_requested", True)
+        ):
             while not self._finished():
                 self.in_flight.pull()
                 progressed = self._apply_ready()
@@ -162,7 +172,12 @@ class AsyncEngine:
         slow = [p for p in pids if self.members.nodes[p].speed > 1.0]
         log(INFO, "[async] %d nodes (partition-ids %s); slow: %s", len(pids), pids, slow)
         if self.s.in_flight_limit is not None:
-            log(INFO, "[async] at most %d node(s) in flight, dispatch %s", self.s.in_flight_limit, self.s.dispatch)
+            log(
+                INFO,
+                "[async] at most %d node(s) in flight, dispatch %s",
+                self.s.in_flight_limit,
+                self.s.dispatch,
+            )
         saved = checkpoint.load_for_resume(self.s.checkpoint_path, self.s.resume)
         if saved is not None:
             self._restore(saved)
@@ -209,7 +224,11 @@ class AsyncEngine:
 
     def _handle(self, dispatch: Dispatch) -> None:
         reply = self.in_flight.finish(dispatch)
-        self.vnow = max(self.vnow, dispatch.v_finish) if self.s.virtual_clock is not None else wall_since(self.t0)
+        self.vnow = (
+            max(self.vnow, dispatch.v_finish)
+            if self.s.virtual_clock is not None
+            else wall_since(self.t0)
+        )
         node = self.members.nodes[dispatch.partition_id]
         self.policy.on_reply(node.partition_id, self.vnow, counted=not reply.has_error())
         if reply.has_error():
@@ -233,7 +252,13 @@ class AsyncEngine:
             outcome = self.optimizer.on_update(pid, update, dispatch.base_version, now=self.vnow)
         except UpdateRejected as err:  # intake's ReplyRejected or the optimizer's
             self.ledger.record_rejection(err.reason)
-            log(WARNING, "[async] rejected update from partition %d (%s): %s", pid, err.reason, err.message)
+            log(
+                WARNING,
+                "[async] rejected update from partition %d (%s): %s",
+                pid,
+                err.reason,
+                err.message,
+            )
             node.rejections_in_row += 1
             limit = self.s.max_consecutive_rejections
             if limit and node.rejections_in_row >= limit:
@@ -244,18 +269,32 @@ class AsyncEngine:
         assert staleness is not None  # set by every valid update
         self.ledger.record_update(staleness, self.intake.train_loss(reply))
         if outcome is Outcome.STALE:
-            log(INFO, "[async] dropped stale update from partition %d (staleness %d)", pid, staleness)
+            log(
+                INFO,
+                "[async] dropped stale update from partition %d (staleness %d)",
+                pid,
+                staleness,
+            )
 
     def _on_error_reply(self, node: Node, reply: Message) -> None:
         self.ledger.count("error_replies")
         node.errors_in_row += 1
         reason = (reply.error.reason or "").strip().splitlines()
-        log(WARNING, "[async] error reply from partition %d (code %s): %s",
-            node.partition_id, reply.error.code, reason[-1] if reason else "")
+        log(
+            WARNING,
+            "[async] error reply from partition %d (code %s): %s",
+            node.partition_id,
+            reply.error.code,
+            reason[-1] if reason else "",
+        )
         if node.errors_in_row >= self.s.max_consecutive_errors:
             # Transport errors (message or node unavailable) mean a crash, not bad work.
             transport = reply.error.code != ErrorCode.CLIENT_APP_RAISED_EXCEPTION
-            self._lose(node.partition_id, f"{node.errors_in_row} error replies in a row", may_return=transport)
+            self._lose(
+                node.partition_id,
+                f"{node.errors_in_row} error replies in a row",
+                may_return=transport,
+            )
         else:
             self._top_up()
 
@@ -267,7 +306,9 @@ class AsyncEngine:
             return
         self.in_flight.pull()  # the server may have been busy: look once more before giving up
         for dispatch in self.in_flight.overdue(now, self.s.reply_timeout):
-            self._lose(dispatch.partition_id, f"no reply within {self.s.reply_timeout} s", may_return=True)
+            self._lose(
+                dispatch.partition_id, f"no reply within {self.s.reply_timeout} s", may_return=True
+            )
 
     def _lose(self, pid: int, why: str, may_return: bool = False) -> None:
         assert self.optimizer is not None
@@ -287,7 +328,12 @@ class AsyncEngine:
             for pid in self.members.register_query_replies(self._lose):
                 self.optimizer.on_node_joined(pid, now=self.vnow)
                 self.ledger.count("nodes_joined")
-                log(INFO, "[async] partition %d joined (node %d)", pid, self.members.nodes[pid].node_id)
+                log(
+                    INFO,
+                    "[async] partition %d joined (node %d)",
+                    pid,
+                    self.members.nodes[pid].node_id,
+                )
                 self._top_up()
         if self.members.refresh_due():
             self.members.query_new_nodes()
@@ -295,13 +341,17 @@ class AsyncEngine:
     # ------------------------------------------------ evaluation and checkpoints
     def _evaluate(self) -> None:
         assert self.optimizer is not None
-        row, diverged = self.evaluator.row(self.received, self.optimizer, self.ledger, self.vnow,
-                                           wall_since(self.t0))
+        row, diverged = self.evaluator.row(
+            self.received, self.optimizer, self.ledger, self.vnow, wall_since(self.t0)
+        )
         self.rows.append(row)
         self.diverged = self.diverged or diverged
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed to continue this run bit-identically (:func:`engine_state.save_state`)."""
+        """Everything needed to continue this run bit-identically.
+
+        See :func:`engine_state.save_state`.
+        """
         return engine_state.save_state(self)
 
     def _restore(self, state: dict[str, Any]) -> None:
@@ -311,14 +361,26 @@ class AsyncEngine:
     def _save_checkpoint(self) -> None:
         if self.s.checkpoint_path is not None and self.s.checkpoint_every:
             checkpoint.save(self.s.checkpoint_path, self.state_dict())
-            log(INFO, "[async] checkpoint at %d updates -> %s", self.received, self.s.checkpoint_path)
+            log(
+                INFO,
+                "[async] checkpoint at %d updates -> %s",
+                self.received,
+                self.s.checkpoint_path,
+            )
 
     def _report(self) -> EngineReport:
         assert self.optimizer is not None
         mean, worst = self.ledger.staleness_overall()
-        counters = self.ledger.report_counters(self.optimizer.counters, self.received,
-                                               self.optimizer.version, self.diverged)
-        return EngineReport(arrays=weights_record(self.keys, self.optimizer.weights), rows=self.rows,
-                            counters=counters, rejections=dict(self.ledger.rejections),
-                            staleness_mean=mean, staleness_max=worst, virtual_seconds=self.vnow,
-                            wall_seconds=wall_since(self.t0))
+        counters = self.ledger.report_counters(
+            self.optimizer.counters, self.received, self.optimizer.version, self.diverged
+        )
+        return EngineReport(
+            arrays=weights_record(self.keys, self.optimizer.weights),
+            rows=self.rows,
+            counters=counters,
+            rejections=dict(self.ledger.rejections),
+            staleness_mean=mean,
+            staleness_max=worst,
+            virtual_seconds=self.vnow,
+            wall_seconds=wall_since(self.t0),
+        )

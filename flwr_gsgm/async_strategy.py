@@ -36,8 +36,17 @@ __all__ = ["AsyncStrategy", "AsyncResult", "CLIENT_MODES"]
 
 CLIENT_MODES = ("gradient", "delta")
 # Keyword arguments of AsyncStrategy itself (the rest are the optimizer's).
-_STRATEGY_KEYWORDS = ("server_lr", "client_mode", "batch_size", "local_batches", "local_steps",
-                      "local_lr", "virtual_clock", "engine", "seed")
+_STRATEGY_KEYWORDS = (
+    "server_lr",
+    "client_mode",
+    "batch_size",
+    "local_batches",
+    "local_steps",
+    "local_lr",
+    "virtual_clock",
+    "engine",
+    "seed",
+)
 
 
 @dataclass
@@ -117,20 +126,34 @@ class AsyncStrategy:
         **optimizer_params: Any,
     ) -> None:
         if optimizer not in OPTIMIZERS:
-            raise ValueError(f"strategy {optimizer!r} is unknown; expected one of {sorted(OPTIMIZERS)}")
+            raise ValueError(
+                f"strategy {optimizer!r} is unknown; expected one of {sorted(OPTIMIZERS)}"
+            )
         if client_mode not in CLIENT_MODES:
-            raise ValueError(f"client-mode {client_mode!r} is unknown; expected one of {CLIENT_MODES}")
-        for key, value in {"batch-size": batch_size, "local-batches": local_batches, "local-steps": local_steps}.items():
+            raise ValueError(
+                f"client-mode {client_mode!r} is unknown; expected one of {CLIENT_MODES}"
+            )
+        for key, value in {
+            "batch-size": batch_size,
+            "local-batches": local_batches,
+            "local-steps": local_steps,
+        }.items():
             if int(value) < 1:
                 raise ValueError(f"{key} must be >= 1, got {value!r}")
         if not local_lr > 0:
             raise ValueError(f"local-lr must be > 0, got {local_lr!r}")
         self.optimizer_name = optimizer
-        self.optimizer_params = self._resolve_optimizer_params(optimizer, server_lr, optimizer_params)
+        self.optimizer_params = self._resolve_optimizer_params(
+            optimizer, server_lr, optimizer_params
+        )
         self.server_lr = float(self.optimizer_params["lr"])
         self.client_mode = client_mode
-        self.client_work = {"batch-size": int(batch_size), "local-batches": int(local_batches),
-                            "local-steps": int(local_steps), "local-lr": float(local_lr)}
+        self.client_work = {
+            "batch-size": int(batch_size),
+            "local-batches": int(local_batches),
+            "local-steps": int(local_steps),
+            "local-lr": float(local_lr),
+        }
         self.virtual_clock = virtual_clock
         self.engine = engine or EngineSettings()
         self.seed = int(seed)
@@ -156,7 +179,9 @@ class AsyncStrategy:
             params["lr"] = server_lr
         return params
 
-    def _build_optimizer(self, weights: list[np.ndarray], partition_ids: list[int]) -> ServerOptimizer:
+    def _build_optimizer(
+        self, weights: list[np.ndarray], partition_ids: list[int]
+    ) -> ServerOptimizer:
         params = dict(self.optimizer_params)
         if "concurrency" in params and params["concurrency"] is None:
             # A rule that scales its step by the nodes in flight (GSGM's lr per cycle)
@@ -220,7 +245,9 @@ class AsyncStrategy:
             virtual_clock=self.virtual_clock,
             seed=self.seed,
         )
-        engine = AsyncEngine(grid, initial_arrays, self._build_optimizer, config, settings, evaluate_fn)
+        engine = AsyncEngine(
+            grid, initial_arrays, self._build_optimizer, config, settings, evaluate_fn
+        )
         report = engine.run()
         result = AsyncResult(arrays=report.arrays, rows=report.rows, report=report)
         for row in report.rows:

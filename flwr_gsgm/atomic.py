@@ -17,8 +17,12 @@ from typing import IO, Any
 __all__ = ["atomic_write", "atomic_write_text"]
 
 
-def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[Any]], object], binary: bool = False,
-                 newline: str | None = None) -> Path:
+def atomic_write(
+    path: str | os.PathLike[str],
+    write: Callable[[IO[Any]], object],
+    binary: bool = False,
+    newline: str | None = None,
+) -> Path:
     """Write ``path`` atomically with ``write(fh)``; return the path.
 
     Parameters
@@ -41,7 +45,9 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[Any]], object
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"newline": newline})) as fh:
+        with os.fdopen(
+            fd, "wb" if binary else "w", **({} if binary else {"newline": newline})
+        ) as fh:
             write(fh)
             fh.flush()
             os.fsync(fh.fileno())

@@ -28,7 +28,13 @@ import numpy as np
 
 from flwr_gsgm.virtual_clock import derive_seed
 
-__all__ = ["DispatchPolicy", "RandomDispatch", "ScheduledDispatch", "DISPATCH_POLICIES", "make_dispatch_policy"]
+__all__ = [
+    "DispatchPolicy",
+    "RandomDispatch",
+    "ScheduledDispatch",
+    "DISPATCH_POLICIES",
+    "make_dispatch_policy",
+]
 
 # Mixed into the run seed so the dispatch stream is independent of the clock's draws.
 _DISPATCH_STREAM = 0xD15A7C4
@@ -127,7 +133,9 @@ class ScheduledDispatch(DispatchPolicy):
 
     def pick(self, idle: list[int]) -> int:
         _check_idle(idle)
-        return min(idle, key=lambda p: (self.updates.get(p, 0), self.last_reply.get(p, -math.inf), p))
+        return min(
+            idle, key=lambda p: (self.updates.get(p, 0), self.last_reply.get(p, -math.inf), p)
+        )
 
     def on_reply(self, partition_id: int, now: float, counted: bool) -> None:
         if counted:
@@ -135,7 +143,11 @@ class ScheduledDispatch(DispatchPolicy):
         self.last_reply[partition_id] = float(now)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "updates": dict(self.updates), "last_reply": dict(self.last_reply)}
+        return {
+            "name": self.name,
+            "updates": dict(self.updates),
+            "last_reply": dict(self.last_reply),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)

@@ -28,8 +28,13 @@ class Dispatcher:
     ``seq`` counts dispatches sent (their tie-break order); it is checkpointed.
     """
 
-    def __init__(self, settings: EngineSettings, train_config: ConfigRecord, members: Membership,
-                 in_flight: InFlight) -> None:
+    def __init__(
+        self,
+        settings: EngineSettings,
+        train_config: ConfigRecord,
+        members: Membership,
+        in_flight: InFlight,
+    ) -> None:
         self.s = settings
         self.train_config = train_config
         self.members = members
@@ -81,7 +86,13 @@ class Dispatcher:
             v_finish = vnow + duration
         weights = [np.array(w, copy=True) for w in optimizer.weights]
         self.seq += 1
-        dispatch = Dispatch(v_finish, self.seq, pid, version, dict(config),
-                            weights if self.s.checkpoint_every else None)
+        dispatch = Dispatch(
+            v_finish,
+            self.seq,
+            pid,
+            version,
+            dict(config),
+            weights if self.s.checkpoint_every else None,
+        )
         optimizer.on_dispatch(pid)
         self.in_flight.push_train(dispatch, node.node_id, weights)

@@ -117,13 +117,18 @@ class EngineSettings:
         if self.max_seconds is not None and not self.max_seconds > 0:
             raise ValueError(f"max-seconds must be > 0 or unset, got {self.max_seconds!r}")
         if self.max_in_flight is not None and (
-            isinstance(self.max_in_flight, bool) or not isinstance(self.max_in_flight, int)
+            isinstance(self.max_in_flight, bool)
+            or not isinstance(self.max_in_flight, int)
             or self.max_in_flight < 0
         ):
             raise ValueError(
-                f"max-in-flight must be an integer >= 0 (0 = all nodes) or None, got {self.max_in_flight!r}")
+                "max-in-flight must be an integer >= 0 (0 = all nodes) or None, got "
+                f"{self.max_in_flight!r}"
+            )
         if self.dispatch not in DISPATCH_POLICIES:
-            raise ValueError(f"dispatch must be one of {', '.join(DISPATCH_POLICIES)}, got {self.dispatch!r}")
+            raise ValueError(
+                f"dispatch must be one of {', '.join(DISPATCH_POLICIES)}, got {self.dispatch!r}"
+            )
 
     @property
     def in_flight_limit(self) -> int | None:

@@ -28,8 +28,10 @@ def save_state(engine: AsyncEngine) -> dict[str, Any]:
     re-sends them with the same seed and virtual finish time.
     """
     assert engine.optimizer is not None
-    in_flight = [{k: v for k, v in asdict(d).items() if k not in Dispatch.TRANSIENT}
-                 for d in sorted(engine.in_flight.dispatches.values())]
+    in_flight = [
+        {k: v for k, v in asdict(d).items() if k not in Dispatch.TRANSIENT}
+        for d in sorted(engine.in_flight.dispatches.values())
+    ]
     return {
         "keys": list(engine.keys),
         "optimizer": engine.optimizer.state_dict(),
@@ -71,5 +73,10 @@ def restore_state(engine: AsyncEngine, state: dict[str, Any]) -> None:
         node = engine.members.nodes[dispatch.partition_id]
         if node.active:
             engine.in_flight.push_train(dispatch, node.node_id, dispatch.arrays)
-    log(INFO, "[async] resumed at %d updates (version %d, virtual time %.1f s)",
-        engine.received, engine.optimizer.version, engine.vnow)
+    log(
+        INFO,
+        "[async] resumed at %d updates (version %d, virtual time %.1f s)",
+        engine.received,
+        engine.optimizer.version,
+        engine.vnow,
+    )

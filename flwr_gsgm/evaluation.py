@@ -47,8 +47,9 @@ class Evaluator:
         self.evaluate_fn = evaluate_fn
         self.max_updates = max_updates
 
-    def row(self, received: int, optimizer: ServerOptimizer, ledger: Ledger, vnow: float,
-            wall: float) -> tuple[dict[str, float], bool]:
+    def row(
+        self, received: int, optimizer: ServerOptimizer, ledger: Ledger, vnow: float, wall: float
+    ) -> tuple[dict[str, float], bool]:
         """Evaluate now; return the row and whether the model diverged (non-finite).
 
         ``vnow`` is the engine clock and ``wall`` the wall seconds since the start.
@@ -78,14 +79,20 @@ class Evaluator:
         return row, diverged
 
     @staticmethod
-    def _diverged(received: int, optimizer: ServerOptimizer, row: dict[str, float], loss_known: bool) -> bool:
+    def _diverged(
+        received: int, optimizer: ServerOptimizer, row: dict[str, float], loss_known: bool
+    ) -> bool:
         """True once the model is non-finite: every later update would be rejected."""
         weights_finite = all(bool(np.isfinite(w).all()) for w in optimizer.weights)
         loss_finite = not loss_known or math.isfinite(row["loss"])
         if weights_finite and loss_finite:
             return False
-        log(WARNING, "[async] diverged at %d updates (non-finite %s); stopping",
-            received, "weights" if not weights_finite else "test loss")
+        log(
+            WARNING,
+            "[async] diverged at %d updates (non-finite %s); stopping",
+            received,
+            "weights" if not weights_finite else "test loss",
+        )
         return True
 
     def _log(self, row: dict[str, float]) -> None:
@@ -93,8 +100,15 @@ class Evaluator:
             INFO,
             "[async] updates %d/%d | version %d | vtime %.1f s | wall %.1f s | "
             "acc %.4f | loss %.4f | staleness mean %.2f max %d",
-            row["updates"], self.max_updates, row["version"], row["virtual_time"], row["wall_time"],
-            row["accuracy"], row["loss"], row["staleness_mean"], row["staleness_max"],
+            row["updates"],
+            self.max_updates,
+            row["version"],
+            row["virtual_time"],
+            row["wall_time"],
+            row["accuracy"],
+            row["loss"],
+            row["staleness_mean"],
+            row["staleness_max"],
         )
 
 

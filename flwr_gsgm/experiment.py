@@ -60,7 +60,9 @@ def build_strategy(cfg: Mapping[str, Any], run_dir: Path | None = None) -> Async
     """
     name = cfg["strategy"]
     if name not in STRATEGIES:
-        raise ValueError(f"strategy {name!r} is not asynchronous; expected one of {sorted(STRATEGIES)}")
+        raise ValueError(
+            f"strategy {name!r} is not asynchronous; expected one of {sorted(STRATEGIES)}"
+        )
     engine = EngineSettings(
         message_ttl=cfg["message-ttl"],
         reply_timeout=cfg["reply-timeout"],
@@ -123,7 +125,9 @@ def _initial_arrays(cfg: Mapping[str, Any]) -> ArrayRecord:
     return ArrayRecord({key: tensor.contiguous() for key, tensor in state.items()})
 
 
-def run_experiment(grid: Grid, cfg: Mapping[str, Any], run_dir: Path | None = None) -> dict[str, Any]:
+def run_experiment(
+    grid: Grid, cfg: Mapping[str, Any], run_dir: Path | None = None
+) -> dict[str, Any]:
     """Run one experiment on ``grid`` and write its outputs; return the summary dict.
 
     Parameters
@@ -145,32 +149,60 @@ def run_experiment(grid: Grid, cfg: Mapping[str, Any], run_dir: Path | None = No
     t0 = time.monotonic()
     if cfg["strategy"] in SYNC_STRATEGIES:
         rows, counters = _run_synchronous(grid, cfg, initial, evaluate_fn)
-        summary = run_outputs.summarize(rows, counters, {}, 0.0, 0, time.monotonic() - t0,
-                                        rows[-1]["virtual_time"] if rows else 0.0)
+        summary = run_outputs.summarize(
+            rows,
+            counters,
+            {},
+            0.0,
+            0,
+            time.monotonic() - t0,
+            rows[-1]["virtual_time"] if rows else 0.0,
+        )
     else:
         result = build_strategy(cfg, run_dir).start(
-            grid, initial, max_updates=cfg["max-updates"],
-            max_seconds=_none_if_zero(cfg["max-seconds"]), evaluate_fn=evaluate_fn,
+            grid,
+            initial,
+            max_updates=cfg["max-updates"],
+            max_seconds=_none_if_zero(cfg["max-seconds"]),
+            evaluate_fn=evaluate_fn,
             eval_every=cfg["eval-every"],
         )
         rep = result.report
         rows = result.rows
         run_outputs.write_model(run_dir, result.arrays)
-        summary = run_outputs.summarize(rows, rep.counters, rep.rejections, rep.staleness_mean,
-                                        rep.staleness_max, rep.wall_seconds, rep.virtual_seconds)
+        summary = run_outputs.summarize(
+            rows,
+            rep.counters,
+            rep.rejections,
+            rep.staleness_mean,
+            rep.staleness_max,
+            rep.wall_seconds,
+            rep.virtual_seconds,
+        )
     run_outputs.write_metrics(run_dir, rows)
     run_outputs.write_summary(run_dir, summary)
     run_outputs.plot_accuracy(run_dir, rows, _title(cfg, summary, len(list(grid.get_node_ids()))))
-    log(INFO, "[flwr-gsgm] final accuracy %.4f, MASD %.4f -> %s",
-        summary["final_accuracy"], summary["masd"], run_dir)
+    log(
+        INFO,
+        "[flwr-gsgm] final accuracy %.4f, MASD %.4f -> %s",
+        summary["final_accuracy"],
+        summary["masd"],
+        run_dir,
+    )
     return summary
 
 
 def _title(cfg: Mapping[str, Any], summary: Mapping[str, Any], num_nodes: int) -> str:
-    split = {"pathological": f"{cfg['classes-per-node']} classes per node",
-             "dirichlet": f"Dirichlet alpha {cfg['dirichlet-alpha']}", "iid": "IID"}[cfg["partitioner"]]
-    return (f"{cfg['strategy'].upper()} on {cfg['dataset']} ({num_nodes} nodes, {split}, seed {cfg['seed']}): "
-            f"final accuracy {100 * summary['final_accuracy']:.1f}%, MASD {summary['masd']:.4f}")
+    split = {
+        "pathological": f"{cfg['classes-per-node']} classes per node",
+        "dirichlet": f"Dirichlet alpha {cfg['dirichlet-alpha']}",
+        "iid": "IID",
+    }[cfg["partitioner"]]
+    return (
+        f"{cfg['strategy'].upper()} on {cfg['dataset']} ({num_nodes} nodes, {split}, seed "
+        f"{cfg['seed']}): "
+        f"final accuracy {100 * summary['final_accuracy']:.1f}%, MASD {summary['masd']:.4f}"
+    )
 
 
 def _recording_sampled(cls: type, sampled: dict[int, list[int]]) -> type:
@@ -180,8 +212,12 @@ def _recording_sampled(cls: type, sampled: dict[int, list[int]]) -> type:
         def aggregate_train(self, server_round, replies):
             replies = list(replies)
             sampled[server_round] = sorted(
-                int(r.content["metrics"]["partition-id"]) for r in replies
-                if not r.has_error() and "metrics" in r.content and "partition-id" in r.content["metrics"])
+                int(r.content["metrics"]["partition-id"])
+                for r in replies
+                if not r.has_error()
+                and "metrics" in r.content
+                and "partition-id" in r.content["metrics"]
+            )
             return super().aggregate_train(server_round, replies)
 
     Recording.__name__ = cls.__name__
@@ -207,8 +243,11 @@ def _run_synchronous(grid: Grid, cfg: Mapping[str, Any], initial: ArrayRecord, e
     per_round = limit if 0 < limit < num_nodes else num_nodes
     rounds = max(1, cfg["max-updates"] // per_round)
     sampled: dict[int, list[int]] = {}
-    common = {"fraction_train": per_round / num_nodes, "fraction_evaluate": 0.0,
-              "min_available_nodes": num_nodes}
+    common = {
+        "fraction_train": per_round / num_nodes,
+        "fraction_evaluate": 0.0,
+        "min_available_nodes": num_nodes,
+    }
     if per_round < num_nodes:
         # min_train_nodes = m: Flower samples max(int(n * m / n), min_train_nodes) nodes,
         # and int() of the float product may round m down.
@@ -221,8 +260,14 @@ def _run_synchronous(grid: Grid, cfg: Mapping[str, Any], initial: ArrayRecord, e
         strategy = cls(server_momentum=cfg["beta"], **lr, **common)
     else:
         strategy = cls(**common)
-    train_config = ConfigRecord({"mode": "weights", "batch-size": cfg["batch-size"],
-                                 "local-steps": cfg["local-steps"], "local-lr": cfg["local-lr"]})
+    train_config = ConfigRecord(
+        {
+            "mode": "weights",
+            "batch-size": cfg["batch-size"],
+            "local-steps": cfg["local-steps"],
+            "local-lr": cfg["local-lr"],
+        }
+    )
     clock = virtual_clock_from(cfg)
     speeds = clock.speed_factors(list(range(num_nodes)))
     t0 = time.monotonic()
@@ -233,8 +278,9 @@ def _run_synchronous(grid: Grid, cfg: Mapping[str, Any], initial: ArrayRecord, e
         """Virtual seconds at the end of round r (rounds 1..r-1 known by then)."""
         for k in range(len(vtime), r + 1):
             trained = sampled.get(k, []) if per_round < num_nodes else range(num_nodes)
-            vtime[k] = vtime[k - 1] + max((clock.duration(speeds[p], p, k - 1) for p in trained
-                                           if p in speeds), default=0.0)
+            vtime[k] = vtime[k - 1] + max(
+                (clock.duration(speeds[p], p, k - 1) for p in trained if p in speeds), default=0.0
+            )
         return vtime[r]
 
     def due(server_round: int) -> bool:
@@ -248,14 +294,30 @@ def _run_synchronous(grid: Grid, cfg: Mapping[str, Any], initial: ArrayRecord, e
         if not due(server_round):
             return None
         res = evaluate_fn(server_round, arrays)
-        rows.append({"updates": server_round * per_round, "version": server_round,
-                     "virtual_time": round(vt, 6),
-                     "wall_time": round(time.monotonic() - t0, 3),
-                     "accuracy": res["accuracy"], "loss": res["loss"], "staleness_mean": 0.0,
-                     "staleness_max": 0, "train_loss": math.nan,
-                     "deferred": 0, "rejected": 0, "dropped": 0})
+        rows.append(
+            {
+                "updates": server_round * per_round,
+                "version": server_round,
+                "virtual_time": round(vt, 6),
+                "wall_time": round(time.monotonic() - t0, 3),
+                "accuracy": res["accuracy"],
+                "loss": res["loss"],
+                "staleness_mean": 0.0,
+                "staleness_max": 0,
+                "train_loss": math.nan,
+                "deferred": 0,
+                "rejected": 0,
+                "dropped": 0,
+            }
+        )
         return res
 
-    strategy.start(grid, initial, num_rounds=rounds, train_config=train_config,
-                   evaluate_fn=eval_and_record, timeout=cfg["reply-timeout"])
+    strategy.start(
+        grid,
+        initial,
+        num_rounds=rounds,
+        train_config=train_config,
+        evaluate_fn=eval_and_record,
+        timeout=cfg["reply-timeout"],
+    )
     return rows, {"updates_received": rounds * per_round, "steps_applied": rounds}

@@ -62,7 +62,9 @@ class InFlight:
         False: in arrival order.
     """
 
-    def __init__(self, grid: Grid, keys: list[str], message_ttl: float, virtual_order: bool) -> None:
+    def __init__(
+        self, grid: Grid, keys: list[str], message_ttl: float, virtual_order: bool
+    ) -> None:
         self.grid = grid
         self.keys = keys
         self.ttl = message_ttl
@@ -98,8 +100,10 @@ class InFlight:
 
     def push_queries(self, node_ids: list[int]) -> None:
         """Ask each of ``node_ids`` for its partition-id (a ``query`` message)."""
-        messages = [Message(RecordDict({"config": ConfigRecord()}), node_id, "query", ttl=self.ttl)
-                    for node_id in node_ids]
+        messages = [
+            Message(RecordDict({"config": ConfigRecord()}), node_id, "query", ttl=self.ttl)
+            for node_id in node_ids
+        ]
         sent_at = time.monotonic()
         for node_id, mid in zip(node_ids, self.grid.push_messages(messages)):
             self.queries[mid] = (node_id, sent_at)
@@ -173,8 +177,11 @@ class InFlight:
 
     def overdue(self, now: float, timeout: float) -> list[Dispatch]:
         """Dispatches without a reply, sent more than ``timeout`` seconds before ``now``."""
-        return [d for d in self.dispatches.values()
-                if d.message_id not in self.arrived and now - d.sent_at > timeout]
+        return [
+            d
+            for d in self.dispatches.values()
+            if d.message_id not in self.arrived and now - d.sent_at > timeout
+        ]
 
     def clear(self) -> None:
         """Forget every dispatch (the time budget is spent: they are not applied)."""

@@ -11,8 +11,9 @@ thread. With ``workers >= 1`` each pushed message is computed at once in a pool 
 that many threads (torch releases the GIL, so client computations run in parallel
 and overlap the server's evaluation), and a pull returns the replies that are ready,
 as Flower's grids do. Either way every reply depends only on its message, so results
-are the same. A ClientApp exception becomes an error reply, as in Flower. ``remove_node`` makes a node vanish (its messages are never
-answered); ``add_node`` lets a new node join.
+are the same. A ClientApp exception becomes an error reply, as in Flower.
+``remove_node`` makes a node vanish (its messages are never answered); ``add_node``
+lets a new node join.
 """
 
 from __future__ import annotations
@@ -67,7 +68,9 @@ class InProcessGrid(Grid):
             raise ValueError(f"num_nodes must be >= 1, got {num_nodes!r}")
         if workers < 0:
             raise ValueError(f"workers must be >= 0, got {workers!r}")
-        self.pool = ThreadPoolExecutor(workers, thread_name_prefix="inprocess-node") if workers else None
+        self.pool = (
+            ThreadPoolExecutor(workers, thread_name_prefix="inprocess-node") if workers else None
+        )
         self.futures: dict[str, Future[Message]] = {}
         self.client_app = client_app
         self.run_config = dict(run_config)
@@ -176,7 +179,9 @@ class InProcessGrid(Grid):
         else:
             time.sleep(timeout)
 
-    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
+    def send_and_receive(
+        self, messages: Iterable[Message], *, timeout: float | None = None
+    ) -> Iterable[Message]:
         """Push ``messages`` and return the replies (synchronous strategies)."""
         ids = list(self.push_messages(messages))
         deadline = None if timeout is None else time.monotonic() + timeout

@@ -126,28 +126,34 @@ class Ledger:
         w = self.window
         return (w.total_sum / w.total_count) if w.total_count else 0.0, w.total_max
 
-    def report_counters(self, optimizer_counters: dict[str, int], received: int, steps: int,
-                        diverged: bool) -> dict[str, int]:
+    def report_counters(
+        self, optimizer_counters: dict[str, int], received: int, steps: int, diverged: bool
+    ) -> dict[str, int]:
         """Every counter of a run under its ``summary.json`` name (snake_case)."""
         opt = optimizer_counters
         counters = {name: self.counters[name] for name in ENGINE_COUNTERS}
-        counters.update({
-            "updates_received": received,
-            "steps_applied": steps,
-            "updates_applied": int(opt.get("applied", 0)),
-            "updates_deferred": int(opt.get("deferred", 0)),
-            "updates_stale": int(opt.get("stale", 0)),
-            "slots_dropped": int(opt.get("slots_dropped", 0)),
-            "dropped": self.dropped(opt),
-            "diverged": int(diverged),
-        })
+        counters.update(
+            {
+                "updates_received": received,
+                "steps_applied": steps,
+                "updates_applied": int(opt.get("applied", 0)),
+                "updates_deferred": int(opt.get("deferred", 0)),
+                "updates_stale": int(opt.get("stale", 0)),
+                "slots_dropped": int(opt.get("slots_dropped", 0)),
+                "dropped": self.dropped(opt),
+                "diverged": int(diverged),
+            }
+        )
         return counters
 
     # --------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
         """Counters, rejections and windows as python values."""
-        return {"counters": dict(self.counters), "rejections": dict(self.rejections),
-                "window": dict(vars(self.window))}
+        return {
+            "counters": dict(self.counters),
+            "rejections": dict(self.rejections),
+            "window": dict(vars(self.window)),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` (also a checkpoint of the engine before the ledger).
@@ -155,10 +161,19 @@ class Ledger:
         Older checkpoints spelt counters in kebab-case and counted outcomes again
         (the optimizer's state holds those): names are mapped, outcomes ignored.
         """
-        old = {"error-replies": "error_replies", "nodes-lost": "nodes_lost",
-               "lost-in-flight": "lost_in_flight", "nodes-refused": "nodes_refused",
-               "joined": "nodes_joined"}
-        self.counters = Counter({old.get(k, k): v for k, v in state["counters"].items()
-                                 if old.get(k, k) in ENGINE_COUNTERS})
+        old = {
+            "error-replies": "error_replies",
+            "nodes-lost": "nodes_lost",
+            "lost-in-flight": "lost_in_flight",
+            "nodes-refused": "nodes_refused",
+            "joined": "nodes_joined",
+        }
+        self.counters = Counter(
+            {
+                old.get(k, k): v
+                for k, v in state["counters"].items()
+                if old.get(k, k) in ENGINE_COUNTERS
+            }
+        )
         self.rejections = Counter(state["rejections"])
         vars(self.window).update(state["window"])

@@ -59,7 +59,9 @@ class Membership:
     ``num-partitions``.
     """
 
-    def __init__(self, grid: Grid, in_flight: InFlight, settings: EngineSettings, ledger: Ledger) -> None:
+    def __init__(
+        self, grid: Grid, in_flight: InFlight, settings: EngineSettings, ledger: Ledger
+    ) -> None:
         self.grid = grid
         self.in_flight = in_flight
         self.s = settings
@@ -118,8 +120,13 @@ class Membership:
             if num != self.num_partitions:
                 self.ledger.count("nodes_refused")
                 del self.nodes[pid]
-                log(WARNING, "[async] partition %d refused: it reports num-partitions %d, the run has %d",
-                    pid, num, self.num_partitions)
+                log(
+                    WARNING,
+                    "[async] partition %d refused: it reports num-partitions %d, the run has %d",
+                    pid,
+                    num,
+                    self.num_partitions,
+                )
 
     def query_new_nodes(self) -> None:
         """Query node ids not seen before, and returning ones that may come back."""
@@ -160,7 +167,12 @@ class Membership:
 
     def _partition_of_query_reply(self, node_id: int, reply: Message) -> int | None:
         if reply.has_error():
-            log(WARNING, "[async] node %d answered its query with error: %s", node_id, reply.error.reason)
+            log(
+                WARNING,
+                "[async] node %d answered its query with error: %s",
+                node_id,
+                reply.error.reason,
+            )
             return None
         metrics = reply.content.get("metrics")
         if not isinstance(metrics, MetricRecord) or "partition-id" not in metrics:
@@ -170,8 +182,14 @@ class Membership:
         if not 0 <= pid < num or (self.started and num != self.num_partitions):
             # A node that does not belong to this federation's partitioning.
             self.ledger.count("nodes_refused")
-            log(WARNING, "[async] node %d refused: partition-id %d of %d does not belong (run has %d)",
-                node_id, pid, num, self.num_partitions)
+            log(
+                WARNING,
+                "[async] node %d refused: partition-id %d of %d does not belong (run has %d)",
+                node_id,
+                pid,
+                num,
+                self.num_partitions,
+            )
             return None
         if not self.started:
             self.reported_num[pid] = num
@@ -185,8 +203,13 @@ class Membership:
             return self.started
         if node.active and node.node_id != node_id and not self.started:
             self.ledger.count("nodes_refused")
-            log(WARNING, "[async] node %d refused: partition-id %d is already node %d's",
-                node_id, pid, node.node_id)
+            log(
+                WARNING,
+                "[async] node %d refused: partition-id %d is already node %d's",
+                node_id,
+                pid,
+                node.node_id,
+            )
             return False
         if node.active and node.node_id != node_id:
             # A restarted SuperNode: the old node id is gone, its work is lost.
@@ -210,8 +233,11 @@ class Membership:
     # ------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
         """Per-partition state and the clock's speed factors, as python values."""
-        return {"nodes": {pid: {k: getattr(n, k) for k in Node.SAVED} for pid, n in self.nodes.items()},
-                "speeds": dict(self.speeds), "num_partitions": self.num_partitions}
+        return {
+            "nodes": {pid: {k: getattr(n, k) for k in Node.SAVED} for pid, n in self.nodes.items()},
+            "speeds": dict(self.speeds),
+            "num_partitions": self.num_partitions,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`; a saved partition not present now stays inactive."""
@@ -221,6 +247,9 @@ class Membership:
             if node is None:  # its SuperNode did not come back: known but inactive
                 node = self.nodes[pid] = Node(pid, -1, saved["speed"], active=False)
             node.dispatches, node.errors_in_row, node.speed = (
-                saved["dispatches"], saved["errors_in_row"], saved["speed"])
+                saved["dispatches"],
+                saved["errors_in_row"],
+                saved["speed"],
+            )
             node.rejections_in_row = saved["rejections_in_row"]
             node.active = node.active and saved["active"]

@@ -40,7 +40,9 @@ class ReplyRejected(UpdateRejected):
 
     def __init__(self, reason: str, message: str) -> None:
         if reason not in INTAKE_REASONS:
-            raise ValueError(f"unknown intake rejection reason {reason!r}; add it to INTAKE_REASONS")
+            raise ValueError(
+                f"unknown intake rejection reason {reason!r}; add it to INTAKE_REASONS"
+            )
         super().__init__(reason, message)
 
 
@@ -121,7 +123,9 @@ class ReplyIntake:
         value = digest.digest()
         previous = self.last_digest.get(dispatch.partition_id)
         self.last_digest[dispatch.partition_id] = (value, dispatch.base_version)
-        replayed = previous is not None and previous[0] == value and previous[1] != dispatch.base_version
+        replayed = (
+            previous is not None and previous[0] == value and previous[1] != dispatch.base_version
+        )
         if replayed and any(np.any(arr) for arr in update):  # an all-zero update may recur
             raise ReplyRejected(
                 "duplicate",

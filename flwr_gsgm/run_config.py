@@ -72,13 +72,16 @@ def _key(default: Any, check: Callable[[Any], bool], expected: str, help: str) -
     return RunConfigKey(default, check, expected, help)
 
 
-_ANY = (lambda v: True)
+def _ANY(v: Any) -> bool:
+    return True
 
 
 # ------------------------------------------------- keys generated from the rules
 def _means_none(param: Param, value: Any) -> bool:
     """The run config's ``0`` for an optional number stands for ``None``."""
-    return param.optional and param.kind in (int, float) and not isinstance(value, bool) and value == 0
+    return (
+        param.optional and param.kind in (int, float) and not isinstance(value, bool) and value == 0
+    )
 
 
 def _means_rule_default(param: Param, value: Any) -> bool:
@@ -131,8 +134,10 @@ def _declaring_rules() -> dict[str, tuple[Param, list[str]]]:
             if key is None:
                 continue
             if param.optional and param.kind not in (int, float):
-                raise ValueError(f"{rule}.{param.name}: an optional {param.kind.__name__} "
-                                 f"cannot be a run config key (0 = none is for numbers)")
+                raise ValueError(
+                    f"{rule}.{param.name}: an optional {param.kind.__name__} "
+                    f"cannot be a run config key (0 = none is for numbers)"
+                )
             if key not in keys:
                 keys[key] = (param, [rule])
                 continue
@@ -196,39 +201,83 @@ def optimizer_params_from(cfg: Mapping[str, Any], rule: str) -> dict[str, Any]:
 
 RUN_CONFIG: dict[str, RunConfigKey] = {
     # what to run
-    "strategy": _key("gsgm", _one_of(*ASYNC_STRATEGIES, *SYNC_STRATEGIES),
-                     f"one of {', '.join(ASYNC_STRATEGIES + SYNC_STRATEGIES)}", "server strategy"),
-    "max-updates": _key(4000, _positive, "an integer > 0",
-                        "budget: client updates received (client computations)"),
-    "max-seconds": _key(0.0, _non_negative, ">= 0 (0 = no limit)",
-                        "budget: virtual seconds (virtual-clock = true) or wall seconds"),
-    "eval-every": _key(100, _positive, "an integer > 0", "evaluate every N client updates received"),
-    "eval-examples": _key(0, _non_negative, "an integer >= 0 (0 = the whole test set)",
-                          "server evaluation on a fixed random subset (seed 0) of this many test images"),
-    "eval-threads": _key(2, _positive, "an integer > 0",
-                         "threads of the server evaluation (same accuracy; loss up to float rounding)"),
-    "seed": _key(0, _non_negative, "an integer >= 0", "seed of partitioning, clock and client sampling"),
+    "strategy": _key(
+        "gsgm",
+        _one_of(*ASYNC_STRATEGIES, *SYNC_STRATEGIES),
+        f"one of {', '.join(ASYNC_STRATEGIES + SYNC_STRATEGIES)}",
+        "server strategy",
+    ),
+    "max-updates": _key(
+        4000, _positive, "an integer > 0", "budget: client updates received (client computations)"
+    ),
+    "max-seconds": _key(
+        0.0,
+        _non_negative,
+        ">= 0 (0 = no limit)",
+        "budget: virtual seconds (virtual-clock = true) or wall seconds",
+    ),
+    "eval-every": _key(
+        100, _positive, "an integer > 0", "evaluate every N client updates received"
+    ),
+    "eval-examples": _key(
+        0,
+        _non_negative,
+        "an integer >= 0 (0 = the whole test set)",
+        "server evaluation on a fixed random subset (seed 0) of this many test images",
+    ),
+    "eval-threads": _key(
+        2,
+        _positive,
+        "an integer > 0",
+        "threads of the server evaluation (same accuracy; loss up to float rounding)",
+    ),
+    "seed": _key(
+        0, _non_negative, "an integer >= 0", "seed of partitioning, clock and client sampling"
+    ),
     # server optimizer: generated from the rules' declarations
     **_optimizer_keys(),
     # client work
-    "client-mode": _key("gradient", _one_of("gradient", "delta"), "gradient or delta", "what clients return"),
+    "client-mode": _key(
+        "gradient", _one_of("gradient", "delta"), "gradient or delta", "what clients return"
+    ),
     "batch-size": _key(32, _positive, "an integer > 0", "mini-batch size"),
     "local-batches": _key(1, _positive, "an integer > 0", "gradient mode: mini-batches averaged"),
     "local-steps": _key(1, _positive, "an integer > 0", "delta/weights mode: local SGD steps"),
     "local-lr": _key(0.05, _positive, "> 0", "client learning rate (delta/weights mode)"),
-    "eval-max-examples": _key(1000, _positive, "an integer > 0",
-                              "ClientApp evaluate handler (FedAvg's federated evaluation): test images per node"),
+    "eval-max-examples": _key(
+        1000,
+        _positive,
+        "an integer > 0",
+        "ClientApp evaluate handler (FedAvg's federated evaluation): test images per node",
+    ),
     "client-threads": _key(1, _positive, "an integer > 0", "torch threads per ClientApp"),
     # data
-    "dataset": _key("fashion-mnist", _one_of(*DATASET_CLASSES), f"one of {', '.join(DATASET_CLASSES)}", "data set"),
-    "data-root": _key("/usr/share/datasets/fashion-mnist", _ANY, "a folder", "where the data set lies"),
-    "partitioner": _key("pathological", _one_of("pathological", "dirichlet", "iid"),
-                        "pathological, dirichlet or iid", "non-IID partitioning"),
-    "classes-per-node": _key(2, _positive, "an integer in [1, number of classes]", "pathological: classes per node"),
+    "dataset": _key(
+        "fashion-mnist",
+        _one_of(*DATASET_CLASSES),
+        f"one of {', '.join(DATASET_CLASSES)}",
+        "data set",
+    ),
+    "data-root": _key(
+        "/usr/share/datasets/fashion-mnist", _ANY, "a folder", "where the data set lies"
+    ),
+    "partitioner": _key(
+        "pathological",
+        _one_of("pathological", "dirichlet", "iid"),
+        "pathological, dirichlet or iid",
+        "non-IID partitioning",
+    ),
+    "classes-per-node": _key(
+        2, _positive, "an integer in [1, number of classes]", "pathological: classes per node"
+    ),
     "dirichlet-alpha": _key(0.5, _positive, "> 0", "dirichlet: concentration alpha"),
     # virtual clock
-    "virtual-clock": _key(True, _ANY, "true or false", "simulation clock (false = real arrival order)"),
-    "base-duration": _key(1.0, _positive, "> 0 seconds", "virtual seconds per computation, fast node"),
+    "virtual-clock": _key(
+        True, _ANY, "true or false", "simulation clock (false = real arrival order)"
+    ),
+    "base-duration": _key(
+        1.0, _positive, "> 0 seconds", "virtual seconds per computation, fast node"
+    ),
     "slow-fraction": _key(0.25, lambda v: 0 <= v <= 1, "in [0, 1]", "fraction of slow nodes"),
     "slow-factor": _key(4.0, lambda v: v >= 1, ">= 1", "how many times slower a slow node is"),
     "jitter": _key(0.1, lambda v: 0 <= v < 1, "in [0, 1)", "relative jitter of each duration"),
@@ -236,16 +285,32 @@ RUN_CONFIG: dict[str, RunConfigKey] = {
     "message-ttl": _key(600.0, _positive, "> 0 seconds", "TTL of every message"),
     "reply-timeout": _key(300.0, _positive, "> 0 seconds", "a node silent this long is lost"),
     "poll-interval": _key(0.01, _non_negative, ">= 0 seconds", "sleep between pulls when idle"),
-    "max-consecutive-rejections": _key(10, _non_negative, "an integer >= 0 (0 = never)",
-                                       "a node whose updates are rejected this often in a row is lost"),
+    "max-consecutive-rejections": _key(
+        10,
+        _non_negative,
+        "an integer >= 0 (0 = never)",
+        "a node whose updates are rejected this often in a row is lost",
+    ),
     "min-nodes": _key(1, _positive, "an integer > 0", "nodes to wait for before training"),
-    "max-in-flight": _key(0, _non_negative, "an integer >= 0 (0 = all nodes)",
-                          "nodes training at once (FedAvg/FedAvgM: nodes sampled per round)"),
-    "dispatch": _key("random", _one_of("random", "scheduled"), "random or scheduled",
-                     "which idle node gets a freed slot (max-in-flight < nodes)"),
+    "max-in-flight": _key(
+        0,
+        _non_negative,
+        "an integer >= 0 (0 = all nodes)",
+        "nodes training at once (FedAvg/FedAvgM: nodes sampled per round)",
+    ),
+    "dispatch": _key(
+        "random",
+        _one_of("random", "scheduled"),
+        "random or scheduled",
+        "which idle node gets a freed slot (max-in-flight < nodes)",
+    ),
     # checkpoints
-    "checkpoint-every": _key(0, _non_negative, "an integer >= 0 (0 = never)",
-                             "save the server state every N client updates (and on SIGTERM)"),
+    "checkpoint-every": _key(
+        0,
+        _non_negative,
+        "an integer >= 0 (0 = never)",
+        "save the server state every N client updates (and on SIGTERM)",
+    ),
     "resume": _key(False, _ANY, "true or false", "continue from outputs/<run-name>/checkpoint.pt"),
     # outputs
     "run-name": _key("", _ANY, "a folder name", "outputs/<run-name>/ (empty = strategy and time)"),
@@ -303,7 +368,9 @@ def parse_run_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
             raise ValueError(f"run config {key}={value!r}: expected {spec.expected}")
         cfg[key] = value
     if cfg["resume"] and not cfg["run-name"]:
-        raise ValueError("run config resume=true: expected a run-name naming the run folder to resume")
+        raise ValueError(
+            "run config resume=true: expected a run-name naming the run folder to resume"
+        )
     num_classes = DATASET_CLASSES[cfg["dataset"]]
     if cfg["partitioner"] == "pathological" and cfg["classes-per-node"] > num_classes:
         raise ValueError(

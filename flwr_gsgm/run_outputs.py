@@ -21,11 +21,29 @@ from typing import Any
 from flwr_gsgm import stability
 from flwr_gsgm.atomic import atomic_write, atomic_write_text
 
-__all__ = ["METRIC_COLUMNS", "write_config", "write_model", "write_metrics", "summarize", "write_summary", "plot_accuracy"]
+__all__ = [
+    "METRIC_COLUMNS",
+    "write_config",
+    "write_model",
+    "write_metrics",
+    "summarize",
+    "write_summary",
+    "plot_accuracy",
+]
 
 METRIC_COLUMNS = (
-    "updates", "version", "virtual_time", "wall_time", "accuracy", "loss",
-    "staleness_mean", "staleness_max", "train_loss", "deferred", "rejected", "dropped",
+    "updates",
+    "version",
+    "virtual_time",
+    "wall_time",
+    "accuracy",
+    "loss",
+    "staleness_mean",
+    "staleness_max",
+    "train_loss",
+    "deferred",
+    "rejected",
+    "dropped",
 )
 
 
@@ -40,8 +58,9 @@ def write_model(run_dir: Path, arrays: Any) -> Path:
     """Write the final global model as ``model.pt`` (a torch ``state_dict``; atomic)."""
     import torch
 
-    return atomic_write(run_dir / "model.pt", lambda fh: torch.save(arrays.to_torch_state_dict(), fh),
-                        binary=True)
+    return atomic_write(
+        run_dir / "model.pt", lambda fh: torch.save(arrays.to_torch_state_dict(), fh), binary=True
+    )
 
 
 def _fmt(value: Any) -> str:
@@ -52,6 +71,7 @@ def _fmt(value: Any) -> str:
 
 def write_metrics(run_dir: Path, rows: Sequence[Mapping[str, Any]]) -> Path:
     """Write ``metrics.csv`` with :data:`METRIC_COLUMNS`; floats in shortest round-trip form."""
+
     def write(fh: Any) -> None:
         writer = csv.writer(fh, lineterminator="\n")
         writer.writerow(METRIC_COLUMNS)

@@ -20,7 +20,16 @@ from flwr_gsgm.async_strategy import AsyncStrategy
 from flwr_gsgm.core import OPTIMIZERS, declared_params
 from flwr_gsgm.core.params import describe
 
-__all__ = ["GSGM", "ASGD", "MomentumASGD", "DCASGD", "FedAsync", "FedBuff", "RuleStrategy", "STRATEGIES"]
+__all__ = [
+    "GSGM",
+    "ASGD",
+    "MomentumASGD",
+    "DCASGD",
+    "FedAsync",
+    "FedBuff",
+    "RuleStrategy",
+    "STRATEGIES",
+]
 
 
 class RuleStrategy(AsyncStrategy):
@@ -101,8 +110,13 @@ def _strategy_classes() -> dict[str, type[AsyncStrategy]]:
     for rule, core_cls in OPTIMIZERS.items():
         cls = named.get(rule)
         if cls is None:
-            doc = f"Asynchronous strategy of the rule :class:`{core_cls.__module__}.{core_cls.__name__}`."
-            cls = type(core_cls.__name__, (RuleStrategy,), {"rule": rule, "__doc__": doc, "__module__": __name__})
+            where = f"{core_cls.__module__}.{core_cls.__name__}"
+            doc = f"Asynchronous strategy of the rule :class:`{where}`."
+            cls = type(
+                core_cls.__name__,
+                (RuleStrategy,),
+                {"rule": rule, "__doc__": doc, "__module__": __name__},
+            )
             globals().setdefault(cls.__name__, cls)
         classes[rule] = cls
     return classes

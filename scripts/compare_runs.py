@@ -29,15 +29,20 @@ RUNS = {
     "gsgm-mif2-scheduled": {"strategy": "gsgm", "max-in-flight": 2, "dispatch": "scheduled"},
     "asgd-mif2-random": {"strategy": "asgd", "max-in-flight": 2, "dispatch": "random"},
 }
-COMMON = {"max-updates": 200, "eval-every": 50, "eval-examples": 500, "seed": 3,
-          "data-root": "/usr/share/datasets/fashion-mnist"}
+COMMON = {
+    "max-updates": 200,
+    "eval-every": 50,
+    "eval-examples": 500,
+    "seed": 3,
+    "data-root": "/usr/share/datasets/fashion-mnist",
+}
 
 
 def _without(text: str, column: str) -> str:
     rows = list(csv.reader(io.StringIO(text)))
     drop = rows[0].index(column)
     out = io.StringIO()
-    csv.writer(out, lineterminator="\n").writerows([r[:drop] + r[drop + 1:] for r in rows])
+    csv.writer(out, lineterminator="\n").writerows([r[:drop] + r[drop + 1 :] for r in rows])
     return out.getvalue()
 
 

@@ -30,7 +30,9 @@ def shown(value: Any) -> str:
 
 def table() -> list[str]:
     """The table's lines, header included, in RUN_CONFIG order."""
-    rows = [f"| `{k}` | `{shown(s.default)}` | {s.expected} | {s.help} |" for k, s in RUN_CONFIG.items()]
+    rows = [
+        f"| `{k}` | `{shown(s.default)}` | {s.expected} | {s.help} |" for k, s in RUN_CONFIG.items()
+    ]
     return HEADER + rows
 
 

@@ -100,7 +100,11 @@ QUESTION_KINDS = ("stability", "scale", "noniid", "time-to-target")
 PARTITION_KEYS = ("partitioner", "classes-per-node", "dirichlet-alpha")
 # Keys the sweep sets itself.
 _RESERVED = ("seed", "run-name", "output-dir")
-_ESTIMATE_DEFAULTS = {"updates-per-second": 40.0, "eval-seconds-per-10k": 4.0, "overhead-seconds": 6.0}
+_ESTIMATE_DEFAULTS = {
+    "updates-per-second": 40.0,
+    "eval-seconds-per-10k": 4.0,
+    "overhead-seconds": 6.0,
+}
 _DATASET_TEST_SIZE = {"fashion-mnist": 10_000, "cifar10": 10_000, "cifar100": 10_000}
 
 
@@ -192,7 +196,11 @@ class Preset:
             "name": self.name,
             "preset": str(self.path),
             "seeds": self.seeds,
-            "tune": {"seed": self.tune_seed, "nodes": self.tune_nodes, "partition": self.tune_partition},
+            "tune": {
+                "seed": self.tune_seed,
+                "nodes": self.tune_nodes,
+                "partition": self.tune_partition,
+            },
             "target_accuracy": self.target_accuracy,
             "chance_accuracy": self.chance_accuracy,
             "chance_margin": self.chance_margin,
@@ -203,9 +211,16 @@ class Preset:
             "methods": list(self.methods),
             "headline": self.headline,
             "questions": {
-                q.name: {"title": q.title, "kind": q.kind, "nodes": q.nodes, "partitions": q.partitions,
-                         "methods": q.methods, "description": q.description,
-                         "max_in_flight": q.max_in_flight, "config": q.config}
+                q.name: {
+                    "title": q.title,
+                    "kind": q.kind,
+                    "nodes": q.nodes,
+                    "partitions": q.partitions,
+                    "methods": q.methods,
+                    "description": q.description,
+                    "max_in_flight": q.max_in_flight,
+                    "config": q.config,
+                }
                 for q in self.questions.values()
             },
         }
@@ -237,22 +252,38 @@ class RunSpec:
 
 
 # ------------------------------------------------------------------ helpers
-def _headline(path: Path, sweep: Mapping[str, Any], methods: Mapping[str, Any],
-              questions: Mapping[str, Question]) -> dict[str, Any]:
+def _headline(
+    path: Path,
+    sweep: Mapping[str, Any],
+    methods: Mapping[str, Any],
+    questions: Mapping[str, Question],
+) -> dict[str, Any]:
     """``[sweep] headline-*``: which comparisons the report puts first (may be empty)."""
     baselines = list(sweep.get("headline-baselines", []))
     settings = [str(s) for s in sweep.get("headline-settings", [])]
     for m in baselines:
         if m not in methods:
             _fail(path, f"[sweep] headline-baselines names unknown method {m!r}")
-    known = {setting_label(n, partition_label(p), f) for q in questions.values() for n, p, f in q.settings()}
+    known = {
+        setting_label(n, partition_label(p), f)
+        for q in questions.values()
+        for n, p, f in q.settings()
+    }
     for label in settings:
         if label not in known:
-            _fail(path, f"[sweep] headline-settings {label!r} is no question's setting; known: {sorted(known)}")
+            _fail(
+                path,
+                f"[sweep] headline-settings {label!r} is no question's setting; known: "
+                f"{sorted(known)}",
+            )
     target = float(sweep.get("headline-target", 0.2))
     if not 0 < target < 1:
         _fail(path, f"[sweep] headline-target={target!r}: expected a fraction in (0, 1)")
-    return {"baselines": baselines, "settings": settings, "target": target} if baselines and settings else {}
+    return (
+        {"baselines": baselines, "settings": settings, "target": target}
+        if baselines and settings
+        else {}
+    )
 
 
 def setting_label(nodes: int, partition: str, limit: int = 0) -> str:
@@ -272,7 +303,9 @@ def partition_label(partition: Mapping[str, Any]) -> str:
     if kind == "pathological":
         return f"k{partition.get('classes-per-node', RUN_CONFIG['classes-per-node'].default)}"
     if kind == "dirichlet":
-        return f"dir{float(partition.get('dirichlet-alpha', RUN_CONFIG['dirichlet-alpha'].default)):g}"
+        return (
+            f"dir{float(partition.get('dirichlet-alpha', RUN_CONFIG['dirichlet-alpha'].default)):g}"
+        )
     return kind
 
 
@@ -311,7 +344,7 @@ def _check_config(path: Path, where: str, config: Mapping[str, Any]) -> None:
 
 def _partition(path: Path, where: str, raw: Any) -> dict[str, Any]:
     if not isinstance(raw, Mapping):
-        _fail(path, f"{where}: a partition is a table like {{ partitioner = \"iid\" }}")
+        _fail(path, f'{where}: a partition is a table like {{ partitioner = "iid" }}')
     part = dict(raw)
     bad = set(part) - set(PARTITION_KEYS)
     if bad:
@@ -374,8 +407,16 @@ def load_preset(path: str | Path, out: str | Path | None = None) -> Preset:
 
     questions: dict[str, Question] = {}
     for name, spec in raw.get("questions", {}).items():
-        extra = set(spec) - {"title", "kind", "nodes", "partitions", "methods", "description", "max-in-flight",
-                             "config"}
+        extra = set(spec) - {
+            "title",
+            "kind",
+            "nodes",
+            "partitions",
+            "methods",
+            "description",
+            "max-in-flight",
+            "config",
+        }
         if extra:
             _fail(path, f"[questions.{name}]: unknown key(s) {sorted(extra)}")
         kind = spec.get("kind", "stability")
@@ -388,19 +429,37 @@ def load_preset(path: str | Path, out: str | Path | None = None) -> Preset:
         nodes = [int(n) for n in spec.get("nodes", [10])]
         if any(n < 1 for n in nodes):
             _fail(path, f"[questions.{name}] nodes must be >= 1")
-        parts = [_partition(path, f"[questions.{name}]", p) for p in spec.get("partitions", [{"partitioner": "iid"}])]
+        parts = [
+            _partition(path, f"[questions.{name}]", p)
+            for p in spec.get("partitions", [{"partitioner": "iid"}])
+        ]
         limits = [int(f) for f in spec.get("max-in-flight", [0])]
         if not limits or any(f < 0 for f in limits):
-            _fail(path, f"[questions.{name}] max-in-flight must be a non-empty list of integers >= 0 "
-                        f"(0 = all nodes), got {limits}")
+            _fail(
+                path,
+                f"[questions.{name}] max-in-flight must be a non-empty list of integers >= 0 "
+                f"(0 = all nodes), got {limits}",
+            )
         qconfig = dict(spec.get("config", {}))
         _check_config(path, f"[questions.{name}] config", qconfig)
         for key in qconfig:
             if key in PARTITION_KEYS or key in ("strategy", "max-in-flight"):
-                _fail(path, f"[questions.{name}] config: {key!r} is set by partitions / max-in-flight / "
-                            "the methods, not by a question's config")
-        questions[name] = Question(name, spec.get("title", name), kind, nodes, parts, qmethods,
-                                   spec.get("description", ""), limits, qconfig)
+                _fail(
+                    path,
+                    f"[questions.{name}] config: {key!r} is set by partitions / max-in-flight / "
+                    "the methods, not by a question's config",
+                )
+        questions[name] = Question(
+            name,
+            spec.get("title", name),
+            kind,
+            nodes,
+            parts,
+            qmethods,
+            spec.get("description", ""),
+            limits,
+            qconfig,
+        )
     if not questions:
         _fail(path, "no [questions.*]")
 
@@ -439,8 +498,13 @@ def load_preset(path: str | Path, out: str | Path | None = None) -> Preset:
     stand_in = {m: grid_points(methods[m].grid)[0] for m in methods}
     for m in methods:
         for point in grid_points(methods[m].grid):
-            cfg = {**base, **_lineage_config(preset, m, stand_in), **point, **preset.tune_partition,
-                   "seed": tune_seed}
+            cfg = {
+                **base,
+                **_lineage_config(preset, m, stand_in),
+                **point,
+                **preset.tune_partition,
+                "seed": tune_seed,
+            }
             try:
                 parse_run_config(cfg)
             except ValueError as err:
@@ -465,7 +529,10 @@ def stand_in_tuned(preset: Preset) -> dict[str, dict[str, Any]]:
     tuned: dict[str, dict[str, Any]] = {}
     for layer in preset.tune_order():
         for m in layer:
-            tuned[m] = {**method_base_config(preset, m, tuned), **grid_points(preset.methods[m].grid)[0]}
+            tuned[m] = {
+                **method_base_config(preset, m, tuned),
+                **grid_points(preset.methods[m].grid)[0],
+            }
     return tuned
 
 
@@ -483,12 +550,20 @@ def _check_method_keys(path: Path, preset: Preset, method: str) -> None:
     for where, keys in (("config", m.config), ("grid", m.grid)):
         for key in keys:
             if key in OPTIMIZER_KEYS and key not in takes:
-                _fail(path, f"[methods.{method}] {where}: {key!r} is not a parameter of strategy "
-                            f"{strategy!r}; it takes {sorted(takes) or 'none of them'}")
+                _fail(
+                    path,
+                    f"[methods.{method}] {where}: {key!r} is not a parameter of strategy "
+                    f"{strategy!r}; it takes {sorted(takes) or 'none of them'}",
+                )
 
 
-def _lineage_config(preset: Preset, method: str, chosen: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    """Config of ``method`` before its own grid point: ancestors' configs and choices, then its own."""
+def _lineage_config(
+    preset: Preset, method: str, chosen: Mapping[str, Mapping[str, Any]]
+) -> dict[str, Any]:
+    """Config of ``method`` before its own grid point.
+
+    Its ancestors' configs and choices, then its own.
+    """
     m = preset.methods[method]
     cfg: dict[str, Any] = {}
     if m.inherit is not None:
@@ -498,7 +573,9 @@ def _lineage_config(preset: Preset, method: str, chosen: Mapping[str, Mapping[st
     return cfg
 
 
-def method_base_config(preset: Preset, method: str, tuned: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+def method_base_config(
+    preset: Preset, method: str, tuned: Mapping[str, Mapping[str, Any]]
+) -> dict[str, Any]:
     """Overrides of ``method`` before its own grid: its parent's tuned config, then its config.
 
     ``tuned`` maps a method name to its full tuned overrides (as in ``tuned.toml``).
@@ -522,11 +599,18 @@ def tune_runs(preset: Preset, method: str, tuned: Mapping[str, Mapping[str, Any]
     runs = []
     for point in grid_points(m.grid):
         cfg = {**preset.base, **base, **point, **preset.tune_partition, "seed": preset.tune_seed}
-        runs.append(RunSpec(
-            run_id=f"tune/{method}/{grid_label(point)}", stage="tune", method=method,
-            seed=preset.tune_seed, nodes=preset.tune_nodes, partition=dict(preset.tune_partition),
-            run_config=cfg, grid_point=dict(point),
-        ))
+        runs.append(
+            RunSpec(
+                run_id=f"tune/{method}/{grid_label(point)}",
+                stage="tune",
+                method=method,
+                seed=preset.tune_seed,
+                nodes=preset.tune_nodes,
+                partition=dict(preset.tune_partition),
+                run_config=cfg,
+                grid_point=dict(point),
+            )
+        )
     return runs
 
 
@@ -551,18 +635,33 @@ def report_runs(
         for method in q.methods:
             for nodes, part, limit in q.settings():
                 for seed in preset.seeds:
-                    run_id = f"runs/{method}/{setting_label(nodes, partition_label(part), limit)}/s{seed}"
+                    label = setting_label(nodes, partition_label(part), limit)
+                    run_id = f"runs/{method}/{label}/s{seed}"
                     cfg = {**preset.base, **q.config, **tuned[method], **part, "seed": seed}
                     if limit:
                         cfg["max-in-flight"] = limit
                     if run_id in by_id and by_id[run_id].run_config != cfg:
-                        raise ValueError(f"questions {questions_of[run_id]} and {q.name!r} give run {run_id} "
-                                         "different run configs (set the differing keys in one place)")
-                    by_id.setdefault(run_id, RunSpec(run_id, "report", method, seed, nodes, dict(part), cfg,
-                                                     max_in_flight=limit))
+                        raise ValueError(
+                            f"questions {questions_of[run_id]} and {q.name!r} give run {run_id} "
+                            "different run configs (set the differing keys in one place)"
+                        )
+                    by_id.setdefault(
+                        run_id,
+                        RunSpec(
+                            run_id,
+                            "report",
+                            method,
+                            seed,
+                            nodes,
+                            dict(part),
+                            cfg,
+                            max_in_flight=limit,
+                        ),
+                    )
                     questions_of.setdefault(run_id, []).append(q.name)
     return [
-        RunSpec(**{**spec.__dict__, "questions": tuple(questions_of[rid])}) for rid, spec in by_id.items()
+        RunSpec(**{**spec.__dict__, "questions": tuple(questions_of[rid])})
+        for rid, spec in by_id.items()
     ]
 
 
@@ -582,7 +681,11 @@ def estimate_seconds(spec: RunSpec, estimate: Mapping[str, float]) -> float:
     test_size = _DATASET_TEST_SIZE[cfg["dataset"]]
     examples = min(cfg["eval-examples"] or test_size, test_size)
     eval_cost = examples / 10_000 * estimate["eval-seconds-per-10k"]
-    return estimate["overhead-seconds"] + updates / estimate["updates-per-second"] + evaluations * eval_cost
+    return (
+        estimate["overhead-seconds"]
+        + updates / estimate["updates-per-second"]
+        + evaluations * eval_cost
+    )
 
 
 def human_seconds(seconds: float) -> str:

@@ -45,7 +45,16 @@ import numpy as np
 from simulations.preset import effective_limit, human_seconds, partition_label, setting_label
 from simulations.results import read_csv, read_metrics, write_csv
 
-__all__ = ["Stat", "stat", "question_rows", "settings_of", "method_summary", "improvements", "write_report", "main"]
+__all__ = [
+    "Stat",
+    "stat",
+    "question_rows",
+    "settings_of",
+    "method_summary",
+    "improvements",
+    "write_report",
+    "main",
+]
 
 
 # ------------------------------------------------------------------ numbers
@@ -60,9 +69,22 @@ class Stat:
 
 
 #: Columns of the ``runs.csv`` written beside the results page (one row per reporting run).
-PAGE_COLUMNS = ("method", "nodes", "max_in_flight", "partition", "seed", "status", "final_accuracy", "masd",
-                "accuracy_std", "time_to_target", "virtual_seconds", "staleness_mean", "updates_received",
-                "run_id")
+PAGE_COLUMNS = (
+    "method",
+    "nodes",
+    "max_in_flight",
+    "partition",
+    "seed",
+    "status",
+    "final_accuracy",
+    "masd",
+    "accuracy_std",
+    "time_to_target",
+    "virtual_seconds",
+    "staleness_mean",
+    "updates_received",
+    "run_id",
+)
 
 
 def stat(values: Iterable[Any]) -> Stat:
@@ -78,7 +100,12 @@ def stat(values: Iterable[Any]) -> Stat:
     if not vals:
         return Stat(math.nan, math.nan, 0)
     arr = np.asarray(vals)
-    return Stat(float(arr.mean()), float(arr.std(ddof=1)) if len(arr) > 1 else math.nan, len(arr), tuple(vals))
+    return Stat(
+        float(arr.mean()),
+        float(arr.std(ddof=1)) if len(arr) > 1 else math.nan,
+        len(arr),
+        tuple(vals),
+    )
 
 
 def question_rows(rows: Sequence[Mapping[str, Any]], question: str) -> list[Mapping[str, Any]]:
@@ -133,7 +160,9 @@ def method_summary(rows: Sequence[Mapping[str, Any]], method: str) -> dict[str, 
     }
 
 
-def improvements(rows: Sequence[Mapping[str, Any]], reference: str, methods: Sequence[str]) -> list[dict[str, Any]]:
+def improvements(
+    rows: Sequence[Mapping[str, Any]], reference: str, methods: Sequence[str]
+) -> list[dict[str, Any]]:
     """Per other method: stability improvement of ``reference`` over it, paired by seed.
 
     For each seed where both runs are ``ok``: ``1 - MASD_ref / MASD_b`` and the
@@ -155,7 +184,9 @@ def improvements(rows: Sequence[Mapping[str, Any]], reference: str, methods: Seq
             seeds.append(r["seed"])
         if not seeds and not any(r["method"] == m for r in rows):
             continue
-        out.append({"baseline": m, "improvement": stat(imp), "delta_accuracy": stat(dacc), "seeds": seeds})
+        out.append(
+            {"baseline": m, "improvement": stat(imp), "delta_accuracy": stat(dacc), "seeds": seeds}
+        )
     return out
 
 
@@ -219,7 +250,6 @@ def _load_curve(row: Mapping[str, Any], out: Path) -> list[dict[str, float]] | N
     return read_metrics(path)
 
 
-
 def _save_figure(fig, path: Path) -> Path:
     """Lay out ``fig``, write it to ``path`` (PNG, 110 dpi; folders made) and close it."""
     import matplotlib.pyplot as plt
@@ -230,14 +260,19 @@ def _save_figure(fig, path: Path) -> Path:
     plt.close(fig)
     return path
 
-def plot_curves(rows, methods, out: Path, path: Path, title: str, x: str = "updates") -> Path | None:
+
+def plot_curves(
+    rows, methods, out: Path, path: Path, title: str, x: str = "updates"
+) -> Path | None:
     """Accuracy curves per method: mean over seeds, seed range shaded (ok runs only)."""
     plt = _plt()
     colors = _colors(methods)
     fig, ax = plt.subplots(figsize=(8, 4.8))
     drawn = False
     for m in methods:
-        curves = [c for r in rows if r["method"] == m and _ok(r) for c in [_load_curve(r, out)] if c]
+        curves = [
+            c for r in rows if r["method"] == m and _ok(r) for c in [_load_curve(r, out)] if c
+        ]
         if not curves:
             continue
         if x == "updates":
@@ -245,14 +280,25 @@ def plot_curves(rows, methods, out: Path, path: Path, title: str, x: str = "upda
             if not common:
                 continue
             grid = np.asarray(common)
-            ys = np.asarray([[next(row["accuracy"] for row in c if row["updates"] == u) for u in common]
-                             for c in curves])
+            ys = np.asarray(
+                [
+                    [next(row["accuracy"] for row in c if row["updates"] == u) for u in common]
+                    for c in curves
+                ]
+            )
         else:
             end = min(max(row[x] for row in c) for c in curves)
             grid = np.linspace(0.0, end, 200)
-            ys = np.asarray([np.interp(grid, [row[x] for row in c], [row["accuracy"] for row in c]) for c in curves])
+            ys = np.asarray(
+                [
+                    np.interp(grid, [row[x] for row in c], [row["accuracy"] for row in c])
+                    for c in curves
+                ]
+            )
         ys = 100.0 * ys
-        n_bad = sum(1 for r in rows if r["method"] == m and r.get("status") in ("diverged", "failed"))
+        n_bad = sum(
+            1 for r in rows if r["method"] == m and r.get("status") in ("diverged", "failed")
+        )
         label = f"{m} ({len(curves)} seed{'s' if len(curves) > 1 else ''}"
         label += (f", {n_bad} diverged/failed" if n_bad else "") + ")"
         ax.plot(grid, ys.mean(axis=0), color=colors[m], label=label, lw=1.6)
@@ -270,8 +316,13 @@ def plot_curves(rows, methods, out: Path, path: Path, title: str, x: str = "upda
     return _save_figure(fig, path)
 
 
-def plot_improvement(imps: Sequence[Mapping[str, Any]], reference: str, path: Path, title: str,
-                     target: float | None = None) -> Path | None:
+def plot_improvement(
+    imps: Sequence[Mapping[str, Any]],
+    reference: str,
+    path: Path,
+    title: str,
+    target: float | None = None,
+) -> Path | None:
     """Bars: stability improvement (%) of ``reference`` over each baseline, seeds as dots.
 
     ``target`` (a fraction, the preset's ``headline-target``) is drawn as a dashed line.
@@ -287,7 +338,13 @@ def plot_improvement(imps: Sequence[Mapping[str, Any]], reference: str, path: Pa
     colors = ["tab:green" if v >= 0 else "tab:red" for v in means]
     ax.bar(xs, means, yerr=errs, color=colors, alpha=0.75, capsize=4)
     for x, i in zip(xs, imps):
-        ax.scatter([x] * i["improvement"].n, [100 * v for v in i["improvement"].values], color="k", s=12, zorder=3)
+        ax.scatter(
+            [x] * i["improvement"].n,
+            [100 * v for v in i["improvement"].values],
+            color="k",
+            s=12,
+            zorder=3,
+        )
     ax.axhline(0, color="k", lw=0.8)
     if target is not None:
         ax.axhline(100 * target, color="gray", lw=0.8, ls="--", label=f"target {100 * target:.0f}%")
@@ -317,9 +374,15 @@ def plot_scale(rows, methods, path: Path, title: str) -> Path | None:
         drawn = True
         ns = [p[0] for p in pts]
         for ax, k, scale in ((axes[0], 1, 100.0), (axes[1], 2, 100.0)):
-            ax.errorbar(ns, [scale * p[k].mean for p in pts],
-                        yerr=[scale * (p[k].std if p[k].n > 1 else 0.0) for p in pts],
-                        color=colors[m], marker="o", capsize=3, label=m)
+            ax.errorbar(
+                ns,
+                [scale * p[k].mean for p in pts],
+                yerr=[scale * (p[k].std if p[k].n > 1 else 0.0) for p in pts],
+                color=colors[m],
+                marker="o",
+                capsize=3,
+                label=m,
+            )
     if not drawn:
         plt.close(fig)
         return None
@@ -350,8 +413,15 @@ def plot_grouped(rows, methods, settings, path: Path, title: str) -> Path | None
             errs = [100 * s[key].std if s[key].n > 1 else 0.0 for s in sums]
             if not all(np.isnan(vals)):
                 drawn = True
-            ax.bar(xs + (j - (len(methods) - 1) / 2) * width, vals, width, yerr=errs, color=colors[m],
-                   label=m, capsize=2)
+            ax.bar(
+                xs + (j - (len(methods) - 1) / 2) * width,
+                vals,
+                width,
+                yerr=errs,
+                color=colors[m],
+                label=m,
+                capsize=2,
+            )
     if not drawn:
         plt.close(fig)
         return None
@@ -368,35 +438,65 @@ def plot_grouped(rows, methods, settings, path: Path, title: str) -> Path | None
 
 # ------------------------------------------------------------------ markdown
 def _method_table(rows, methods, show_target: bool, target: float) -> list[str]:
-    head = ["method", "ok / runs", "diverged", "failed", "final accuracy (%)", "MASD (pp)", "std of accuracy (pp)"]
+    head = [
+        "method",
+        "ok / runs",
+        "diverged",
+        "failed",
+        "final accuracy (%)",
+        "MASD (pp)",
+        "std of accuracy (pp)",
+    ]
     if show_target:
         head.append(f"time to {100 * target:.0f}% (virtual s; seeds that reached it)")
     head += ["virtual time of the run (s)", "staleness mean", "staleness max"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for m in methods:
         s = method_summary(rows, m)
-        cells = [m, f"{s['ok']}/{s['runs']}" + (f" ({s['pending']} pending)" if s["pending"] else ""),
-                 str(s["diverged"]), str(s["failed"]),
-                 _pm(s["final_accuracy"], 100), _pm(s["masd"], 100, 2), _pm(s["accuracy_std"], 100, 2)]
+        cells = [
+            m,
+            f"{s['ok']}/{s['runs']}" + (f" ({s['pending']} pending)" if s["pending"] else ""),
+            str(s["diverged"]),
+            str(s["failed"]),
+            _pm(s["final_accuracy"], 100),
+            _pm(s["masd"], 100, 2),
+            _pm(s["accuracy_std"], 100, 2),
+        ]
         if show_target:
-            cells.append(f"{_pm(s['time_to_target'], 1, 0)} ({s['reached']}/{s['ok']})" if s["ok"] else "–")
-        cells += [_pm(s["virtual_seconds"], 1, 0), _pm(s["staleness_mean"], 1, 2), _pm(s["staleness_max"], 1, 1)]
+            cells.append(
+                f"{_pm(s['time_to_target'], 1, 0)} ({s['reached']}/{s['ok']})" if s["ok"] else "–"
+            )
+        cells += [
+            _pm(s["virtual_seconds"], 1, 0),
+            _pm(s["staleness_mean"], 1, 2),
+            _pm(s["staleness_max"], 1, 1),
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     bad = [r for r in rows if r.get("status") in ("diverged", "failed")]
     if bad:
         lines.append("")
-        lines.append("Not in the means: " + "; ".join(
-            f"{r['method']} seed {r['seed']} ({r.get('diverged_reason') or r.get('error') or r['status']})"
-            for r in bad) + ".")
+        lines.append(
+            "Not in the means: "
+            + "; ".join(
+                f"{r['method']} seed {r['seed']} "
+                f"({r.get('diverged_reason') or r.get('error') or r['status']})"
+                for r in bad
+            )
+            + "."
+        )
     return lines
 
 
 def _improvement_table(imps, reference) -> list[str]:
-    lines = [f"| {reference} vs | stability improvement (%) | Δ final accuracy (pp) | seeds paired |",
-             "|---|---|---|---|"]
+    lines = [
+        f"| {reference} vs | stability improvement (%) | Δ final accuracy (pp) | seeds paired |",
+        "|---|---|---|---|",
+    ]
     for i in imps:
-        lines.append(f"| {i['baseline']} | {_pm(i['improvement'], 100, 0, signed=True)} | "
-                     f"{_pm(i['delta_accuracy'], 100, 1, signed=True)} | {len(i['seeds'])} |")
+        lines.append(
+            f"| {i['baseline']} | {_pm(i['improvement'], 100, 0, signed=True)} | "
+            f"{_pm(i['delta_accuracy'], 100, 1, signed=True)} | {len(i['seeds'])} |"
+        )
     return lines
 
 
@@ -409,20 +509,27 @@ def _headline_section(rows, headline: Mapping[str, Any], reference: str) -> list
     if not headline:
         return []
     target = float(headline["target"])
-    lines = ["## Headline", "",
-             f"Stability improvement of {reference} (1 - MASD_{reference} / MASD_B, paired by seed, "
-             f"mean ± sample std) and its final accuracy minus B's; the target is at least "
-             f"{100 * target:.0f}% with final accuracy no lower.", "",
-             f"| setting | {reference} vs | stability improvement (%) | Δ final accuracy (pp) | "
-             f"seeds paired | target met |", "|---|---|---|---|---|---|"]
+    lines = [
+        "## Headline",
+        "",
+        f"Stability improvement of {reference} (1 - MASD_{reference} / MASD_B, paired by seed, "
+        f"mean ± sample std) and its final accuracy minus B's; the target is at least "
+        f"{100 * target:.0f}% with final accuracy no lower.",
+        "",
+        f"| setting | {reference} vs | stability improvement (%) | Δ final accuracy (pp) | "
+        f"seeds paired | target met |",
+        "|---|---|---|---|---|---|",
+    ]
     by_label = {setting_label(*s): s for s in settings_of(rows)}
     for setting in (by_label[label] for label in headline["settings"] if label in by_label):
         for imp in improvements(_in_setting(rows, setting), reference, headline["baselines"]):
             i, d = imp["improvement"], imp["delta_accuracy"]
             met = "–" if not i.n else ("yes" if i.mean >= target and d.mean >= 0 else "no")
-            lines.append(f"| {_setting_name(setting)} | {imp['baseline']} | "
-                         f"{_pm(i, 100, 0, signed=True)} | {_pm(d, 100, 1, signed=True)} | "
-                         f"{len(imp['seeds'])} | {met} |")
+            lines.append(
+                f"| {_setting_name(setting)} | {imp['baseline']} | "
+                f"{_pm(i, 100, 0, signed=True)} | {_pm(d, 100, 1, signed=True)} | "
+                f"{len(imp['seeds'])} | {met} |"
+            )
     return lines + [""]
 
 
@@ -433,17 +540,25 @@ def _tuned_section(out: Path) -> list[str]:
     import tomllib
 
     data = tomllib.loads(path.read_text())
-    lines = ["## Tuned choices (seed 0 only)", "",
-             "| method | choice (run config) | seed-0 final accuracy (%) | seed-0 MASD (pp) | grid points | "
-             "grid points diverged |", "|---|---|---|---|---|---|"]
+    lines = [
+        "## Tuned choices (seed 0 only)",
+        "",
+        "| method | choice (run config) | seed-0 final accuracy (%) | seed-0 MASD (pp) | grid "
+        "points | "
+        "grid points diverged |",
+        "|---|---|---|---|---|---|",
+    ]
     for m, cfg in data.get("methods", {}).items():
         sel = data.get("selection", {}).get(m, {})
         choice = ", ".join(f"`{k}={json.dumps(v)}`" for k, v in cfg.items())
         fa, ms = sel.get("final-accuracy", math.nan), sel.get("masd", math.nan)
         flag = " (all diverged)" if sel.get("all-diverged") else ""
-        lines.append(f"| {m} | {choice} | {100 * fa:.1f} | {100 * ms:.2f} | {sel.get('candidates', 0)} | "
-                     f"{sel.get('diverged', 0)}{flag} |" if sel.get("candidates") else
-                     f"| {m} | {choice} | – | – | 0 | – |")
+        lines.append(
+            f"| {m} | {choice} | {100 * fa:.1f} | {100 * ms:.2f} | {sel.get('candidates', 0)} | "
+            f"{sel.get('diverged', 0)}{flag} |"
+            if sel.get("candidates")
+            else f"| {m} | {choice} | – | – | 0 | – |"
+        )
     return lines + [""]
 
 
@@ -456,8 +571,11 @@ def _sweep_log(out: Path) -> list[dict[str, Any]] | None:
 def _wall_time(log: list[dict[str, Any]] | None) -> tuple[float, int, int]:
     if log is None:
         return math.nan, 0, 0
-    return (sum(float(e.get("wall_seconds", 0.0)) for e in log), sum(int(e.get("executed", 0)) for e in log),
-            len(log))
+    return (
+        sum(float(e.get("wall_seconds", 0.0)) for e in log),
+        sum(int(e.get("executed", 0)) for e in log),
+        len(log),
+    )
 
 
 def _jobs_used(log: list[dict[str, Any]] | None) -> list[int]:
@@ -484,41 +602,81 @@ def write_report(out: Path, md_path: Path | None = None, figures: Path | None = 
     log = _sweep_log(out)
     wall, executed, invocations = _wall_time(log)
     jobs = _jobs_used(log)
-    run_total = sum(float(r["run_seconds"]) for r in rows if math.isfinite(float(r.get("run_seconds", math.nan))))
+    run_total = sum(
+        float(r["run_seconds"])
+        for r in rows
+        if math.isfinite(float(r.get("run_seconds", math.nan)))
+    )
     tune_rows = read_csv(out / "tune.csv") if (out / "tune.csv").is_file() else []
-    tune_total = sum(float(r["run_seconds"]) for r in tune_rows
-                     if math.isfinite(float(r.get("run_seconds", math.nan))))
-    status = {s: sum(r["status"] == s for r in rows) for s in ("ok", "diverged", "failed", "pending")}
+    tune_total = sum(
+        float(r["run_seconds"])
+        for r in tune_rows
+        if math.isfinite(float(r.get("run_seconds", math.nan)))
+    )
+    status = {
+        s: sum(r["status"] == s for r in rows) for s in ("ok", "diverged", "failed", "pending")
+    }
 
     md = [f"# Results: {name}", ""]
-    md.append(f"Produced by `python -m simulations.sweep {plan.get('preset', 'PRESET.toml')}` then "
-              f"`python -m simulations.report {out}` on {time.strftime('%Y-%m-%d', time.gmtime())}.")
+    md.append(
+        f"Produced by `python -m simulations.sweep {plan.get('preset', 'PRESET.toml')}` then "
+        f"`python -m simulations.report {out}` on {time.strftime('%Y-%m-%d', time.gmtime())}."
+    )
     md.append("")
-    md.append(f"- Sweep wall time: **{human_seconds(wall)}** over {invocations} invocation(s) of the sweep command "
-              f"({executed} runs executed; the runs themselves took {human_seconds(tune_total)} of tuning and "
-              f"{human_seconds(run_total)} of reporting runs, on {os.cpu_count()} CPU cores with --jobs "
-              f"{'/'.join(map(str, jobs)) or '?'}).")
-    md.append(f"- Reporting runs: {len(rows)} ({status['ok']} ok, {status['diverged']} diverged, "
-              f"{status['failed']} failed, {status['pending']} pending); seeds {plan.get('seeds', '?')}; "
-              f"tuning on seed {plan.get('tune', {}).get('seed', 0)} only.")
+    md.append(
+        f"- Sweep wall time: **{human_seconds(wall)}** over {invocations} invocation(s) of the "
+        "sweep command "
+        f"({executed} runs executed; the runs themselves took {human_seconds(tune_total)} of "
+        "tuning and "
+        f"{human_seconds(run_total)} of reporting runs, on {os.cpu_count()} CPU cores with --jobs "
+        f"{'/'.join(map(str, jobs)) or '?'})."
+    )
+    md.append(
+        f"- Reporting runs: {len(rows)} ({status['ok']} ok, {status['diverged']} diverged, "
+        f"{status['failed']} failed, {status['pending']} pending); seeds {plan.get('seeds', '?')}; "
+        f"tuning on seed {plan.get('tune', {}).get('seed', 0)} only."
+    )
     if base:
-        keys = ("dataset", "max-updates", "eval-every", "eval-examples", "batch-size", "client-mode",
-                "slow-fraction", "slow-factor", "jitter")
-        md.append("- Common run config: " + ", ".join(f"`{k}={base[k]}`" for k in keys if k in base) + ".")
-    md.append(f"- Final accuracy: mean of the last 5 evaluations. MASD: mean |a(j+1) - a(j)| of test accuracy "
-              f"over the second half of the evaluations; std: its standard deviation there (both in "
-              f"percentage points, pp). Time to target: first virtual time with accuracy >= "
-              f"{100 * target:.0f}%. Stability improvement of {reference} over B: 1 - MASD_{reference} / MASD_B "
-              f"per seed, then mean ± sample std over the seeds.")
+        keys = (
+            "dataset",
+            "max-updates",
+            "eval-every",
+            "eval-examples",
+            "batch-size",
+            "client-mode",
+            "slow-fraction",
+            "slow-factor",
+            "jitter",
+        )
+        md.append(
+            "- Common run config: " + ", ".join(f"`{k}={base[k]}`" for k in keys if k in base) + "."
+        )
+    md.append(
+        "- Final accuracy: mean of the last 5 evaluations. MASD: mean |a(j+1) - a(j)| of test "
+        "accuracy "
+        f"over the second half of the evaluations; std: its standard deviation there (both in "
+        f"percentage points, pp). Time to target: first virtual time with accuracy >= "
+        f"{100 * target:.0f}%. Stability improvement of {reference} over B: 1 - MASD_{reference} "
+        "/ MASD_B "
+        f"per seed, then mean ± sample std over the seeds."
+    )
     chance = plan.get("chance_accuracy", 0.1)
-    md.append("- Staleness: model versions between the one a node was sent and the one its update "
-              "met. Under the virtual clock the dispatch schedule is the same for every method, so methods "
-              "that step on every update (all but GSGM's deferred slot updates and FedBuff's buffer) show "
-              "the same staleness.")
-    md.append(f"- Diverged: a non-finite loss or accuracy at some evaluation, weights that became non-finite, "
-              f"or a final accuracy <= "
-              f"{100 * (chance + plan.get('chance_margin', 0.05)):.0f}% (chance + margin). Diverged runs are "
-              f"counted in the tables and left out of the means.")
+    md.append(
+        "- Staleness: model versions between the one a node was sent and the one its update "
+        "met. Under the virtual clock the dispatch schedule is the same for every method, so "
+        "methods "
+        "that step on every update (all but GSGM's deferred slot updates and FedBuff's buffer) "
+        "show "
+        "the same staleness."
+    )
+    md.append(
+        "- Diverged: a non-finite loss or accuracy at some evaluation, weights that became "
+        "non-finite, "
+        f"or a final accuracy <= "
+        f"{100 * (chance + plan.get('chance_margin', 0.05)):.0f}% (chance + margin). Diverged "
+        "runs are "
+        f"counted in the tables and left out of the means."
+    )
     md.append("")
     md += _headline_section(rows, plan.get("headline") or {}, reference)
     md += _tuned_section(out)
@@ -534,20 +692,35 @@ def write_report(out: Path, md_path: Path | None = None, figures: Path | None = 
             md += [q["description"], ""]
         settings = settings_of(qrows)
         if q.get("nodes") and q.get("partitions"):  # the preset's order: nodes, partitions, limits
-            planned = [(int(n), partition_label(p), effective_limit(int(n), int(f)))
-                       for n in q["nodes"] for p in q["partitions"] for f in q.get("max_in_flight", [0])]
-            settings = [s for s in planned if s in settings] + [s for s in settings if s not in planned]
+            planned = [
+                (int(n), partition_label(p), effective_limit(int(n), int(f)))
+                for n in q["nodes"]
+                for p in q["partitions"]
+                for f in q.get("max_in_flight", [0])
+            ]
+            settings = [s for s in planned if s in settings] + [
+                s for s in settings if s not in planned
+            ]
         if kind == "scale" and len(settings) > 1:
             for part, limit in dict.fromkeys((s[1], s[2]) for s in settings):
                 prow = [r for r in qrows if setting_of(r)[1:] == (part, limit)]
                 group = part + (f"-f{limit}" if limit else "")
                 where = part + (f", {limit} in flight" if limit else "")
-                p = plot_scale(prow, methods, figures / f"{qname}_{group}_scale.png",
-                               f"{q.get('title', qname)}: final accuracy and MASD vs nodes ({where})")
+                p = plot_scale(
+                    prow,
+                    methods,
+                    figures / f"{qname}_{group}_scale.png",
+                    f"{q.get('title', qname)}: final accuracy and MASD vs nodes ({where})",
+                )
                 if p:
-                    md += [f"![final accuracy and MASD vs number of nodes]({_rel(p, md_path.parent)})", ""]
+                    md += [
+                        f"![final accuracy and MASD vs number of nodes]({_rel(p, md_path.parent)})",
+                        "",
+                    ]
         if kind == "noniid" and len(settings) > 1:
-            p = plot_grouped(qrows, methods, settings, figures / f"{qname}_grouped.png", q.get("title", qname))
+            p = plot_grouped(
+                qrows, methods, settings, figures / f"{qname}_grouped.png", q.get("title", qname)
+            )
             if p:
                 md += [f"![final accuracy and MASD per partition]({_rel(p, md_path.parent)})", ""]
         for setting in settings:
@@ -558,17 +731,35 @@ def write_report(out: Path, md_path: Path | None = None, figures: Path | None = 
             md.append("")
             imps = improvements(srows, reference, methods)
             if imps and any(r["method"] == reference for r in srows):
-                md += [f"Stability improvement of {reference} over each method (paired by seed):", ""]
+                md += [
+                    f"Stability improvement of {reference} over each method (paired by seed):",
+                    "",
+                ]
                 md += _improvement_table(imps, reference)
                 md.append("")
-                title = q.get("title", qname) if len(settings) == 1 else f"{qname}: {_setting_name(setting)}"
-                p = plot_improvement(imps, reference, figures / f"{qname}_{label}_improvement.png", title,
-                                     (plan.get("headline") or {}).get("target"))
+                title = (
+                    q.get("title", qname)
+                    if len(settings) == 1
+                    else f"{qname}: {_setting_name(setting)}"
+                )
+                p = plot_improvement(
+                    imps,
+                    reference,
+                    figures / f"{qname}_{label}_improvement.png",
+                    title,
+                    (plan.get("headline") or {}).get("target"),
+                )
                 if p:
                     md += [f"![stability improvement]({_rel(p, md_path.parent)})", ""]
             x = "virtual_time" if kind == "time-to-target" else "updates"
-            p = plot_curves(srows, methods, out, figures / f"{qname}_{label}_curves.png",
-                            f"{_setting_name(setting)}", x=x)
+            p = plot_curves(
+                srows,
+                methods,
+                out,
+                figures / f"{qname}_{label}_curves.png",
+                f"{_setting_name(setting)}",
+                x=x,
+            )
             if p:
                 md += [f"![accuracy curves]({_rel(p, md_path.parent)})", ""]
     md_path.parent.mkdir(parents=True, exist_ok=True)
@@ -578,16 +769,25 @@ def write_report(out: Path, md_path: Path | None = None, figures: Path | None = 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m simulations.report", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m simulations.report", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("out", help="the sweep's output folder (holds runs.csv)")
     parser.add_argument("--md", help="Markdown file to write (default: the preset's results-md)")
-    parser.add_argument("--figures", help="folder of the figures (default: beside the Markdown file)")
+    parser.add_argument(
+        "--figures", help="folder of the figures (default: beside the Markdown file)"
+    )
     args = parser.parse_args(argv)
     out = Path(args.out)
     if not (out / "runs.csv").is_file():
-        print(f"error: {out / 'runs.csv'} not found: run python -m simulations.sweep first", file=sys.stderr)
+        print(
+            f"error: {out / 'runs.csv'} not found: run python -m simulations.sweep first",
+            file=sys.stderr,
+        )
         return 2
-    md = write_report(out, Path(args.md) if args.md else None, Path(args.figures) if args.figures else None)
+    md = write_report(
+        out, Path(args.md) if args.md else None, Path(args.figures) if args.figures else None
+    )
     print(f"[report] wrote {md}")
     return 0
 

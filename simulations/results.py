@@ -44,16 +44,50 @@ __all__ = [
 
 # Scalar figures of summary.json (flwr_gsgm.run_outputs.summarize), in order.
 SUMMARY_FIELDS = (
-    "final_accuracy", "masd", "accuracy_std", "evaluations", "updates_received", "steps_applied",
-    "updates_deferred", "rejected", "dropped", "error_replies", "nodes_lost", "staleness_mean",
-    "staleness_max", "virtual_seconds", "wall_seconds",
+    "final_accuracy",
+    "masd",
+    "accuracy_std",
+    "evaluations",
+    "updates_received",
+    "steps_applied",
+    "updates_deferred",
+    "rejected",
+    "dropped",
+    "error_replies",
+    "nodes_lost",
+    "staleness_mean",
+    "staleness_max",
+    "virtual_seconds",
+    "wall_seconds",
 )
 
 RUN_COLUMNS = (
-    "run_id", "stage", "questions", "method", "strategy", "seed", "nodes", "max_in_flight", "partitioner",
-    "classes_per_node", "dirichlet_alpha", "partition", "grid_point", "server_lr", "status",
-    "diverged", "diverged_reason", "peak_accuracy", "last_accuracy", "time_to_target",
-    "updates_to_target", *SUMMARY_FIELDS, "rejected_by_reason", "run_seconds", "error", "run_dir",
+    "run_id",
+    "stage",
+    "questions",
+    "method",
+    "strategy",
+    "seed",
+    "nodes",
+    "max_in_flight",
+    "partitioner",
+    "classes_per_node",
+    "dirichlet_alpha",
+    "partition",
+    "grid_point",
+    "server_lr",
+    "status",
+    "diverged",
+    "diverged_reason",
+    "peak_accuracy",
+    "last_accuracy",
+    "time_to_target",
+    "updates_to_target",
+    *SUMMARY_FIELDS,
+    "rejected_by_reason",
+    "run_seconds",
+    "error",
+    "run_dir",
 )
 
 
@@ -62,12 +96,15 @@ def read_metrics(path: Path) -> list[dict[str, float]]:
     rows = []
     with path.open(newline="") as fh:
         for raw in csv.DictReader(fh):
-            rows.append({k: (float(v) if v not in ("", None) else math.nan) for k, v in raw.items()})
+            rows.append(
+                {k: (float(v) if v not in ("", None) else math.nan) for k, v in raw.items()}
+            )
     return rows
 
 
-def divergence(rows: Sequence[Mapping[str, float]], final_accuracy: float, chance: float,
-               margin: float) -> str:
+def divergence(
+    rows: Sequence[Mapping[str, float]], final_accuracy: float, chance: float, margin: float
+) -> str:
     """Why a finished run counts as diverged, or ``""`` if it does not (module docstring)."""
     if any(not math.isfinite(r.get("loss", math.nan)) for r in rows):
         return "non-finite loss"
@@ -114,8 +151,11 @@ def run_row(
         row["status"] = "failed" if started else "pending"
         if started:
             err = run_dir / "error.txt"
-            row["error"] = (err.read_text().strip().splitlines() or [""])[-1][:300] if err.is_file() \
+            row["error"] = (
+                (err.read_text().strip().splitlines() or [""])[-1][:300]
+                if err.is_file()
                 else _last_log_line(run_dir)
+            )
         return row
     summary = json.loads(summary_path.read_text())
     for key in SUMMARY_FIELDS:
@@ -127,8 +167,12 @@ def run_row(
     finite = [a for a in acc if math.isfinite(a)]
     row["peak_accuracy"] = max(finite) if finite else math.nan
     row["last_accuracy"] = acc[-1] if acc else math.nan
-    row["time_to_target"] = stability.time_to_target([r["virtual_time"] for r in metrics], acc, target)
-    row["updates_to_target"] = stability.time_to_target([r["updates"] for r in metrics], acc, target)
+    row["time_to_target"] = stability.time_to_target(
+        [r["virtual_time"] for r in metrics], acc, target
+    )
+    row["updates_to_target"] = stability.time_to_target(
+        [r["updates"] for r in metrics], acc, target
+    )
     final = row["final_accuracy"]
     reason = divergence(metrics, float(final), chance, margin) if metrics else "no evaluation"
     if not reason and summary.get("diverged"):
@@ -147,10 +191,15 @@ def _cell(value: Any) -> Any:
     return value
 
 
-def write_csv(path: Path, rows: Sequence[Mapping[str, Any]], columns: Sequence[str] = RUN_COLUMNS) -> Path:
+def write_csv(
+    path: Path, rows: Sequence[Mapping[str, Any]], columns: Sequence[str] = RUN_COLUMNS
+) -> Path:
     """Write rows with ``columns`` (atomically: a ``.tmp`` file renamed in place)."""
+
     def write(fh: Any) -> None:
-        writer = csv.DictWriter(fh, fieldnames=list(columns), extrasaction="ignore", lineterminator="\n")
+        writer = csv.DictWriter(
+            fh, fieldnames=list(columns), extrasaction="ignore", lineterminator="\n"
+        )
         writer.writeheader()
         for row in rows:
             writer.writerow({k: _cell(row.get(k, "")) for k in columns})
@@ -158,11 +207,36 @@ def write_csv(path: Path, rows: Sequence[Mapping[str, Any]], columns: Sequence[s
     return atomic_write(path, write, newline="")
 
 
-_INT_COLUMNS = {"seed", "nodes", "max_in_flight", "evaluations", "updates_received", "steps_applied",
-                "updates_deferred", "rejected", "dropped", "error_replies", "nodes_lost", "staleness_max"}
-_FLOAT_COLUMNS = {"server_lr", "peak_accuracy", "last_accuracy", "time_to_target", "updates_to_target",
-                  "final_accuracy", "masd", "accuracy_std", "staleness_mean", "virtual_seconds",
-                  "wall_seconds", "run_seconds", "dirichlet_alpha", "classes_per_node"}
+_INT_COLUMNS = {
+    "seed",
+    "nodes",
+    "max_in_flight",
+    "evaluations",
+    "updates_received",
+    "steps_applied",
+    "updates_deferred",
+    "rejected",
+    "dropped",
+    "error_replies",
+    "nodes_lost",
+    "staleness_max",
+}
+_FLOAT_COLUMNS = {
+    "server_lr",
+    "peak_accuracy",
+    "last_accuracy",
+    "time_to_target",
+    "updates_to_target",
+    "final_accuracy",
+    "masd",
+    "accuracy_std",
+    "staleness_mean",
+    "virtual_seconds",
+    "wall_seconds",
+    "run_seconds",
+    "dirichlet_alpha",
+    "classes_per_node",
+}
 
 
 def read_csv(path: Path) -> list[dict[str, Any]]:

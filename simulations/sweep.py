@@ -69,7 +69,6 @@ from simulations.preset import (
     RunSpec,
     estimate_seconds,
     grid_label,
-    grid_points,
     human_seconds,
     load_preset,
     method_base_config,
@@ -81,7 +80,16 @@ from simulations.preset import (
 )
 from simulations.results import RUN_COLUMNS, read_csv, run_row, write_csv
 
-__all__ = ["ExecOptions", "SweepError", "pick_best", "run_sweep", "dry_run", "read_tuned", "write_tuned", "main"]
+__all__ = [
+    "ExecOptions",
+    "SweepError",
+    "pick_best",
+    "run_sweep",
+    "dry_run",
+    "read_tuned",
+    "write_tuned",
+    "main",
+]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TUNE_COLUMNS = (*RUN_COLUMNS, "chosen")
@@ -128,7 +136,11 @@ def pick_best(rows: Sequence[Mapping[str, Any]], tie_tolerance: float = 0.0) -> 
         raise ValueError("pick_best needs at least one tuning run")
 
     num = _num
-    ok = [i for i, r in enumerate(rows) if r.get("status") == "ok" and math.isfinite(num(r.get("final_accuracy")))]
+    ok = [
+        i
+        for i, r in enumerate(rows)
+        if r.get("status") == "ok" and math.isfinite(num(r.get("final_accuracy")))
+    ]
     if not ok:
         finite = [i for i, r in enumerate(rows) if math.isfinite(num(r.get("final_accuracy")))]
         if not finite:
@@ -155,13 +167,18 @@ def _toml_value(v: Any) -> str:
     return json.dumps(str(v))
 
 
-def write_tuned(path: Path, preset: Preset, tuned: Mapping[str, Mapping[str, Any]],
-                selection: Mapping[str, Mapping[str, Any]]) -> Path:
+def write_tuned(
+    path: Path,
+    preset: Preset,
+    tuned: Mapping[str, Mapping[str, Any]],
+    selection: Mapping[str, Mapping[str, Any]],
+) -> Path:
     """Write ``tuned.toml``: ``[methods.X]`` overrides and ``[selection.X]`` facts."""
     lines = [
         f"# Tuned choices of `python -m simulations.sweep {preset.path}`.",
         f"# Tuning: seed {preset.tune_seed}, {preset.tune_nodes} nodes, partition "
-        f"{partition_label(preset.tune_partition)}; rule: best final accuracy among runs that did not",
+        f"{partition_label(preset.tune_partition)}; rule: best final accuracy among runs that did "
+        "not",
         f"# diverge, ties (within {preset.tie_tolerance:g}) to the lower MASD. The reporting seeds "
         f"{preset.seeds} use [methods.*].",
         "",
@@ -189,8 +206,13 @@ def read_tuned(path: Path) -> dict[str, dict[str, Any]]:
 # ----------------------------------------------------------------- execution
 def _spec_json(spec: RunSpec) -> dict[str, Any]:
     return {
-        "run_id": spec.run_id, "stage": spec.stage, "method": spec.method, "seed": spec.seed,
-        "nodes": spec.nodes, "partition": spec.partition, "grid_point": spec.grid_point,
+        "run_id": spec.run_id,
+        "stage": spec.stage,
+        "method": spec.method,
+        "seed": spec.seed,
+        "nodes": spec.nodes,
+        "partition": spec.partition,
+        "grid_point": spec.grid_point,
         "run_config": spec.run_config,
     }
 
@@ -201,14 +223,24 @@ def _needs_run(run_dir: Path, spec: RunSpec) -> bool:
     if (run_dir / "summary.json").is_file():
         if spec_path.is_file():
             old = json.loads(spec_path.read_text())
-            if old.get("run_config") != json.loads(json.dumps(spec.run_config)) or old.get("nodes") != spec.nodes:
+            if (
+                old.get("run_config") != json.loads(json.dumps(spec.run_config))
+                or old.get("nodes") != spec.nodes
+            ):
                 raise SweepError(
                     f"{run_dir} holds results of a different config than the preset asks for now "
                     "(preset or tuned choice changed): delete that folder or use another --out"
                 )
         return False
     run_dir.mkdir(parents=True, exist_ok=True)
-    for stale in ("error.txt", "log.txt", "run_seconds.txt", "metrics.csv", "config.json", "accuracy.png"):
+    for stale in (
+        "error.txt",
+        "log.txt",
+        "run_seconds.txt",
+        "metrics.csv",
+        "config.json",
+        "accuracy.png",
+    ):
         (run_dir / stale).unlink(missing_ok=True)
     spec_path.write_text(json.dumps(_spec_json(spec), indent=2, sort_keys=True) + "\n")
     return True
@@ -222,8 +254,12 @@ class _Worker:
         with log_path.open("a") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "simulations.worker", "--serve", str(write_fd)],
-                stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, env=dict(env),
-                pass_fds=(write_fd,), text=True,
+                stdin=subprocess.PIPE,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=dict(env),
+                pass_fds=(write_fd,),
+                text=True,
             )
         os.close(write_fd)
         self.reply = os.fdopen(read_fd, "r")
@@ -283,7 +319,9 @@ class _Runner:
 
     def _env(self, threads: int) -> dict[str, str]:
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])]
+        )
         for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
             env[var] = str(threads)
         return env
@@ -319,8 +357,13 @@ class _Runner:
                 worker.kill()
 
 
-def execute(specs: Sequence[RunSpec], out: Path, desc: str, stats: dict[str, int],
-            opts: ExecOptions = ExecOptions()) -> None:
+def execute(
+    specs: Sequence[RunSpec],
+    out: Path,
+    desc: str,
+    stats: dict[str, int],
+    opts: ExecOptions = ExecOptions(),
+) -> None:
     """Run the specs that have no results yet, ``opts.jobs`` at a time, with a progress bar."""
     todo = [s for s in specs if _needs_run(out / s.run_id, s)]
     stats["skipped"] = stats.get("skipped", 0) + len(specs) - len(todo)
@@ -328,8 +371,10 @@ def execute(specs: Sequence[RunSpec], out: Path, desc: str, stats: dict[str, int
         return
     runner = _Runner(out, opts.timeout, opts.fresh)
     failed = 0
-    with ThreadPoolExecutor(max_workers=max(1, opts.jobs)) as pool, \
-            tqdm(total=len(todo), desc=desc, unit="run", disable=opts.quiet, dynamic_ncols=True) as bar:
+    with (
+        ThreadPoolExecutor(max_workers=max(1, opts.jobs)) as pool,
+        tqdm(total=len(todo), desc=desc, unit="run", disable=opts.quiet, dynamic_ncols=True) as bar,
+    ):
         futures = {
             pool.submit(runner.run, out / s.run_id, int(s.run_config.get("client-threads", 1))): s
             for s in todo
@@ -342,8 +387,13 @@ def execute(specs: Sequence[RunSpec], out: Path, desc: str, stats: dict[str, int
                 if code != 0:
                     failed += 1
                     stats["failed"] = stats.get("failed", 0) + 1
-                    tqdm.write(f"[sweep] run {spec.run_id} failed (exit {code}); see {out / spec.run_id}/log.txt")
-                bar.set_postfix_str(f"last {spec.run_id}" + (f", failed {failed}" if failed else ""))
+                    tqdm.write(
+                        f"[sweep] run {spec.run_id} failed (exit {code}); see "
+                        f"{out / spec.run_id}/log.txt"
+                    )
+                bar.set_postfix_str(
+                    f"last {spec.run_id}" + (f", failed {failed}" if failed else "")
+                )
                 bar.update(1)
         except KeyboardInterrupt:
             runner.stop_all()
@@ -377,12 +427,18 @@ def _base_columns(spec: RunSpec) -> dict[str, Any]:
 
 
 def _row(preset: Preset, out: Path, spec: RunSpec) -> dict[str, Any]:
-    return run_row(out / spec.run_id, _base_columns(spec), chance=preset.chance_accuracy,
-                   margin=preset.chance_margin, target=preset.target_accuracy)
+    return run_row(
+        out / spec.run_id,
+        _base_columns(spec),
+        chance=preset.chance_accuracy,
+        margin=preset.chance_margin,
+        target=preset.target_accuracy,
+    )
 
 
-def tune_stage(preset: Preset, out: Path, stats: dict[str, int],
-               opts: ExecOptions = ExecOptions()) -> dict[str, dict[str, Any]]:
+def tune_stage(
+    preset: Preset, out: Path, stats: dict[str, int], opts: ExecOptions = ExecOptions()
+) -> dict[str, dict[str, Any]]:
     """Run the tuning grid (resuming), pick per method, write tune.csv and tuned.toml."""
     tuned: dict[str, dict[str, Any]] = {}
     selection: dict[str, dict[str, Any]] = {}
@@ -417,8 +473,14 @@ def tune_stage(preset: Preset, out: Path, stats: dict[str, int],
     return tuned
 
 
-def report_stage(preset: Preset, out: Path, tuned: Mapping[str, Mapping[str, Any]], stats: dict[str, int],
-                 only: Sequence[str] | None = None, opts: ExecOptions = ExecOptions()) -> Path:
+def report_stage(
+    preset: Preset,
+    out: Path,
+    tuned: Mapping[str, Mapping[str, Any]],
+    stats: dict[str, int],
+    only: Sequence[str] | None = None,
+    opts: ExecOptions = ExecOptions(),
+) -> Path:
     """Run the questions' runs (resuming) and write ``runs.csv`` for every question."""
     missing = [m for m in preset.methods if m not in tuned]
     if missing:
@@ -447,16 +509,23 @@ def dry_run(preset: Preset, out: Path, jobs: int = 1, only: Sequence[str] | None
         total_s += secs
         left_s += sum(estimate_seconds(s, est) for s in left)
         return secs, left
-    lines.append(f"Tuning on seed {preset.tune_seed}, {preset.tune_nodes} nodes, "
-                 f"{partition_label(preset.tune_partition)}:")
+
+    lines.append(
+        f"Tuning on seed {preset.tune_seed}, {preset.tune_nodes} nodes, "
+        f"{partition_label(preset.tune_partition)}:"
+    )
     lines.append(f"  {'method':<16}{'grid points':>12}{'done':>7}{'est. time':>14}")
     for layer in preset.tune_order():
         for m in layer:
             specs = tune_runs(preset, m, standin)
             secs, left = tally(specs)
-            lines.append(f"  {m:<16}{len(specs):>12}{len(specs) - len(left):>7}{human_seconds(secs):>14}")
+            lines.append(
+                f"  {m:<16}{len(specs):>12}{len(specs) - len(left):>7}{human_seconds(secs):>14}"
+            )
     lines.append("")
-    lines.append(f"Reporting on seeds {preset.seeds} (shared runs counted once, in the first question):")
+    lines.append(
+        f"Reporting on seeds {preset.seeds} (shared runs counted once, in the first question):"
+    )
     lines.append(f"  {'question':<16}{'runs':>6}{'new':>6}{'done':>7}{'est. time':>14}   settings")
     seen: set[str] = set()
     for q in preset.questions.values():
@@ -467,18 +536,30 @@ def dry_run(preset: Preset, out: Path, jobs: int = 1, only: Sequence[str] | None
         seen.update(s.run_id for s in specs)
         secs, left = tally(new)
         settings = ", ".join(setting_label(n, partition_label(p), f) for n, p, f in q.settings())
-        lines.append(f"  {q.name:<16}{len(specs):>6}{len(new):>6}{len(new) - len(left):>7}"
-                     f"{human_seconds(secs):>14}   {len(q.methods)} methods x {settings}")
+        lines.append(
+            f"  {q.name:<16}{len(specs):>6}{len(new):>6}{len(new) - len(left):>7}"
+            f"{human_seconds(secs):>14}   {len(q.methods)} methods x {settings}"
+        )
     lines.append("")
-    lines.append(f"Total: {total_runs} runs, estimated {human_seconds(total_s)} on 1 job; "
-                 f"left to run: {total_left} runs, {human_seconds(left_s)} on 1 job"
-                 + (f", about {human_seconds(left_s / jobs)} with --jobs {jobs}" if jobs > 1 else "") + ".")
+    lines.append(
+        f"Total: {total_runs} runs, estimated {human_seconds(total_s)} on 1 job; "
+        f"left to run: {total_left} runs, {human_seconds(left_s)} on 1 job"
+        + (f", about {human_seconds(left_s / jobs)} with --jobs {jobs}" if jobs > 1 else "")
+        + "."
+    )
     cfg = {**preset.base}
     lines.append(
-        "Cost model ([estimate]): {o:g} s per run + client updates at {u:g}/s + {e:g} s per evaluation of "
+        "Cost model ([estimate]): {o:g} s per run + client updates at {u:g}/s + {e:g} s per "
+        "evaluation of "
         "10,000 test images (eval-examples = {n}, eval-every = {v}, max-updates = {m}).".format(
-            o=est["overhead-seconds"], u=est["updates-per-second"], e=est["eval-seconds-per-10k"],
-            n=cfg.get("eval-examples", 0) or "all", v=cfg.get("eval-every", 100), m=cfg.get("max-updates", 3000)))
+            o=est["overhead-seconds"],
+            u=est["updates-per-second"],
+            e=est["eval-seconds-per-10k"],
+            n=cfg.get("eval-examples", 0) or "all",
+            v=cfg.get("eval-every", 100),
+            m=cfg.get("max-updates", 3000),
+        )
+    )
     return "\n".join(lines)
 
 
@@ -489,8 +570,13 @@ def _append_log(out: Path, entry: Mapping[str, Any]) -> None:
     atomic_write_text(path, json.dumps(log, indent=2) + "\n")
 
 
-def run_sweep(preset: Preset, *, stage: str = "all", only: Sequence[str] | None = None,
-              opts: ExecOptions = ExecOptions()) -> dict[str, int]:
+def run_sweep(
+    preset: Preset,
+    *,
+    stage: str = "all",
+    only: Sequence[str] | None = None,
+    opts: ExecOptions = ExecOptions(),
+) -> dict[str, int]:
     """Run the stages of a sweep; return counts ``executed``, ``skipped``, ``failed``."""
     out = preset.out
     out.mkdir(parents=True, exist_ok=True)
@@ -509,25 +595,46 @@ def run_sweep(preset: Preset, *, stage: str = "all", only: Sequence[str] | None 
         if stage in ("all", "report"):
             report_stage(preset, out, tuned, stats, only, opts)
     finally:
-        _append_log(out, {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-                          "wall_seconds": round(time.monotonic() - t0, 1), "stage": stage,
-                          "only": list(only or []), "jobs": opts.jobs, **stats})
+        _append_log(
+            out,
+            {
+                "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+                "wall_seconds": round(time.monotonic() - t0, 1),
+                "stage": stage,
+                "only": list(only or []),
+                "jobs": opts.jobs,
+                **stats,
+            },
+        )
     return stats
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m simulations.sweep", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m simulations.sweep", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("preset", help="preset TOML file (simulations/presets/*.toml)")
     parser.add_argument("--jobs", type=int, default=1, help="runs at once (default 1)")
-    parser.add_argument("--only", action="append", metavar="QUESTION",
-                        help="run only this question's reporting runs (repeatable)")
+    parser.add_argument(
+        "--only",
+        action="append",
+        metavar="QUESTION",
+        help="run only this question's reporting runs (repeatable)",
+    )
     parser.add_argument("--stage", choices=("all", "tune", "report"), default="all")
     parser.add_argument("--out", help="output folder (default: the preset's [sweep] out)")
-    parser.add_argument("--dry-run", action="store_true", help="print runs and estimated time, run nothing")
-    parser.add_argument("--timeout", type=float, default=None, help="kill a run after this many seconds")
+    parser.add_argument(
+        "--dry-run", action="store_true", help="print runs and estimated time, run nothing"
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=None, help="kill a run after this many seconds"
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    parser.add_argument("--fresh-process", action="store_true",
-                        help="a new worker process for every run (default: a worker runs many in turn)")
+    parser.add_argument(
+        "--fresh-process",
+        action="store_true",
+        help="a new worker process for every run (default: a worker runs many in turn)",
+    )
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error("--jobs must be >= 1")
@@ -537,16 +644,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(dry_run(preset, preset.out, args.jobs, args.only))
             return 0
         t0 = time.monotonic()
-        opts = ExecOptions(jobs=args.jobs, timeout=args.timeout, quiet=args.quiet, fresh=args.fresh_process)
+        opts = ExecOptions(
+            jobs=args.jobs, timeout=args.timeout, quiet=args.quiet, fresh=args.fresh_process
+        )
         stats = run_sweep(preset, stage=args.stage, only=args.only, opts=opts)
     except (SweepError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     rows = read_csv(preset.out / "runs.csv") if (preset.out / "runs.csv").is_file() else []
-    counts = {s: sum(r["status"] == s for r in rows) for s in ("ok", "diverged", "failed", "pending")}
-    print(f"[sweep] ran {stats['executed']} runs ({stats['failed']} failed), skipped {stats['skipped']} "
-          f"finished ones, in {human_seconds(time.monotonic() - t0)}; runs.csv: "
-          + ", ".join(f"{v} {k}" for k, v in counts.items()) + f" -> {preset.out}")
+    counts = {
+        s: sum(r["status"] == s for r in rows) for s in ("ok", "diverged", "failed", "pending")
+    }
+    print(
+        f"[sweep] ran {stats['executed']} runs ({stats['failed']} failed), skipped "
+        f"{stats['skipped']} "
+        f"finished ones, in {human_seconds(time.monotonic() - t0)}; runs.csv: "
+        + ", ".join(f"{v} {k}" for k, v in counts.items())
+        + f" -> {preset.out}"
+    )
     return 0
 
 

@@ -13,15 +13,17 @@ the run config and the README list in that order.
 import importlib as _importlib
 import pkgutil as _pkgutil
 
-from .gsgm import GSGM  # noqa: I001  (import order = registration order)
-from .asgd import ASGD
-from .momentum_asgd import MomentumASGD
-from .dcasgd import DCASGD
-from .fedasync import FedAsync
-from .fedbuff import FedBuff
-from .ca2fl import CA2FL
-from .ace import ACE
-from .delay_adaptive_asgd import DelayAdaptiveASGD
+# The import order is the registration order (GSGM first, then the baselines in the
+# order the run config and the README list them): keep it, whatever isort would do.
+from .gsgm import GSGM  # isort: skip
+from .asgd import ASGD  # isort: skip
+from .momentum_asgd import MomentumASGD  # isort: skip
+from .dcasgd import DCASGD  # isort: skip
+from .fedasync import FedAsync  # isort: skip
+from .fedbuff import FedBuff  # isort: skip
+from .ca2fl import CA2FL  # isort: skip
+from .ace import ACE  # isort: skip
+from .delay_adaptive_asgd import DelayAdaptiveASGD  # isort: skip
 from .base import CORE_REASONS, INTAKE_REASONS, REASONS, Outcome, ServerOptimizer, UpdateRejected
 from .params import Param
 from .registry import OPTIMIZERS, declared_params, make_optimizer, optimizer_params

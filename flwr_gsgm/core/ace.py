@@ -82,16 +82,24 @@ class ACE(ServerOptimizer):
 
     name: ClassVar[str] = "ace"
     PARAMS: ClassVar[tuple[Param, ...]] = (
-        Param("max_row_age", None, "ACED: rows older than this many versions leave the mean "
-              "(none = ACE)", kind=int, low=0, optional=True, run_config_key="max-row-age"),
+        Param(
+            "max_row_age",
+            None,
+            "ACED: rows older than this many versions leave the mean (none = ACE)",
+            kind=int,
+            low=0,
+            optional=True,
+            run_config_key="max-row-age",
+        ),
     )
     _counter_names: ClassVar[tuple[str, ...]] = ServerOptimizer._counter_names + (
         "rows_expired",
         "resyncs",
     )
 
-    def __init__(self, weights: Sequence[np.ndarray], node_ids: Iterable[int],
-                 **params: Any) -> None:
+    def __init__(
+        self, weights: Sequence[np.ndarray], node_ids: Iterable[int], **params: Any
+    ) -> None:
         super().__init__(weights, node_ids, **params)
         # node -> [flat row, base version]
         self._rows: dict[int, list[Any]] = {}
@@ -115,8 +123,9 @@ class ACE(ServerOptimizer):
         return self._sum.copy()
 
     # ------------------------------------------------------------------------ rule
-    def _on_valid(self, node: int, parts: Parts, base_version: int, staleness: int,
-                  now: float) -> Outcome:
+    def _on_valid(
+        self, node: int, parts: Parts, base_version: int, staleness: int, now: float
+    ) -> Outcome:
         age = self._max_row_age
         if age is not None and staleness > age:
             if node in self._rows:  # older still: it has expired too
@@ -202,9 +211,7 @@ class ACE(ServerOptimizer):
         versions = [int(b) for b in state["table_versions"]]
         values = [self._flat_array(v, "table_values") for v in state["table_values"]]
         if not len(nodes) == len(versions) == len(values):
-            raise ValueError(
-                "state table_nodes, table_versions, table_values differ in length"
-            )
+            raise ValueError("state table_nodes, table_versions, table_values differ in length")
         total = self._flat_array(state["table_sum"], "table_sum")
         self._rows = {n: [v, b] for n, b, v in zip(nodes, versions, values)}
         self._sum[...] = total

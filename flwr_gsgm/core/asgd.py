@@ -34,8 +34,9 @@ class ASGD(ServerOptimizer):
 
     name: ClassVar[str] = "asgd"
 
-    def _on_valid(self, node: int, parts: Parts, base_version: int, staleness: int,
-                  now: float) -> Outcome:
+    def _on_valid(
+        self, node: int, parts: Parts, base_version: int, staleness: int, now: float
+    ) -> Outcome:
         self._sgd_step(parts, self._lr)
         self._version += 1
         return Outcome.APPLIED

@@ -30,8 +30,9 @@ class DispatchBackups(ServerOptimizer):
     Memory: one ``size(w)`` float32 copy per active node that has been dispatched to.
     """
 
-    def __init__(self, weights: Sequence[np.ndarray], node_ids: Iterable[int],
-                 **params: Any) -> None:
+    def __init__(
+        self, weights: Sequence[np.ndarray], node_ids: Iterable[int], **params: Any
+    ) -> None:
         super().__init__(weights, node_ids, **params)
         # node -> [flat copy of w at dispatch, version at dispatch]
         self._backups: dict[int, list[Any]] = {}

@@ -190,12 +190,33 @@ class ServerOptimizer(abc.ABC):
     name: ClassVar[str] = ""
     #: This class's own parameters; :meth:`declared_params` adds the inherited ones.
     PARAMS: ClassVar[tuple[Param, ...]] = (
-        Param("lr", 0.02, "server learning rate eta", low=0.0, low_open=True,
-              run_config_key="server-lr", rule_default=True),
-        Param("max_staleness", None, "drop updates staler than this", kind=int, low=0,
-              optional=True, run_config_key="max-staleness"),
-        Param("max_norm", None, "reject updates with a larger L2 norm", low=0.0,
-              low_open=True, optional=True, run_config_key="max-norm"),
+        Param(
+            "lr",
+            0.02,
+            "server learning rate eta",
+            low=0.0,
+            low_open=True,
+            run_config_key="server-lr",
+            rule_default=True,
+        ),
+        Param(
+            "max_staleness",
+            None,
+            "drop updates staler than this",
+            kind=int,
+            low=0,
+            optional=True,
+            run_config_key="max-staleness",
+        ),
+        Param(
+            "max_norm",
+            None,
+            "reject updates with a larger L2 norm",
+            low=0.0,
+            low_open=True,
+            optional=True,
+            run_config_key="max-norm",
+        ),
     )
     _counter_names: ClassVar[tuple[str, ...]] = (
         "arrivals",
@@ -254,9 +275,7 @@ class ServerOptimizer(abc.ABC):
         for i, a in enumerate(weights):
             arr = np.asarray(a)
             if arr.dtype.kind not in "fiu":
-                raise ValueError(
-                    f"weights[{i}] must hold real numbers, got dtype {arr.dtype}"
-                )
+                raise ValueError(f"weights[{i}] must hold real numbers, got dtype {arr.dtype}")
             arrays.append(arr)
         if not arrays:
             raise ValueError("weights must hold at least one array, got none")
@@ -436,13 +455,11 @@ class ServerOptimizer(abc.ABC):
             raise ValueError(f"state must be a dict, got {type(state).__name__}")
         if state.get("format") != STATE_FORMAT:
             raise ValueError(
-                f"state format {state.get('format')!r} is not supported "
-                f"(expected {STATE_FORMAT})"
+                f"state format {state.get('format')!r} is not supported (expected {STATE_FORMAT})"
             )
         if state.get("name") != self.name:
             raise ValueError(
-                f"state of optimizer {state.get('name')!r} cannot be loaded into "
-                f"{self.name!r}"
+                f"state of optimizer {state.get('name')!r} cannot be loaded into {self.name!r}"
             )
         shapes = tuple(tuple(int(d) for d in s) for s in state.get("shapes", ()))
         if shapes != self._shapes:
@@ -459,8 +476,9 @@ class ServerOptimizer(abc.ABC):
 
     # ------------------------------------------------------------ subclass interface
     @abc.abstractmethod
-    def _on_valid(self, node: int, parts: Parts, base_version: int, staleness: int,
-                  now: float) -> Outcome:
+    def _on_valid(
+        self, node: int, parts: Parts, base_version: int, staleness: int, now: float
+    ) -> Outcome:
         """Apply the rule to a validated, fresh-enough update."""
 
     def _tick(self, now: float) -> None:
@@ -489,8 +507,7 @@ class ServerOptimizer(abc.ABC):
     # -------------------------------------------------------------------- internals
     def _views(self, flat: np.ndarray) -> list[np.ndarray]:
         return [
-            flat[o:o + n].reshape(s)
-            for o, n, s in zip(self._offsets, self._sizes, self._shapes)
+            flat[o : o + n].reshape(s) for o, n, s in zip(self._offsets, self._sizes, self._shapes)
         ]
 
     def _flat_array(self, value: Any, what: str) -> np.ndarray:
@@ -565,9 +582,7 @@ class ServerOptimizer(abc.ABC):
                 f"expected a sequence of {n_expected} arrays, got {type(update).__name__}",
             ) from None
         if n_got != n_expected:
-            raise self._reject(
-                "num-arrays", f"expected {n_expected} arrays, got {n_got}"
-            )
+            raise self._reject("num-arrays", f"expected {n_expected} arrays, got {n_got}")
         for i, (a, shape) in enumerate(zip(update, self._shapes)):
             if not isinstance(a, np.ndarray):
                 raise self._reject(
@@ -579,9 +594,7 @@ class ServerOptimizer(abc.ABC):
                     "dtype", f"array {i} has dtype {a.dtype.str}, expected float32 (<f4)"
                 )
             if a.shape != shape:
-                raise self._reject(
-                    "shape", f"array {i} has shape {a.shape}, expected {shape}"
-                )
+                raise self._reject("shape", f"array {i} has shape {a.shape}, expected {shape}")
         parts: Parts = []
         sq = 0.0
         # One BLAS pass per array: a sum of squares is finite iff every value is
@@ -626,5 +639,5 @@ class ServerOptimizer(abc.ABC):
         """A new flat float32 buffer holding ``parts``."""
         buf = np.empty(self._size, dtype=_F32)
         for off, flat in parts:
-            buf[off:off + flat.shape[0]] = flat
+            buf[off : off + flat.shape[0]] = flat
         return buf

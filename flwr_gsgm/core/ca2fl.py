@@ -77,12 +77,19 @@ class CA2FL(ServerOptimizer):
 
     name: ClassVar[str] = "ca2fl"
     PARAMS: ClassVar[tuple[Param, ...]] = (
-        Param("buffer_size", 10, "CA2FL buffer size M (arrivals per step)", kind=int, low=1,
-              run_config_key="ca2fl-m"),
+        Param(
+            "buffer_size",
+            10,
+            "CA2FL buffer size M (arrivals per step)",
+            kind=int,
+            low=1,
+            run_config_key="ca2fl-m",
+        ),
     )
 
-    def __init__(self, weights: Sequence[np.ndarray], node_ids: Iterable[int],
-                 **params: Any) -> None:
+    def __init__(
+        self, weights: Sequence[np.ndarray], node_ids: Iterable[int], **params: Any
+    ) -> None:
         super().__init__(weights, node_ids, **params)
         self._caches: dict[int, np.ndarray] = {}
         self._h = np.zeros(self._size, dtype=_F32)
@@ -111,8 +118,9 @@ class CA2FL(ServerOptimizer):
         return {n: c.copy() for n, c in self._caches.items()}
 
     # ------------------------------------------------------------------------ rule
-    def _on_valid(self, node: int, parts: Parts, base_version: int, staleness: int,
-                  now: float) -> Outcome:
+    def _on_valid(
+        self, node: int, parts: Parts, base_version: int, staleness: int, now: float
+    ) -> Outcome:
         buf = self._buf
         cache = self._caches.get(node)
         if cache is None:  # h_i = 0: the entry is Delta_i itself

@@ -49,12 +49,12 @@ class DCASGD(DispatchBackups):
 
     name: ClassVar[str] = "dcasgd"
     PARAMS: ClassVar[tuple[Param, ...]] = (
-        Param("dc_lambda", 0.04, "delay compensation lambda", low=0.0,
-              run_config_key="dc-lambda"),
+        Param("dc_lambda", 0.04, "delay compensation lambda", low=0.0, run_config_key="dc-lambda"),
     )
 
-    def _on_valid(self, node: int, parts: Parts, base_version: int, staleness: int,
-                  now: float) -> Outcome:
+    def _on_valid(
+        self, node: int, parts: Parts, base_version: int, staleness: int, now: float
+    ) -> Outcome:
         w, a = self._w, self._scr_a
         backup = self._backups[node][0]
         lr, lam = self._lr, self._dc_lambda

@@ -16,10 +16,7 @@ number of active nodes at the arrival).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
 from typing import ClassVar
-
-import numpy as np
 
 from .base import Outcome, Parts, ServerOptimizer
 from .params import Param
@@ -58,13 +55,18 @@ class DelayAdaptiveASGD(ServerOptimizer):
 
     name: ClassVar[str] = "daasgd"
     PARAMS: ClassVar[tuple[Param, ...]] = (
-        Param("delay_threshold", None, "delay-adaptive ASGD: staleness above which the step "
-              "shrinks (none = the number of active nodes)", kind=int, low=1, optional=True,
-              run_config_key="delay-threshold"),
+        Param(
+            "delay_threshold",
+            None,
+            "delay-adaptive ASGD: staleness above which the step "
+            "shrinks (none = the number of active nodes)",
+            kind=int,
+            low=1,
+            optional=True,
+            run_config_key="delay-threshold",
+        ),
     )
-    _counter_names: ClassVar[tuple[str, ...]] = ServerOptimizer._counter_names + (
-        "steps_shrunk",
-    )
+    _counter_names: ClassVar[tuple[str, ...]] = ServerOptimizer._counter_names + ("steps_shrunk",)
 
     def step_size(self, staleness: int) -> float:
         """``lr * m / max(m, staleness)`` with the current ``m`` (a python float)."""
@@ -76,8 +78,9 @@ class DelayAdaptiveASGD(ServerOptimizer):
             return self._delay_threshold
         return max(1, len(self._active))
 
-    def _on_valid(self, node: int, parts: Parts, base_version: int, staleness: int,
-                  now: float) -> Outcome:
+    def _on_valid(
+        self, node: int, parts: Parts, base_version: int, staleness: int, now: float
+    ) -> Outcome:
         if staleness > self._threshold():
             self._counters["steps_shrunk"] += 1
         self._sgd_step(parts, self.step_size(staleness))

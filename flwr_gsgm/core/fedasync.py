@@ -54,18 +54,25 @@ class FedAsync(DispatchBackups):
 
     name: ClassVar[str] = "fedasync"
     PARAMS: ClassVar[tuple[Param, ...]] = (
-        Param("alpha", 0.6, "mixing weight of a fresh model", low=0.0, low_open=True, high=1.0,
-              run_config_key="fedasync-alpha"),
-        Param("poly_a", 0.5, "staleness exponent", low=0.0,
-              run_config_key="fedasync-a"),
+        Param(
+            "alpha",
+            0.6,
+            "mixing weight of a fresh model",
+            low=0.0,
+            low_open=True,
+            high=1.0,
+            run_config_key="fedasync-alpha",
+        ),
+        Param("poly_a", 0.5, "staleness exponent", low=0.0, run_config_key="fedasync-a"),
     )
 
     def mixing_weight(self, staleness: int) -> float:
         """``a_s = alpha * (staleness + 1) ** (-poly_a)``."""
         return self._alpha * float(staleness + 1) ** (-self._poly_a)
 
-    def _on_valid(self, node: int, parts: Parts, base_version: int, staleness: int,
-                  now: float) -> Outcome:
+    def _on_valid(
+        self, node: int, parts: Parts, base_version: int, staleness: int, now: float
+    ) -> Outcome:
         w, a, b = self._w, self._scr_a, self._scr_b
         backup = self._backups[node][0]
         lr = self._lr

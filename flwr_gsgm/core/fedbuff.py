@@ -46,12 +46,12 @@ class FedBuff(ServerOptimizer):
 
     name: ClassVar[str] = "fedbuff"
     PARAMS: ClassVar[tuple[Param, ...]] = (
-        Param("buffer_size", 5, "buffer size K", kind=int, low=1,
-              run_config_key="fedbuff-k"),
+        Param("buffer_size", 5, "buffer size K", kind=int, low=1, run_config_key="fedbuff-k"),
     )
 
-    def __init__(self, weights: Sequence[np.ndarray], node_ids: Iterable[int],
-                 **params: Any) -> None:
+    def __init__(
+        self, weights: Sequence[np.ndarray], node_ids: Iterable[int], **params: Any
+    ) -> None:
         super().__init__(weights, node_ids, **params)
         self._buf = np.zeros(self._size, dtype=np.float32)
         self._count = 0
@@ -66,8 +66,9 @@ class FedBuff(ServerOptimizer):
         """A flat float32 copy of the buffer sum."""
         return self._buf.copy()
 
-    def _on_valid(self, node: int, parts: Parts, base_version: int, staleness: int,
-                  now: float) -> Outcome:
+    def _on_valid(
+        self, node: int, parts: Parts, base_version: int, staleness: int, now: float
+    ) -> Outcome:
         buf = self._buf
         for lo, hi, g in chunks(parts):
             bs = buf[lo:hi]

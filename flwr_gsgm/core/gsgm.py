@@ -166,37 +166,105 @@ class GSGM(ServerOptimizer):
 
     name: ClassVar[str] = "gsgm"
     PARAMS: ClassVar[tuple[Param, ...]] = (
-        Param("beta", 0.5, "momentum coefficient", low=0.0, high=1.0, high_open=True,
-              run_config_key="beta"),
-        Param("momentum_form", "ema", "momentum form", kind=str, choices=_FORMS,
-              normalize=lambda v: v.replace("_", "-").lower(),
-              run_config_key="momentum-form"),
-        Param("cycle_quorum", 0.5, "fraction of nodes that closes a cycle", low=0.0,
-              low_open=True, high=1.0, run_config_key="cycle-quorum"),
-        Param("cycle_max_updates", None, "cycle budget in updates", kind=int, low=1,
-              optional=True, run_config_key="cycle-max-updates"),
-        Param("cycle_max_seconds", None, "cycle budget in seconds", low=0.0,
-              low_open=True, optional=True, run_config_key="cycle-max-seconds"),
-        Param("scheduling", True, "white-list scheduling (false = momentum only)",
-              kind=bool, run_config_key="scheduling"),
-        Param("averaging", "table", "partial averaging variant", kind=str,
-              choices=_AVERAGING, run_config_key="averaging"),
+        Param(
+            "beta",
+            0.5,
+            "momentum coefficient",
+            low=0.0,
+            high=1.0,
+            high_open=True,
+            run_config_key="beta",
+        ),
+        Param(
+            "momentum_form",
+            "ema",
+            "momentum form",
+            kind=str,
+            choices=_FORMS,
+            normalize=lambda v: v.replace("_", "-").lower(),
+            run_config_key="momentum-form",
+        ),
+        Param(
+            "cycle_quorum",
+            0.5,
+            "fraction of nodes that closes a cycle",
+            low=0.0,
+            low_open=True,
+            high=1.0,
+            run_config_key="cycle-quorum",
+        ),
+        Param(
+            "cycle_max_updates",
+            None,
+            "cycle budget in updates",
+            kind=int,
+            low=1,
+            optional=True,
+            run_config_key="cycle-max-updates",
+        ),
+        Param(
+            "cycle_max_seconds",
+            None,
+            "cycle budget in seconds",
+            low=0.0,
+            low_open=True,
+            optional=True,
+            run_config_key="cycle-max-seconds",
+        ),
+        Param(
+            "scheduling",
+            True,
+            "white-list scheduling (false = momentum only)",
+            kind=bool,
+            run_config_key="scheduling",
+        ),
+        Param(
+            "averaging",
+            "table",
+            "partial averaging variant",
+            kind=str,
+            choices=_AVERAGING,
+            run_config_key="averaging",
+        ),
         # The engine's clock start; not a run config key (the engine passes ``now``).
-        Param("start_time", None, "clock value at which the first cycle starts",
-              optional=True),
-        Param("apply", "arrival", "when contributions step the model: every arrival, or "
-              "once per cycle along the cycle mean", kind=str, choices=_APPLY,
-              run_config_key="apply"),
-        Param("table_max_age", None, "table averaging: rows older than this many versions "
-              "leave the mean", kind=int, low=0, optional=True, run_config_key="table-max-age"),
-        Param("lr_scaling", "step", "apply = arrival: lr per step, or per cycle divided over "
-              "the cycle's contributions", kind=str, choices=_LR_SCALING,
-              run_config_key="lr-scaling"),
+        Param("start_time", None, "clock value at which the first cycle starts", optional=True),
+        Param(
+            "apply",
+            "arrival",
+            "when contributions step the model: every arrival, or "
+            "once per cycle along the cycle mean",
+            kind=str,
+            choices=_APPLY,
+            run_config_key="apply",
+        ),
+        Param(
+            "table_max_age",
+            None,
+            "table averaging: rows older than this many versions leave the mean",
+            kind=int,
+            low=0,
+            optional=True,
+            run_config_key="table-max-age",
+        ),
+        Param(
+            "lr_scaling",
+            "step",
+            "apply = arrival: lr per step, or per cycle divided over the cycle's contributions",
+            kind=str,
+            choices=_LR_SCALING,
+            run_config_key="lr-scaling",
+        ),
         # Set by the strategy from the engine's max-in-flight, not a run config key of
         # its own: staleness grows with the nodes in flight, not with the nodes known.
-        Param("concurrency", None, "nodes training at once (none = every active node); "
-              "lr_scaling = cycle counts c over min(|A|, concurrency)", kind=int, low=1,
-              optional=True),
+        Param(
+            "concurrency",
+            None,
+            "nodes training at once (none = every active node); "
+            "lr_scaling = cycle counts c over min(|A|, concurrency)",
+            kind=int,
+            low=1,
+            optional=True,
+        ),
     )
     _counter_names: ClassVar[tuple[str, ...]] = ServerOptimizer._counter_names + (
         "cycles",
@@ -208,8 +276,9 @@ class GSGM(ServerOptimizer):
         "table_empty",
     )
 
-    def __init__(self, weights: Sequence[np.ndarray], node_ids: Iterable[int],
-                 **params: Any) -> None:
+    def __init__(
+        self, weights: Sequence[np.ndarray], node_ids: Iterable[int], **params: Any
+    ) -> None:
         super().__init__(weights, node_ids, **params)
         if self._table_max_age is not None and self._averaging != "table":
             raise ValueError(
@@ -221,9 +290,7 @@ class GSGM(ServerOptimizer):
         self._S = np.zeros(self._size, dtype=_F32)
         # lr' * beta * M (lr' = the per-step learning rate it was computed with): the
         # momentum part of every per-arrival step; not needed when apply = "cycle".
-        self._m_step = (
-            np.zeros(self._size, dtype=_F32) if self._apply == "arrival" else None
-        )
+        self._m_step = np.zeros(self._size, dtype=_F32) if self._apply == "arrival" else None
         self._m_step_lr = self._step_lr()
         self._k = 0
         self._momentum_ready = False  # has a cycle closed with k > 0 (set M)?
@@ -238,9 +305,7 @@ class GSGM(ServerOptimizer):
         # table variant: node -> latest contribution, its base version, the rows' sum.
         self._table: dict[int, np.ndarray] = {}
         self._table_base: dict[int, int] = {}
-        self._table_sum = (
-            np.zeros(self._size, dtype=_F32) if self._averaging == "table" else None
-        )
+        self._table_sum = np.zeros(self._size, dtype=_F32) if self._averaging == "table" else None
         self._scr_c = np.empty_like(self._scr_a)
         # apply = "cycle": the cycle index in which the update being handled joined
         # S (None: not yet), to tell APPLIED from DEFERRED.
@@ -314,8 +379,9 @@ class GSGM(ServerOptimizer):
         return self._momentum_ready
 
     # ------------------------------------------------------------------------ rule
-    def _on_valid(self, node: int, parts: Parts, base_version: int, staleness: int,
-                  now: float) -> Outcome:
+    def _on_valid(
+        self, node: int, parts: Parts, base_version: int, staleness: int, now: float
+    ) -> Outcome:
         self._cycle_arrivals += 1
         if self._table_max_age is not None and staleness > self._table_max_age:
             # Too old for the table: it could never enter a mean (rows only age).
@@ -380,10 +446,7 @@ class GSGM(ServerOptimizer):
             needed = max(1, math.ceil(self._cycle_quorum * members - 1e-9))
             if done >= needed:
                 return "quorum"
-        if (
-            self._cycle_max_updates is not None
-            and self._cycle_arrivals >= self._cycle_max_updates
-        ):
+        if self._cycle_max_updates is not None and self._cycle_arrivals >= self._cycle_max_updates:
             return "update_budget"
         if (
             self._cycle_max_seconds is not None
@@ -650,23 +713,18 @@ class GSGM(ServerOptimizer):
         sversions = [int(v) for v in state["slot_versions"]]
         if not len(nodes) == len(counts) == len(values) == len(sversions):
             raise ValueError(
-                "state slot_nodes, slot_counts, slot_values, slot_versions differ in "
-                "length"
+                "state slot_nodes, slot_counts, slot_values, slot_versions differ in length"
             )
         tnodes = [int(n) for n in state["table_nodes"]]
         tvalues = [self._flat_array(v, "table_values") for v in state["table_values"]]
         tversions = [int(v) for v in state["table_versions"]]
         if not len(tnodes) == len(tvalues) == len(tversions):
-            raise ValueError(
-                "state table_nodes, table_values, table_versions differ in length"
-            )
+            raise ValueError("state table_nodes, table_values, table_versions differ in length")
         tsum = state["table_sum"]
         if (tsum is None) != (self._averaging != "table"):
             raise ValueError("state table_sum does not match the averaging mode")
         if (self._m_step is None) != (self._apply == "cycle"):
-            self._m_step = (
-                np.zeros(self._size, dtype=_F32) if self._apply == "arrival" else None
-            )
+            self._m_step = np.zeros(self._size, dtype=_F32) if self._apply == "arrival" else None
         self._M[...] = M
         self._S[...] = S
         self._k = int(state["cycle_count"])
@@ -674,9 +732,7 @@ class GSGM(ServerOptimizer):
         self._cycle_index = int(state["cycle_index"])
         self._white = {int(n) for n in state["white_list"]}
         self._contributed = {int(n) for n in state["contributed"]}
-        self._slots = {
-            n: [v, c, b] for n, c, v, b in zip(nodes, counts, values, sversions)
-        }
+        self._slots = {n: [v, c, b] for n, c, v, b in zip(nodes, counts, values, sversions)}
         start = state["cycle_start"]
         self._cycle_start = None if start is None else float(start)
         self._cycle_arrivals = int(state["cycle_arrivals"])

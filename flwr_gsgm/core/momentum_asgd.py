@@ -42,12 +42,20 @@ class MomentumASGD(ServerOptimizer):
 
     name: ClassVar[str] = "masgd"
     PARAMS: ClassVar[tuple[Param, ...]] = (
-        Param("beta", 0.5, "momentum coefficient", low=0.0, high=1.0, high_open=True,
-              run_config_key="beta"),
+        Param(
+            "beta",
+            0.5,
+            "momentum coefficient",
+            low=0.0,
+            high=1.0,
+            high_open=True,
+            run_config_key="beta",
+        ),
     )
 
-    def __init__(self, weights: Sequence[np.ndarray], node_ids: Iterable[int],
-                 **params: Any) -> None:
+    def __init__(
+        self, weights: Sequence[np.ndarray], node_ids: Iterable[int], **params: Any
+    ) -> None:
         super().__init__(weights, node_ids, **params)
         self._v = np.zeros(self._size, dtype=np.float32)
 
@@ -56,8 +64,9 @@ class MomentumASGD(ServerOptimizer):
         """A flat float32 copy of the velocity ``v``."""
         return self._v.copy()
 
-    def _on_valid(self, node: int, parts: Parts, base_version: int, staleness: int,
-                  now: float) -> Outcome:
+    def _on_valid(
+        self, node: int, parts: Parts, base_version: int, staleness: int, now: float
+    ) -> Outcome:
         w, v, a = self._w, self._v, self._scr_a
         lr, beta = self._lr, self._beta
         for lo, hi, g in chunks(parts):

@@ -115,9 +115,13 @@ class Param:
     def _check_bounds(self, value: float) -> None:
         low, high = self.low, self.high
         if low is not None and (value < low or (self.low_open and value == low)):
-            raise ValueError(f"{self.name} must be {'>' if self.low_open else '>='} {low}, got {value!r}")
+            raise ValueError(
+                f"{self.name} must be {'>' if self.low_open else '>='} {low}, got {value!r}"
+            )
         if high is not None and (value > high or (self.high_open and value == high)):
-            raise ValueError(f"{self.name} must be {'<' if self.high_open else '<='} {high}, got {value!r}")
+            raise ValueError(
+                f"{self.name} must be {'<' if self.high_open else '<='} {high}, got {value!r}"
+            )
 
     def _check_str(self, value: Any) -> str:
         text = self.normalize(str(value)) if self.normalize is not None else value
@@ -140,8 +144,10 @@ class Param:
         prefix = "an integer " if self.kind is int else ""
         low, high = _fmt(self.low), _fmt(self.high)
         if self.low is not None and self.high is not None:
-            return (f"{prefix}in {'(' if self.low_open else '['}{low}, {high}"
-                    f"{')' if self.high_open else ']'}")
+            return (
+                f"{prefix}in {'(' if self.low_open else '['}{low}, {high}"
+                f"{')' if self.high_open else ']'}"
+            )
         if self.low is not None:
             return f"{prefix}{'>' if self.low_open else '>='} {low}"
         if self.high is not None:
@@ -165,8 +171,10 @@ def describe(params: Iterable[Param], rename: Mapping[str, str] | None = None) -
     for p in params:
         kind = p.kind.__name__ + (" | None" if p.optional else "")
         lines.append(f"    {rename.get(p.name, p.name)} : {kind} = {p.default!r}")
-        lines.append(f"        {p.doc[:1].upper()}{p.doc[1:]}; {p.expected()}"
-                     f"{' or None' if p.optional else ''}.")
+        lines.append(
+            f"        {p.doc[:1].upper()}{p.doc[1:]}; {p.expected()}"
+            f"{' or None' if p.optional else ''}."
+        )
     return "\n".join(lines) + "\n"
 
 

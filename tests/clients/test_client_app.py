@@ -18,8 +18,14 @@ from clients.training import compute_update
 
 FMNIST_ROOT = Path("/usr/share/datasets/fashion-mnist")
 KEYS = [
-    "conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias",
-    "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias",
+    "conv1.weight",
+    "conv1.bias",
+    "conv2.weight",
+    "conv2.bias",
+    "fc1.weight",
+    "fc1.bias",
+    "fc2.weight",
+    "fc2.bias",
 ]
 RUN_CONFIG = {
     "dataset": "fashion-mnist",
@@ -34,8 +40,14 @@ RUN_CONFIG = {
 
 def message(content: RecordDict, message_type: str) -> Message:
     metadata = Metadata(
-        run_id=1, message_id="msg-1", src_node_id=1, dst_node_id=42,
-        reply_to_message_id="", group_id="1", created_at=time.time(), ttl=600.0,
+        run_id=1,
+        message_id="msg-1",
+        src_node_id=1,
+        dst_node_id=42,
+        reply_to_message_id="",
+        group_id="1",
+        created_at=time.time(),
+        ttl=600.0,
         message_type=message_type,
     )
     return Message(content=content, metadata=metadata)
@@ -43,9 +55,11 @@ def message(content: RecordDict, message_type: str) -> Message:
 
 def context(partition_id=3, num_partitions=10, **run_config) -> Context:
     return Context(
-        run_id=1, node_id=42,
+        run_id=1,
+        node_id=42,
         node_config={"partition-id": partition_id, "num-partitions": num_partitions},
-        state=RecordDict(), run_config={**RUN_CONFIG, **run_config},
+        state=RecordDict(),
+        run_config={**RUN_CONFIG, **run_config},
     )
 
 
@@ -60,15 +74,24 @@ def train_msg(arrays: ArrayRecord, **config) -> Message:
 
 def node_data(partition_id=3):
     train, _ = load_dataset("fashion-mnist", FMNIST_ROOT)
-    idx = load_partition("fashion-mnist", FMNIST_ROOT, PartitionConfig("pathological", 10, 2, 0.5, 0), partition_id)
+    idx = load_partition(
+        "fashion-mnist", FMNIST_ROOT, PartitionConfig("pathological", 10, 2, 0.5, 0), partition_id
+    )
     return train.images[idx], train.labels[idx]
 
 
 def test_train_gradient_round_trip(weights):
-    msg = train_msg(weights, mode="gradient", **{
-        "batch-size": 32, "local-batches": 2, "seed": 1234,
-        "model-version": 17, "virtual-duration": 2.5,
-    })
+    msg = train_msg(
+        weights,
+        mode="gradient",
+        **{
+            "batch-size": 32,
+            "local-batches": 2,
+            "seed": 1234,
+            "model-version": 17,
+            "virtual-duration": 2.5,
+        },
+    )
     reply = app(msg, context())
     assert not reply.has_error()
     assert reply.metadata.reply_to_message_id == "msg-1"
@@ -81,8 +104,13 @@ def test_train_gradient_round_trip(weights):
         assert tuple(arr.shape) == tuple(weights[key].shape)
     metrics = dict(reply.content["metrics"])
     assert set(metrics) == {
-        "num-examples", "model-version", "partition-id", "num-partitions",
-        "train-loss", "compute-time", "virtual-duration",
+        "num-examples",
+        "model-version",
+        "partition-id",
+        "num-partitions",
+        "train-loss",
+        "compute-time",
+        "virtual-duration",
     }
     assert metrics["num-examples"] == 64 and isinstance(metrics["num-examples"], int)
     assert metrics["model-version"] == 17
@@ -198,7 +226,9 @@ def test_bad_node_or_run_config_raises_naming_the_key(weights):
 def test_query_reports_partition(weights):
     reply = app(message(RecordDict(), "query"), context(partition_id=5))
     assert dict(reply.content["metrics"]) == {
-        "partition-id": 5, "num-partitions": 10, "num-examples": 6000,
+        "partition-id": 5,
+        "num-partitions": 10,
+        "num-examples": 6000,
     }
 
 
@@ -221,7 +251,10 @@ def test_training_through_the_app_learns_the_node_classes():
     """Weights mode through the app, 150 SGD steps of 32 images: a 2-class node gets far above
     the 50% of guessing between its two classes."""
     arrays = ArrayRecord(build_model("fashion-mnist", seed=0).state_dict())
-    reply = app(train_msg(arrays, mode="weights", seed=1, **{"local-steps": 150, "local-lr": 0.05}), context(partition_id=0))
+    reply = app(
+        train_msg(arrays, mode="weights", seed=1, **{"local-steps": 150, "local-lr": 0.05}),
+        context(partition_id=0),
+    )
     trained = reply.content["arrays"]
     result = app(message(RecordDict({"arrays": trained}), "evaluate"), context(partition_id=0))
     assert result.content["metrics"]["eval-accuracy"] > 0.85  # classes {0: T-shirt, 1: trouser}

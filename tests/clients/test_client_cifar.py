@@ -60,14 +60,32 @@ def make_cifar10(root: Path, per_batch: int = 6, n_test: int = 8) -> Path:
     base.mkdir(parents=True)
     for i in range(1, 6):
         labels = [(i + j) % 10 for j in range(per_batch)]
-        _dump(base / f"data_batch_{i}", {b"batch_label": f"training batch {i} of 5".encode(),
-                                          b"labels": labels, b"data": _images(rng, per_batch),
-                                          b"filenames": [b"x.png"] * per_batch})
-    _dump(base / "test_batch", {b"batch_label": b"testing batch 1 of 1",
-                                b"labels": [j % 10 for j in range(n_test)],
-                                b"data": _images(rng, n_test), b"filenames": [b"y.png"] * n_test})
-    _dump(base / "batches.meta", {b"label_names": [f"c{k}".encode() for k in range(10)],
-                                  b"num_cases_per_batch": per_batch, b"num_vis": 3072})
+        _dump(
+            base / f"data_batch_{i}",
+            {
+                b"batch_label": f"training batch {i} of 5".encode(),
+                b"labels": labels,
+                b"data": _images(rng, per_batch),
+                b"filenames": [b"x.png"] * per_batch,
+            },
+        )
+    _dump(
+        base / "test_batch",
+        {
+            b"batch_label": b"testing batch 1 of 1",
+            b"labels": [j % 10 for j in range(n_test)],
+            b"data": _images(rng, n_test),
+            b"filenames": [b"y.png"] * n_test,
+        },
+    )
+    _dump(
+        base / "batches.meta",
+        {
+            b"label_names": [f"c{k}".encode() for k in range(10)],
+            b"num_cases_per_batch": per_batch,
+            b"num_vis": 3072,
+        },
+    )
     return root
 
 
@@ -78,11 +96,23 @@ def make_cifar100(root: Path, n_train: int = 30, n_test: int = 12) -> Path:
     base.mkdir(parents=True)
     for split, n in (("train", n_train), ("test", n_test)):
         fine = [(7 * j) % 100 for j in range(n)]
-        _dump(base / split, {b"filenames": [b"z.png"] * n, b"batch_label": split.encode(),
-                             b"fine_labels": fine, b"coarse_labels": [f // 5 for f in fine],
-                             b"data": _images(rng, n)})
-    _dump(base / "meta", {b"fine_label_names": [f"f{k}".encode() for k in range(100)],
-                          b"coarse_label_names": [f"c{k}".encode() for k in range(20)]})
+        _dump(
+            base / split,
+            {
+                b"filenames": [b"z.png"] * n,
+                b"batch_label": split.encode(),
+                b"fine_labels": fine,
+                b"coarse_labels": [f // 5 for f in fine],
+                b"data": _images(rng, n),
+            },
+        )
+    _dump(
+        base / "meta",
+        {
+            b"fine_label_names": [f"f{k}".encode() for k in range(100)],
+            b"coarse_label_names": [f"c{k}".encode() for k in range(20)],
+        },
+    )
     return root
 
 

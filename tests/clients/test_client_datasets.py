@@ -21,7 +21,6 @@ FILES = (
 )
 
 
-
 def write_idx(path: Path, array: np.ndarray, *, compress: bool = True) -> None:
     """Write a uint8 array in IDX format (the inverse of read_idx)."""
     header = bytes([0, 0, 0x08, array.ndim]) + b"".join(
@@ -40,8 +39,9 @@ def make_fake_root(root: Path, n_train: int = 20, n_test: int = 10, **kw) -> Pat
     root.mkdir(parents=True, exist_ok=True)
     suffix = ".gz" if kw.get("compress", True) else ""
     for split, n in (("train", n_train), ("t10k", n_test)):
-        write_idx(root / f"{split}-images-idx3-ubyte{suffix}",
-                  rng.integers(0, 256, (n, 28, 28)), **kw)
+        write_idx(
+            root / f"{split}-images-idx3-ubyte{suffix}", rng.integers(0, 256, (n, 28, 28)), **kw
+        )
         write_idx(root / f"{split}-labels-idx1-ubyte{suffix}", np.arange(n) % 10, **kw)
     return root
 

@@ -120,8 +120,14 @@ def test_train_test_split_layout(tmp_path):
 
 # ---------------------------------------------------------------- on-disk cache
 def test_disk_cache_writes_once_and_reads_back(tmp_path):
-    data = ImageData(torch.arange(2 * 28 * 28, dtype=torch.int64).remainder(256)
-                     .to(torch.uint8).view(2, 1, 28, 28), torch.tensor([1, 2]), 10)
+    data = ImageData(
+        torch.arange(2 * 28 * 28, dtype=torch.int64)
+        .remainder(256)
+        .to(torch.uint8)
+        .view(2, 1, 28, 28),
+        torch.tensor([1, 2]),
+        10,
+    )
     calls = []
 
     def build():
@@ -163,15 +169,23 @@ def test_fingerprint_follows_the_files(tmp_path):
 # ---------------------------------------------------------- the ClientApp on it
 def _message(content: RecordDict, message_type: str) -> Message:
     metadata = Metadata(
-        run_id=1, message_id="m", src_node_id=1, dst_node_id=2, reply_to_message_id="",
-        group_id="", created_at=time.time(), ttl=600.0, message_type=message_type,
+        run_id=1,
+        message_id="m",
+        src_node_id=1,
+        dst_node_id=2,
+        reply_to_message_id="",
+        group_id="",
+        created_at=time.time(),
+        ttl=600.0,
+        message_type=message_type,
     )
     return Message(content=content, metadata=metadata)
 
 
 def _context(node_config: dict) -> Context:
     return Context(
-        run_id=1, node_id=2,
+        run_id=1,
+        node_id=2,
         node_config={"partition-id": 1, "num-partitions": 3, **node_config},
         state=RecordDict(),
         # data-root does not exist: a node with a data-dir never reads the data set
@@ -202,8 +216,9 @@ def test_client_app_trains_on_its_data_dir(tmp_path):
 
     data = load_image_folder(folder, FMNIST)
     model = build_model("fashion-mnist", seed=0)
-    expected, loss = compute_update(model, data.images, data.labels, mode="gradient",
-                                    batch_size=5, seed=7)
+    expected, loss = compute_update(
+        model, data.images, data.labels, mode="gradient", batch_size=5, seed=7
+    )
     got = reply.content["arrays"].to_numpy_ndarrays()
     for a, b in zip(got, expected):
         np.testing.assert_array_equal(a, b)
@@ -265,4 +280,3 @@ def test_cpu_device_is_the_plain_computation(mode):
     for a, b in zip(plain, on_cpu):
         np.testing.assert_array_equal(a, b)
     assert evaluate(model, images, labels) == evaluate(model, images, labels, device="cpu")
-

@@ -66,7 +66,9 @@ def test_get_set_weights_roundtrip_copies():
     assert all(a.dtype == np.float32 for a in arrays)
     set_weights(dst, arrays)
     arrays[0][...] = 0.0  # the model holds its own copy
-    assert all(torch.equal(p, q) for p, q in zip(src.state_dict().values(), dst.state_dict().values()))
+    assert all(
+        torch.equal(p, q) for p, q in zip(src.state_dict().values(), dst.state_dict().values())
+    )
 
 
 def test_set_weights_rejects_wrong_count_or_shape():

@@ -71,7 +71,9 @@ def test_dirichlet_seeded_reproducible_and_covering(labels):
     assert_disjoint_cover(parts, 60000)
     sizes = [len(i) for i in parts]
     assert min(sizes) >= 5 and len(set(sizes)) > 1  # label skew gives unequal sizes
-    other = all_partition_indices(labels, PartitionConfig("dirichlet", 10, dirichlet_alpha=0.5, seed=4))
+    other = all_partition_indices(
+        labels, PartitionConfig("dirichlet", 10, dirichlet_alpha=0.5, seed=4)
+    )
     assert not all(torch.equal(a, b) for a, b in zip(parts, other))
     # a single partition equals the same one from the full split
     assert torch.equal(partition_indices(labels, cfg, 7), parts[7])
@@ -79,8 +81,12 @@ def test_dirichlet_seeded_reproducible_and_covering(labels):
 
 def test_dirichlet_small_alpha_is_more_skewed(labels):
     def mean_max_class_share(alpha):
-        parts = all_partition_indices(labels, PartitionConfig("dirichlet", 10, dirichlet_alpha=alpha, seed=0))
-        return np.mean([torch.bincount(labels[i], minlength=10).max().item() / len(i) for i in parts])
+        parts = all_partition_indices(
+            labels, PartitionConfig("dirichlet", 10, dirichlet_alpha=alpha, seed=0)
+        )
+        return np.mean(
+            [torch.bincount(labels[i], minlength=10).max().item() / len(i) for i in parts]
+        )
 
     assert mean_max_class_share(0.1) > mean_max_class_share(1.0) + 0.2
 

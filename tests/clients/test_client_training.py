@@ -77,7 +77,9 @@ def test_sample_batches_walks_permutations():
 # ------------------------------------------------------------- gradient mode
 def test_gradient_mode_equals_hand_computed_softmax_regression_gradient():
     model, x, y = linear_problem()
-    update, loss = compute_update(model, x, y, mode="gradient", batch_size=8, local_batches=3, seed=11)
+    update, loss = compute_update(
+        model, x, y, mode="gradient", batch_size=8, local_batches=3, seed=11
+    )
     batches = sample_batches(len(y), 8, 3, seed=11)
     per_batch = [hand_gradient(model, x[i], y[i]) for i in batches]
     expected = [np.mean([g[j] for g in per_batch], axis=0) for j in range(2)]
@@ -229,6 +231,8 @@ def test_evaluate_in_threads_covers_every_row_once(threads):
 
 def test_untrained_cnn_is_near_chance_on_real_test_set():
     _, test = load_dataset("fashion-mnist", FMNIST_ROOT)
-    loss, acc = evaluate(build_model("fashion-mnist", seed=0), test.images[:2000], test.labels[:2000])
+    loss, acc = evaluate(
+        build_model("fashion-mnist", seed=0), test.images[:2000], test.labels[:2000]
+    )
     assert 0.0 <= acc <= 0.3
     assert loss == pytest.approx(np.log(10), abs=0.3)

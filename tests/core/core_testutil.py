@@ -6,7 +6,6 @@ from typing import Any
 
 import numpy as np
 
-
 #: GSGM as docs/GSGM.md steps 1-5 define it: heavy-ball momentum, strictly even cycles
 #: (quorum 1.0), slot averaging. The hand-computed tests use it; the shipped defaults
 #: (ema, quorum 0.5, table) are the tuned choice, declared in ``GSGM.PARAMS``.

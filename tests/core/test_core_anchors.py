@@ -249,7 +249,7 @@ def test_chunked_and_unchunked_runs_agree(monkeypatch, name, kw):
     shapes = ((7_001,), (3, 1_111), (5,))
     weights = [rng.standard_normal(s).astype(np.float32) for s in shapes]
     seq = []
-    for i in range(40):
+    for _ in range(40):
         node = int(rng.choice([1, 2, 3, 3, 3]))
         lag = int(rng.integers(0, 4))
         seq.append((node, lag, [rng.standard_normal(s).astype(np.float32) for s in shapes]))

@@ -21,8 +21,7 @@ def make(nodes=(1, 2, 3), **kw):
     return GSGM([f32(0, 0)], list(nodes), **params)
 
 
-def check(opt, *, w, white, slots, momentum, k=None, S=None, version=None,
-          cycle=None):
+def check(opt, *, w, white, slots, momentum, k=None, S=None, version=None, cycle=None):
     assert_bits_equal(opt.weights[0], f32(*w), "w")
     assert opt.white_list == frozenset(white)
     got_slots = {n: (p.tolist(), c) for n, (p, c) in opt.slots.items()}
@@ -44,8 +43,13 @@ def check(opt, *, w, white, slots, momentum, k=None, S=None, version=None,
 #   a1 node 1 [2, 0]   a2 node 1 [4, 2]   a3 node 2 [0, 2]   a4 node 1 [8, 6]
 #   a5 node 3 [1, 4]   a6 node 2 [4, 4]   a7 node 3 [2, 1]
 ARRIVALS = [
-    (1, (2, 0)), (1, (4, 2)), (2, (0, 2)), (1, (8, 6)),
-    (3, (1, 4)), (2, (4, 4)), (3, (2, 1)),
+    (1, (2, 0)),
+    (1, (4, 2)),
+    (2, (0, 2)),
+    (1, (8, 6)),
+    (3, (1, 4)),
+    (2, (4, 4)),
+    (3, (2, 1)),
 ]
 
 # heavy-ball: w <- w - 0.5 (u + 0.5 M); close: M <- S/k + 0.5 M.
@@ -100,8 +104,9 @@ def test_arrival_sequence_1_1_2_1_3_2(form, expected):
         outcome = opt.on_update(node, [f32(*g)], opt.version)
         out, w, white, slots, m, k, s = exp
         assert outcome is Outcome(out)
-        check(opt, w=w, white=white, slots=slots, momentum=m, k=k, S=s,
-              version=version, cycle=cycle)
+        check(
+            opt, w=w, white=white, slots=slots, momentum=m, k=k, S=s, version=version, cycle=cycle
+        )
     c = opt.counters
     assert (c["arrivals"], c["applied"], c["deferred"], c["stale"]) == (7, 5, 2, 0)
     assert (c["cycles"], c["slots_applied"]) == (2, 1)
@@ -119,8 +124,17 @@ def test_cycle_closed_by_update_budget():
     # w = [-1,-2] - [1.5,2] = [-2.5,-4]; S = [2,2], k = 1, W = {2,3}. The update sat
     # in the slot that was applied in this call: APPLIED.
     assert opt.on_update(1, [f32(0, 4)], 1) is Outcome.APPLIED
-    check(opt, w=(-2.5, -4), white={2, 3}, slots={}, momentum=(2, 4), k=1,
-          S=(2, 2), version=2, cycle=1)
+    check(
+        opt,
+        w=(-2.5, -4),
+        white={2, 3},
+        slots={},
+        momentum=(2, 4),
+        k=1,
+        S=(2, 2),
+        version=2,
+        cycle=1,
+    )
     assert opt.cycle_arrivals == 0
     assert opt.counters["cycles_update_budget"] == 1
     # a4 node 2 [2,2]: d = [2,2] + [1,2] = [3,4]: w = [-4,-6].
@@ -140,21 +154,18 @@ def test_cycle_closed_by_time_budget():
     # W = {1,2,3}; slot 1: d = [4,0] + [1,2] = [5,2]: w = [-3.5,-3]; S = [4,0], k = 1;
     # then node 2 (in W) [2,2]: d = [3,4]: w = [-5,-5]; S = [6,2], k = 2, W = {3}.
     assert opt.on_update(2, [f32(2, 2)], 1, now=12.0) is Outcome.APPLIED
-    check(opt, w=(-5, -5), white={3}, slots={}, momentum=(2, 4), k=2, S=(6, 2),
-          version=3, cycle=1)
+    check(opt, w=(-5, -5), white={3}, slots={}, momentum=(2, 4), k=2, S=(6, 2), version=3, cycle=1)
     assert opt.cycle_start == 12.0
     assert opt.counters["cycles_time_budget"] == 1
     # t=21 (9 s into the cycle) node 3 [3,1]: d = [3,1] + [1,2] = [4,3]:
     # w = [-7,-6.5]; S = [9,3], k = 3: W empty -> M = [3,1] + 0.5 [2,4] = [4,3].
     assert opt.on_update(3, [f32(3, 1)], 3, now=21.0) is Outcome.APPLIED
-    check(opt, w=(-7, -6.5), white={1, 2, 3}, slots={}, momentum=(4, 3), k=0,
-          version=4, cycle=2)
+    check(opt, w=(-7, -6.5), white={1, 2, 3}, slots={}, momentum=(4, 3), k=0, version=4, cycle=2)
     assert opt.counters["cycles_time_budget"] == 1
     # A join at t=35 (14 s into the cycle, nothing contributed): the time budget
     # closes the empty cycle first (M unchanged), then node 4 joins, outside W.
     opt.on_node_joined(4, now=35.0)
-    check(opt, w=(-7, -6.5), white={1, 2, 3}, slots={}, momentum=(4, 3), k=0,
-          version=4, cycle=3)
+    check(opt, w=(-7, -6.5), white={1, 2, 3}, slots={}, momentum=(4, 3), k=0, version=4, cycle=3)
     assert opt.active_nodes == {1, 2, 3, 4}
     assert opt.cycle_start == 35.0
 
@@ -205,8 +216,9 @@ def test_node_lost_mid_cycle():
     # node 3 lost: W empty -> close: M = [2,2]; W = {1,2}; slot 1: d = [4,0] + [1,1]
     # = [5,1]: w = [-2,-2] - [2.5,0.5] = [-4.5,-2.5]; S = [4,0], k = 1, W = {2}.
     opt.on_node_lost(3)
-    check(opt, w=(-4.5, -2.5), white={2}, slots={}, momentum=(2, 2), k=1,
-          S=(4, 0), version=3, cycle=1)
+    check(
+        opt, w=(-4.5, -2.5), white={2}, slots={}, momentum=(2, 2), k=1, S=(4, 0), version=3, cycle=1
+    )
     assert opt.active_nodes == {1, 2}
     # node 1 [2,2]: slot (it contributed this cycle). Then node 1 lost: slot dropped.
     assert opt.on_update(1, [f32(2, 2)], 3) is Outcome.DEFERRED
@@ -236,8 +248,7 @@ def test_node_joining_enters_the_next_cycle():
     # node 2 [0,2]: w = [-1,-1]; S = [2,2], k = 2 -> close: M = [1,1]; W = {1,2,3};
     # slot 3: d = [4,4] + [0.5,0.5] = [4.5,4.5]: w = [-3.25,-3.25]; W = {1,2}.
     assert opt.on_update(2, [f32(0, 2)], 1) is Outcome.APPLIED
-    check(opt, w=(-3.25, -3.25), white={1, 2}, slots={}, momentum=(1, 1), k=1,
-          S=(4, 4), cycle=1)
+    check(opt, w=(-3.25, -3.25), white={1, 2}, slots={}, momentum=(1, 1), k=1, S=(4, 4), cycle=1)
     # node 3 already contributed (through its slot): next update waits in a slot.
     assert opt.on_update(3, [f32(2, 2)], 3) is Outcome.DEFERRED
 
@@ -278,8 +289,7 @@ def test_table_variant_hand_computed():
     # mean = [2,3]; d = [2,3] + 0.5 [1.5,0.5] = [2.75,3.25]:
     # w = [-1.5,-0.5] - [1.375,1.625] = [-2.875,-2.125]; S = [2,3], k = 1.
     opt.on_update(2, [f32(0, 2)], 1)
-    check(opt, w=(-2.875, -2.125), white={2}, slots={}, momentum=(1.5, 0.5), k=1,
-          S=(2, 3), cycle=1)
+    check(opt, w=(-2.875, -2.125), white={2}, slots={}, momentum=(1.5, 0.5), k=1, S=(2, 3), cycle=1)
     assert {n: r.tolist() for n, r in opt.table.items()} == {1: [4, 4], 2: [0, 2]}
     # Losing node 2 drops its row: the mean is node 1's row alone.
     opt.on_node_lost(2)
@@ -359,8 +369,9 @@ def test_beta_zero_equals_scheduled_asgd(form, seed):
 def test_scheduling_off_beta_zero_equals_asgd(form, seed):
     nodes = [1, 2, 3]
     weights, seq = random_arrivals(seed, nodes)
-    gsgm = GSGM(weights, nodes, **{**GSGM_STRICT, "momentum_form": form}, lr=0.1, beta=0.0,
-                scheduling=False)
+    gsgm = GSGM(
+        weights, nodes, **{**GSGM_STRICT, "momentum_form": form}, lr=0.1, beta=0.0, scheduling=False
+    )
     asgd = ASGD(weights, nodes, lr=0.1)
     for node, g in seq:
         assert gsgm.on_update(node, g, gsgm.version) is Outcome.APPLIED
@@ -419,10 +430,19 @@ def test_memory_bound_is_documented():
 @pytest.mark.parametrize(
     "kw",
     [
-        dict(lr=0.0), dict(lr=-1.0), dict(lr=float("nan")), dict(beta=1.0),
-        dict(beta=-0.1), dict(momentum_form="nesterov"), dict(cycle_quorum=0.0),
-        dict(cycle_quorum=1.5), dict(cycle_max_updates=0), dict(cycle_max_seconds=0.0),
-        dict(averaging="mean"), dict(scheduling="yes"), dict(max_staleness=-1),
+        dict(lr=0.0),
+        dict(lr=-1.0),
+        dict(lr=float("nan")),
+        dict(beta=1.0),
+        dict(beta=-0.1),
+        dict(momentum_form="nesterov"),
+        dict(cycle_quorum=0.0),
+        dict(cycle_quorum=1.5),
+        dict(cycle_max_updates=0),
+        dict(cycle_max_seconds=0.0),
+        dict(averaging="mean"),
+        dict(scheduling="yes"),
+        dict(max_staleness=-1),
         dict(max_norm=0.0),
     ],
 )

@@ -35,8 +35,13 @@ def check(opt, *, w, M, S, k, version, white=None, slots=None):
 
 
 ARRIVALS = [
-    (1, (2, 0)), (1, (4, 2)), (2, (0, 2)), (1, (8, 6)),
-    (3, (1, 4)), (2, (4, 4)), (3, (2, 1)),
+    (1, (2, 0)),
+    (1, (4, 2)),
+    (2, (0, 2)),
+    (1, (8, 6)),
+    (3, (1, 4)),
+    (2, (4, 4)),
+    (3, (2, 1)),
 ]
 
 # --------------------------------------------------------------- a. apply=cycle
@@ -156,8 +161,7 @@ def test_table_max_age_arrival_mode():
     # w = [-3,-3] - (0.5 [3.5,4.5] + 0.25 [2,2]) = [-3,-3] - [2.25,2.75]
     # = [-5.25,-5.75]; S = [3.5,4.5], k = 1; v4.
     assert opt.on_update(3, [f32(3, 5)], 2) is Outcome.APPLIED
-    check(opt, w=(-5.25, -5.75), M=(2, 2), S=(3.5, 4.5), k=1, version=4,
-          white={2, 3}, slots={})
+    check(opt, w=(-5.25, -5.75), M=(2, 2), S=(3.5, 4.5), k=1, version=4, white={2, 3}, slots={})
     assert opt.table_versions == {3: 2, 1: 1}
     assert opt.counters["table_rows_expired"] == 2
     # a6 node 2 [0,2] b2: staleness 2 > 1: dropped.

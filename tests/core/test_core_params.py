@@ -33,7 +33,11 @@ def scratch_registry():
 @pytest.mark.parametrize(
     "param, value, message",
     [
-        (Param("beta", 0.5, "", low=0.0, high=1.0, high_open=True), 1.0, "beta must be < 1.0, got 1.0"),
+        (
+            Param("beta", 0.5, "", low=0.0, high=1.0, high_open=True),
+            1.0,
+            "beta must be < 1.0, got 1.0",
+        ),
         (Param("lr", 0.1, "", low=0.0, low_open=True), 0, "lr must be > 0.0, got 0.0"),
         (Param("lr", 0.1, ""), float("nan"), "lr must be finite, got nan"),
         (Param("lr", 0.1, ""), "0.1", "lr must be a real number, got '0.1'"),
@@ -41,7 +45,11 @@ def scratch_registry():
         (Param("k", 5, "", kind=int, low=1), 0, "k must be >= 1, got 0"),
         (Param("k", 5, "", kind=int, low=1), None, "k must be an integer, got None"),
         (Param("on", True, "", kind=bool), 1, "on must be a bool, got 1"),
-        (Param("form", "a", "", kind=str, choices=("a", "b")), "c", "form must be one of ['a', 'b'], got 'c'"),
+        (
+            Param("form", "a", "", kind=str, choices=("a", "b")),
+            "c",
+            "form must be one of ['a', 'b'], got 'c'",
+        ),
     ],
 )
 def test_check_names_the_parameter_the_value_and_the_expectation(param, value, message):
@@ -54,7 +62,9 @@ def test_check_converts_and_accepts_none_when_optional():
     assert Param("k", None, "", kind=int, low=1, optional=True).check(None) is None
     assert Param("k", 5, "", kind=int, low=1).check(np.int64(3)) == 3
     assert Param("on", True, "", kind=bool).check(np.bool_(False)) is False
-    form = Param("form", "a-b", "", kind=str, choices=("a-b",), normalize=lambda v: v.replace("_", "-"))
+    form = Param(
+        "form", "a-b", "", kind=str, choices=("a-b",), normalize=lambda v: v.replace("_", "-")
+    )
     assert form.check("a_b") == "a-b"
 
 
@@ -107,12 +117,23 @@ def test_every_rule_builds_from_its_declared_defaults(name):
 
 
 def test_shipped_defaults_are_the_tuned_run_config_ones():
-    assert {k: v for k, v in OPTIMIZERS["gsgm"].defaults().items()
-            if k in ("lr", "beta", "momentum_form", "cycle_quorum", "averaging")} == {
-        "lr": 0.02, "beta": 0.5, "momentum_form": "ema", "cycle_quorum": 0.5, "averaging": "table"}
+    assert {
+        k: v
+        for k, v in OPTIMIZERS["gsgm"].defaults().items()
+        if k in ("lr", "beta", "momentum_form", "cycle_quorum", "averaging")
+    } == {
+        "lr": 0.02,
+        "beta": 0.5,
+        "momentum_form": "ema",
+        "cycle_quorum": 0.5,
+        "averaging": "table",
+    }
     assert OPTIMIZERS["masgd"].defaults()["beta"] == 0.5
     assert OPTIMIZERS["fedbuff"].defaults()["buffer_size"] == 5
-    assert (OPTIMIZERS["fedasync"].defaults()["alpha"], OPTIMIZERS["fedasync"].defaults()["poly_a"]) == (0.6, 0.5)
+    assert (
+        OPTIMIZERS["fedasync"].defaults()["alpha"],
+        OPTIMIZERS["fedasync"].defaults()["poly_a"],
+    ) == (0.6, 0.5)
     assert OPTIMIZERS["dcasgd"].defaults()["dc_lambda"] == 0.04
 
 
@@ -157,6 +178,8 @@ def test_a_subclass_may_redeclare_an_inherited_parameter(scratch_registry):
 
 def test_a_taken_name_is_refused(scratch_registry):
     with pytest.raises(ValueError, match="'asgd' .* already taken by flwr_gsgm.core.asgd.ASGD"):
+
         class Other(_Halved):
             name = "asgd"
+
     assert OPTIMIZERS["asgd"].__module__ == "flwr_gsgm.core.asgd"

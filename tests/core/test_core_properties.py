@@ -22,8 +22,7 @@ from flwr_gsgm.core import GSGM, OPTIMIZERS, UpdateRejected, make_optimizer
 
 NODES = [1, 2, 3, 4]
 SHAPES = [(3,), (2, 2)]
-BAD_KINDS = ["num-arrays", "shape", "dtype", "non-finite", "norm", "unknown-node",
-             "base-version"]
+BAD_KINDS = ["num-arrays", "shape", "dtype", "non-finite", "norm", "unknown-node", "base-version"]
 SETTINGS = settings(
     max_examples=300,
     deadline=None,
@@ -57,14 +56,21 @@ other_params = {
     "asgd": st.fixed_dictionaries({"max_staleness": st.one_of(st.none(), st.integers(0, 3))}),
     "masgd": st.fixed_dictionaries({"beta": st.sampled_from([0.0, 0.9])}),
     "dcasgd": st.fixed_dictionaries({"dc_lambda": st.sampled_from([0.0, 0.04, 1.0])}),
-    "fedasync": st.fixed_dictionaries({"alpha": st.sampled_from([0.6, 1.0]),
-                                       "poly_a": st.sampled_from([0.0, 0.5])}),
-    "fedbuff": st.fixed_dictionaries({"buffer_size": st.integers(1, 4),
-                                      "max_staleness": st.one_of(st.none(), st.integers(0, 3))}),
-    "ca2fl": st.fixed_dictionaries({"buffer_size": st.integers(1, 4),
-                                    "max_staleness": st.one_of(st.none(), st.integers(0, 3))}),
-    "ace": st.fixed_dictionaries({"max_row_age": st.one_of(st.none(), st.integers(0, 4)),
-                                  "max_staleness": st.one_of(st.none(), st.integers(0, 3))}),
+    "fedasync": st.fixed_dictionaries(
+        {"alpha": st.sampled_from([0.6, 1.0]), "poly_a": st.sampled_from([0.0, 0.5])}
+    ),
+    "fedbuff": st.fixed_dictionaries(
+        {"buffer_size": st.integers(1, 4), "max_staleness": st.one_of(st.none(), st.integers(0, 3))}
+    ),
+    "ca2fl": st.fixed_dictionaries(
+        {"buffer_size": st.integers(1, 4), "max_staleness": st.one_of(st.none(), st.integers(0, 3))}
+    ),
+    "ace": st.fixed_dictionaries(
+        {
+            "max_row_age": st.one_of(st.none(), st.integers(0, 4)),
+            "max_staleness": st.one_of(st.none(), st.integers(0, 3)),
+        }
+    ),
     "daasgd": st.fixed_dictionaries({"delay_threshold": st.one_of(st.none(), st.integers(1, 3))}),
 }
 all_params = dict(other_params, gsgm=gsgm_params)
@@ -127,8 +133,9 @@ def run(opt, eng, evs, check=None):
                 base = opt.version + 1
             before = opt.state_dict()
             with pytest.raises(UpdateRejected):
-                opt.on_update(node, bad_update(bad_kind, update_arrays(seed)), base,
-                              now=eng.now + dt)
+                opt.on_update(
+                    node, bad_update(bad_kind, update_arrays(seed)), base, now=eng.now + dt
+                )
             assert_unchanged_but_rejected(before, opt.state_dict())
         elif kind == "lost":
             eng.lost(node, dt=dt)

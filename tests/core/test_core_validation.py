@@ -168,8 +168,12 @@ def test_restored_mid_cycle_continues_bit_identically(name, kw):
     fresh = make_optimizer(name, arrays(0, 0, 0, 0, 0, 0), [9], lr=0.25)  # other params
     views = fresh.weights
     fresh.load_state_dict(pickle.loads(blob))
-    assert fresh.params == make_optimizer(name, arrays(0, 0, 0, 0, 0, 0), [1], lr=0.5,
-                                          max_norm=100.0, **with_strict(name, kw)).params
+    assert (
+        fresh.params
+        == make_optimizer(
+            name, arrays(0, 0, 0, 0, 0, 0), [1], lr=0.5, max_norm=100.0, **with_strict(name, kw)
+        ).params
+    )
     assert all(np.shares_memory(v, fresh.flat_weights) for v in views)
     eng2 = Engine.__new__(Engine)
     eng2.restore(fresh, snap)
@@ -200,16 +204,16 @@ def test_state_dict_is_a_deep_copy_of_plain_values():
 
 
 def test_state_dict_survives_torch_save():
-    import torch
     import io
+
+    import torch
 
     opt, _ = busy("gsgm")
     buf = io.BytesIO()
     torch.save(opt.state_dict(), buf)
     buf.seek(0)
     # torch >= 2.6 loads with weights_only=True by default: allow numpy arrays.
-    allowed = [np._core.multiarray._reconstruct, np.ndarray, np.dtype,
-               np.dtypes.Float32DType]
+    allowed = [np._core.multiarray._reconstruct, np.ndarray, np.dtype, np.dtypes.Float32DType]
     with torch.serialization.safe_globals(allowed):
         state = torch.load(buf)
     assert_state_equal(opt.state_dict(), state)
@@ -233,8 +237,17 @@ def test_load_state_dict_refuses_foreign_states_and_stays_unchanged():
 
 # ----------------------------------------------------------------------- registry
 def test_registry_names_and_building_every_optimizer():
-    assert sorted(OPTIMIZERS) == ["ace", "asgd", "ca2fl", "daasgd", "dcasgd", "fedasync",
-                               "fedbuff", "gsgm", "masgd"]
+    assert sorted(OPTIMIZERS) == [
+        "ace",
+        "asgd",
+        "ca2fl",
+        "daasgd",
+        "dcasgd",
+        "fedasync",
+        "fedbuff",
+        "gsgm",
+        "masgd",
+    ]
     for name, cls in OPTIMIZERS.items():
         opt = make_optimizer(name, [f32(0, 0)], [1], lr=0.1)
         assert type(opt) is cls and opt.name == name
@@ -252,14 +265,15 @@ def test_registry_errors():
     with pytest.raises(ValueError, match="'lr'"):
         make_optimizer("gsgm", [f32(0, 0)], [1])
     with pytest.raises(ValueError, match="twice"):
-        make_optimizer("gsgm", [f32(0, 0)], [1], lr=0.1, cycle_quorum=0.5,
-                       **{"cycle-quorum": 0.5})
+        make_optimizer("gsgm", [f32(0, 0)], [1], lr=0.1, cycle_quorum=0.5, **{"cycle-quorum": 0.5})
 
 
 def test_registry_accepts_run_config_keys():
     opt = make_optimizer(
-        "gsgm", [f32(0, 0)], [1, 2], **{"lr": 0.1, "momentum-form": "ema",
-                                       "cycle-quorum": 0.5, "cycle-max-updates": 10},
+        "gsgm",
+        [f32(0, 0)],
+        [1, 2],
+        **{"lr": 0.1, "momentum-form": "ema", "cycle-quorum": 0.5, "cycle-max-updates": 10},
     )
     assert opt.params["momentum_form"] == "ema"
     assert opt.params["cycle_quorum"] == 0.5

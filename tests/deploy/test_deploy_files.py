@@ -20,8 +20,13 @@ DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 
 
 def run(*args: str, env: dict | None = None) -> str:
-    done = subprocess.run(["bash", *args], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, **(env or {})})
+    done = subprocess.run(
+        ["bash", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
 
@@ -31,11 +36,17 @@ def test_certificates_for_loopback(tmp_path):
     certs = tmp_path / "certs"
     assert {p.name for p in certs.iterdir()} == {"ca.crt", "ca.key", "server.pem", "server.key"}
     assert (certs / "server.key").stat().st_mode & 0o077 == 0
-    check = subprocess.run(["openssl", "verify", "-CAfile", str(certs / "ca.crt"),
-                            str(certs / "server.pem")], capture_output=True, text=True)
+    check = subprocess.run(
+        ["openssl", "verify", "-CAfile", str(certs / "ca.crt"), str(certs / "server.pem")],
+        capture_output=True,
+        text=True,
+    )
     assert check.returncode == 0, check.stderr
-    san = subprocess.run(["openssl", "x509", "-in", str(certs / "server.pem"), "-noout", "-ext",
-                          "subjectAltName"], capture_output=True, text=True).stdout
+    san = subprocess.run(
+        ["openssl", "x509", "-in", str(certs / "server.pem"), "-noout", "-ext", "subjectAltName"],
+        capture_output=True,
+        text=True,
+    ).stdout
     for name in ("IP Address:127.0.0.1", "DNS:localhost", "DNS:superlink.lan"):
         assert name in san
 
@@ -68,8 +79,16 @@ def test_node_keys_without_ssh_keygen(tmp_path):
         (bin_dir / tool).symlink_to(found)
     (bin_dir / "python3").symlink_to(sys.executable)
     done = subprocess.run(
-        [str(bin_dir / "bash"), str(DEPLOY / "make_node_keys.sh"), "-o", str(tmp_path / "keys"), "board-7"],
-        capture_output=True, text=True, timeout=60,
+        [
+            str(bin_dir / "bash"),
+            str(DEPLOY / "make_node_keys.sh"),
+            "-o",
+            str(tmp_path / "keys"),
+            "board-7",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
         env={"PATH": str(bin_dir), "VENV": str(tmp_path / "no-venv"), "HOME": str(tmp_path)},
     )
     assert done.returncode == 0, done.stdout + done.stderr
@@ -91,8 +110,14 @@ def test_supernode_requirements_and_unit_template():
     assert names == {"flwr", "numpy", "torch", "torchvision", "flwr-datasets"}
     assert "simulation" not in "".join(lines)
     unit = (DEPLOY / "flwr-supernode.service").read_text()
-    for needle in ("ExecStart=/opt/flwr/venv/bin/flower-supernode", "--root-certificates",
-                   "--auth-supernode-private-key", "partition-id=${PARTITION_ID}",
-                   "num-partitions=${NUM_PARTITIONS}", "cache-dir=", "Restart=always",
-                   "WantedBy=multi-user.target"):
+    for needle in (
+        "ExecStart=/opt/flwr/venv/bin/flower-supernode",
+        "--root-certificates",
+        "--auth-supernode-private-key",
+        "partition-id=${PARTITION_ID}",
+        "num-partitions=${NUM_PARTITIONS}",
+        "cache-dir=",
+        "Restart=always",
+        "WantedBy=multi-user.target",
+    ):
         assert needle in unit

@@ -48,8 +48,13 @@ pytestmark = pytest.mark.deploy
 
 
 # ------------------------------------------------------------------ helpers
-def wait_for(what: str, check: Callable[[], object], timeout: float, on_fail: Callable[[], str],
-             interval: float = 1.0):
+def wait_for(
+    what: str,
+    check: Callable[[], object],
+    timeout: float,
+    on_fail: Callable[[], str],
+    interval: float = 1.0,
+):
     """Poll ``check`` until it returns something truthy; fail after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while True:
@@ -127,17 +132,27 @@ class Deployment:
 
     def script(self, name: str, *args: str, timeout: float = 120) -> str:
         done = subprocess.run(
-            ["bash", str(DEPLOY / name), *args], env=self.env, cwd=REPO,
-            capture_output=True, text=True, timeout=timeout,
+            ["bash", str(DEPLOY / name), *args],
+            env=self.env,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
         )
         assert done.returncode == 0, f"{name} {args} failed:\n{done.stdout}\n{done.stderr}"
         return done.stdout
 
     def popen(self, args: list[str], log: Path) -> subprocess.Popen:
         with log.open("w") as out:
-            proc = subprocess.Popen(args, env=self.env, cwd=REPO, stdout=out,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                args,
+                env=self.env,
+                cwd=REPO,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         self.popens.append(proc)
         return proc
 
@@ -159,7 +174,9 @@ class Deployment:
         if "PORT" in self.state():
             ports.add(int(self.state()["PORT"]))
         for log in (self.run_dir / "logs").glob("*.log"):
-            ports.update(int(p) for p in re.findall(r"running on https?://127\.0\.0\.1:(\d+)", text(log)))
+            ports.update(
+                int(p) for p in re.findall(r"running on https?://127\.0\.0\.1:(\d+)", text(log))
+            )
         return ports
 
     def leftover_pids(self) -> list[int]:
@@ -169,7 +186,9 @@ class Deployment:
             if not entry.name.isdigit() or int(entry.name) == os.getpid():
                 continue
             try:
-                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                cmdline = (
+                    (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                )
             except OSError:
                 continue
             used = {int(p) for p in re.findall(r"127\.0\.0\.1:(\d+)\b", cmdline)}
@@ -182,8 +201,13 @@ class Deployment:
             if proc.poll() is None:
                 kill_all(process_tree(proc.pid))
         try:
-            subprocess.run(["bash", str(DEPLOY / "stop_local.sh")], env=self.env, cwd=REPO,
-                           capture_output=True, timeout=60)
+            subprocess.run(
+                ["bash", str(DEPLOY / "stop_local.sh")],
+                env=self.env,
+                cwd=REPO,
+                capture_output=True,
+                timeout=60,
+            )
         except subprocess.TimeoutExpired:
             pass
         for _ in range(10):  # children of killed processes, orphaned ClientApps, ...
@@ -207,10 +231,18 @@ def deployment(tmp_path_factory) -> Iterator[Deployment]:
         out = dep.script("start_local.sh", str(NUM_NODES), timeout=180)
         assert "SuperLink https://127.0.0.1:" in out
         for i in range(NUM_NODES):  # every SuperNode got in with its registered key
-            wait_for(f"SuperNode node-{i} to connect",
-                     lambda i=i: f"SuperNode ID: {dep.node_id(f'node-{i}')}" in text(dep.log(f"supernode-node-{i}")),
-                     60, lambda i=i: tail(dep.log(f"supernode-node-{i}")))
-        print(f"\n[deploy] SuperLink + {NUM_NODES} SuperNodes up in {time.monotonic() - started:.1f} s")
+            wait_for(
+                f"SuperNode node-{i} to connect",
+                lambda i=i: (
+                    f"SuperNode ID: {dep.node_id(f'node-{i}')}"
+                    in text(dep.log(f"supernode-node-{i}"))
+                ),
+                60,
+                lambda i=i: tail(dep.log(f"supernode-node-{i}")),
+            )
+        print(
+            f"\n[deploy] SuperLink + {NUM_NODES} SuperNodes up in {time.monotonic() - started:.1f} s"
+        )
         yield dep
     finally:
         dep.stop_everything()
@@ -224,13 +256,29 @@ def test_supernode_without_registered_key_is_refused(deployment: Deployment):
     started = time.monotonic()
     dep.script("make_node_keys.sh", "-o", dep.env["KEY_DIR"], "intruder")  # not registered
     address = dep.state()["ADDRESS"]
-    common = [str(BIN / "flower-supernode"), "--superlink", address,
-              "--root-certificates", str(Path(dep.env["CERT_DIR"]) / "ca.crt"),
-              "--node-config", "partition-id=0 num-partitions=3", "--max-retries", "2",
-              "--host", "127.0.0.1"]
-    unregistered = dep.popen(common + ["--port", str(free_port()), "--auth-supernode-private-key",
-                                       str(Path(dep.env["KEY_DIR"]) / "intruder")],
-                             dep.base / "intruder.log")
+    common = [
+        str(BIN / "flower-supernode"),
+        "--superlink",
+        address,
+        "--root-certificates",
+        str(Path(dep.env["CERT_DIR"]) / "ca.crt"),
+        "--node-config",
+        "partition-id=0 num-partitions=3",
+        "--max-retries",
+        "2",
+        "--host",
+        "127.0.0.1",
+    ]
+    unregistered = dep.popen(
+        common
+        + [
+            "--port",
+            str(free_port()),
+            "--auth-supernode-private-key",
+            str(Path(dep.env["KEY_DIR"]) / "intruder"),
+        ],
+        dep.base / "intruder.log",
+    )
     keyless = dep.popen(common + ["--port", str(free_port())], dep.base / "keyless.log")
     for proc, log in ((unregistered, "intruder.log"), (keyless, "keyless.log")):
         try:
@@ -242,12 +290,20 @@ def test_supernode_without_registered_key_is_refused(deployment: Deployment):
     assert "Failed to activate SuperNode" in text(dep.base / "intruder.log")
     assert "All SuperNodes must be registered" in text(dep.base / "keyless.log")
 
-    listed = subprocess.run([str(BIN / "flwr"), "supernode", "ls", "gsgm-local", "--format", "json"],
-                            env=dep.env, cwd=REPO, capture_output=True, text=True, timeout=60)
-    payload = listed.stdout[listed.stdout.index("{"):]
+    listed = subprocess.run(
+        [str(BIN / "flwr"), "supernode", "ls", "gsgm-local", "--format", "json"],
+        env=dep.env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    payload = listed.stdout[listed.stdout.index("{") :]
     nodes = {int(n["node-id"]): n["status"] for n in json.loads(payload)["nodes"]}
     assert nodes == {dep.node_id(f"node-{i}"): "online" for i in range(NUM_NODES)}
-    print(f"[deploy] unregistered and keyless SuperNodes refused in {time.monotonic() - started:.1f} s")
+    print(
+        f"[deploy] unregistered and keyless SuperNodes refused in {time.monotonic() - started:.1f} s"
+    )
 
 
 def test_gsgm_survives_a_killed_supernode_and_its_replacement_rejoins(deployment: Deployment):
@@ -255,12 +311,25 @@ def test_gsgm_survives_a_killed_supernode_and_its_replacement_rejoins(deployment
     t0 = time.monotonic()
     marks: dict[str, float] = {}
     stream = dep.base / "flwr-run.log"
-    run = dep.popen([str(BIN / "flwr"), "run", str(REPO), "gsgm-local", "--stream",
-                     "--run-config", f'{RUN_CONFIG} output-dir="{dep.outputs}"'], stream)
+    run = dep.popen(
+        [
+            str(BIN / "flwr"),
+            "run",
+            str(REPO),
+            "gsgm-local",
+            "--stream",
+            "--run-config",
+            f'{RUN_CONFIG} output-dir="{dep.outputs}"',
+        ],
+        stream,
+    )
     killed_log = dep.log(f"supernode-node-{KILLED}")
 
     def logs() -> str:
-        names = [f"supernode-node-{i}" for i in range(NUM_NODES)] + ["supernode-node-2b", "superlink"]
+        names = [f"supernode-node-{i}" for i in range(NUM_NODES)] + [
+            "supernode-node-2b",
+            "superlink",
+        ]
         return tail(stream, 60) + "\n" + "\n".join(tail(dep.log(n), 15) for n in names)
 
     def train_replies(log: Path) -> int:
@@ -272,21 +341,33 @@ def test_gsgm_survives_a_killed_supernode_and_its_replacement_rejoins(deployment
 
     def computing(log: Path) -> bool:
         """The SuperNode's ClientApp is computing a train reply (not sending one)."""
-        events = re.findall(r"Receiving: train message|Start `flwr-clientapp` process|"
-                            r"Sending: train message|Sent successfully", text(log))
+        events = re.findall(
+            r"Receiving: train message|Start `flwr-clientapp` process|"
+            r"Sending: train message|Sent successfully",
+            text(log),
+        )
         return events[-2:] == ["Receiving: train message", "Start `flwr-clientapp` process"]
 
     # 1. Training runs on all three SuperNodes.
-    wait_for("two updates from the SuperNode to be killed",
-             lambda: run_alive() or train_replies(killed_log) >= 2, 300, logs)
+    wait_for(
+        "two updates from the SuperNode to be killed",
+        lambda: run_alive() or train_replies(killed_log) >= 2,
+        300,
+        logs,
+    )
     marks["node 2 trained"] = time.monotonic() - t0
 
     # 2. SIGKILL that SuperNode (and its SuperExec / ClientApp children) mid-run, while
     # it computes an update. (Killed while uploading a reply, it would also be noted as
     # lost, but only after the SuperLink's object-push session of that reply expires,
     # 180 s, during which Flower's Grid.pull_messages blocks the engine.)
-    wait_for("the SuperNode to be killed to compute an update",
-             lambda: run_alive() or computing(killed_log), 120, logs, interval=0.1)
+    wait_for(
+        "the SuperNode to be killed to compute an update",
+        lambda: run_alive() or computing(killed_log),
+        120,
+        logs,
+        interval=0.1,
+    )
     old_id = dep.node_id(f"node-{KILLED}")
     kill_all(process_tree(dep.pid(f"supernode-node-{KILLED}")))
     (dep.run_dir / "pids" / f"supernode-node-{KILLED}.pid").unlink()
@@ -294,10 +375,15 @@ def test_gsgm_survives_a_killed_supernode_and_its_replacement_rejoins(deployment
     marks["killed"] = killed_at - t0
 
     # 3. The engine notes it as lost; the others keep training.
-    lost = wait_for("the engine to note the killed SuperNode as lost",
-                    lambda: run_alive() or re.search(rf"\[async\] partition {KILLED} \(node {old_id}\) lost: .*",
-                                                     text(stream)),
-                    REPLY_TIMEOUT + 120, logs)
+    lost = wait_for(
+        "the engine to note the killed SuperNode as lost",
+        lambda: (
+            run_alive()
+            or re.search(rf"\[async\] partition {KILLED} \(node {old_id}\) lost: .*", text(stream))
+        ),
+        REPLY_TIMEOUT + 120,
+        logs,
+    )
     marks["lost"] = time.monotonic() - t0
     others_before = sum(train_replies(dep.log(f"supernode-node-{i}")) for i in range(KILLED))
 
@@ -305,16 +391,24 @@ def test_gsgm_survives_a_killed_supernode_and_its_replacement_rejoins(deployment
     dep.script("start_supernode.sh", str(KILLED), "node-2b")
     new_id = dep.node_id("node-2b")
     assert new_id != old_id
-    wait_for("the replacement to rejoin",
-             lambda: run_alive() or f"[async] partition {KILLED} joined (node {new_id})" in text(stream),
-             180, logs)
+    wait_for(
+        "the replacement to rejoin",
+        lambda: run_alive() or f"[async] partition {KILLED} joined (node {new_id})" in text(stream),
+        180,
+        logs,
+    )
     marks["rejoined"] = time.monotonic() - t0
 
     # 5. ... and contributes again.
-    wait_for("two updates from the replacement",
-             lambda: train_replies(dep.log("supernode-node-2b")) >= 2 or run.poll() is not None, 240, logs)
+    wait_for(
+        "two updates from the replacement",
+        lambda: train_replies(dep.log("supernode-node-2b")) >= 2 or run.poll() is not None,
+        240,
+        logs,
+    )
     assert train_replies(dep.log("supernode-node-2b")) >= 2, (
-        f"the run ended before the replacement sent two updates\n{logs()}")
+        f"the run ended before the replacement sent two updates\n{logs()}"
+    )
     marks["replacement trained"] = time.monotonic() - t0
     others_after = sum(train_replies(dep.log(f"supernode-node-{i}")) for i in range(KILLED))
     assert others_after > others_before  # the other SuperNodes kept training throughout
@@ -341,7 +435,11 @@ def test_gsgm_survives_a_killed_supernode_and_its_replacement_rejoins(deployment
     assert float(rows[-1]["accuracy"]) > 0.0
 
     print(f"[deploy] {lost.group(0)}")
-    print("[deploy] timeline (s since flwr run): "
-          + ", ".join(f"{k} {v:.0f}" for k, v in marks.items()))
-    print(f"[deploy] summary: updates {summary['updates_received']}, lost {summary['nodes_lost']}, "
-          f"wall {summary['wall_seconds']:.0f} s, final accuracy {summary['final_accuracy']:.3f}")
+    print(
+        "[deploy] timeline (s since flwr run): "
+        + ", ".join(f"{k} {v:.0f}" for k, v in marks.items())
+    )
+    print(
+        f"[deploy] summary: updates {summary['updates_received']}, lost {summary['nodes_lost']}, "
+        f"wall {summary['wall_seconds']:.0f} s, final accuracy {summary['final_accuracy']:.3f}"
+    )

@@ -25,17 +25,31 @@ def initial_arrays() -> ArrayRecord:
     return ArrayRecord({k: Array(v.copy()) for k, v in INITIAL.items()})
 
 
-def make_app(misbehave: dict[int, Misbehaviour] | None = None, raise_for: set[int] = frozenset(),
-             calls: list | None = None) -> ClientApp:
+def make_app(
+    misbehave: dict[int, Misbehaviour] | None = None,
+    raise_for: set[int] = frozenset(),
+    calls: list | None = None,
+) -> ClientApp:
     """Build the ClientApp; ``raise_for`` partitions raise, ``misbehave`` ones edit their reply."""
     app = ClientApp()
 
     @app.query()
     def query(msg: Message, context: Context) -> Message:
         cfg = context.node_config
-        return Message(RecordDict({"metrics": MetricRecord(
-            {"partition-id": cfg["partition-id"], "num-partitions": cfg["num-partitions"],
-             "num-examples": 1})}), reply_to=msg)
+        return Message(
+            RecordDict(
+                {
+                    "metrics": MetricRecord(
+                        {
+                            "partition-id": cfg["partition-id"],
+                            "num-partitions": cfg["num-partitions"],
+                            "num-examples": 1,
+                        }
+                    )
+                }
+            ),
+            reply_to=msg,
+        )
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
@@ -46,15 +60,25 @@ def make_app(misbehave: dict[int, Misbehaviour] | None = None, raise_for: set[in
             raise RuntimeError(f"partition {pid} fails on purpose")
         arrays = msg.content["arrays"].to_numpy_ndarrays()
         w, b = arrays
-        grad = {"w": (w - TARGETS[pid % len(TARGETS)]).astype(np.float32), "b": (b - 0.5).astype(np.float32)}
-        metrics = MetricRecord({
-            "partition-id": pid,
-            "model-version": int(msg.content["config"]["model-version"]),
-            "num-examples": 1,
-            "train-loss": float(0.5 * np.sum(grad["w"] ** 2)),
-        })
+        grad = {
+            "w": (w - TARGETS[pid % len(TARGETS)]).astype(np.float32),
+            "b": (b - 0.5).astype(np.float32),
+        }
+        metrics = MetricRecord(
+            {
+                "partition-id": pid,
+                "model-version": int(msg.content["config"]["model-version"]),
+                "num-examples": 1,
+                "train-loss": float(0.5 * np.sum(grad["w"] ** 2)),
+            }
+        )
         if pid in (misbehave or {}):
             grad, metrics = misbehave[pid](pid, grad, metrics)
-        return Message(RecordDict({"arrays": ArrayRecord({k: Array(v) for k, v in grad.items()}), "metrics": metrics}), reply_to=msg)
+        return Message(
+            RecordDict(
+                {"arrays": ArrayRecord({k: Array(v) for k, v in grad.items()}), "metrics": metrics}
+            ),
+            reply_to=msg,
+        )
 
     return app

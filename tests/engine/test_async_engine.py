@@ -46,7 +46,12 @@ def test_asgd_converges_to_mean_target_and_counts_every_update():
 
 def test_replies_are_applied_in_virtual_finish_order():
     calls: list[tuple[int, int]] = []
-    run(ASGD(server_lr=0.1, virtual_clock=CLOCK), num_nodes=4, max_updates=40, app=make_app(calls=calls))
+    run(
+        ASGD(server_lr=0.1, virtual_clock=CLOCK),
+        num_nodes=4,
+        max_updates=40,
+        app=make_app(calls=calls),
+    )
     speeds = CLOCK.speed_factors([0, 1, 2, 3])
     slow = [p for p, f in speeds.items() if f > 1]
     assert len(slow) == 1  # a quarter of 4 nodes
@@ -57,10 +62,22 @@ def test_replies_are_applied_in_virtual_finish_order():
 
 
 def test_same_seed_gives_identical_rows_and_weights():
-    a, _ = run(GSGM(server_lr=0.1, beta=0.5, virtual_clock=CLOCK), max_updates=90, eval_every=10,
-               evaluate_fn=lambda step, arr: MetricRecord({"accuracy": float(arr["w"].numpy()[0]), "loss": 0.0}))
-    b, _ = run(GSGM(server_lr=0.1, beta=0.5, virtual_clock=CLOCK), max_updates=90, eval_every=10,
-               evaluate_fn=lambda step, arr: MetricRecord({"accuracy": float(arr["w"].numpy()[0]), "loss": 0.0}))
+    a, _ = run(
+        GSGM(server_lr=0.1, beta=0.5, virtual_clock=CLOCK),
+        max_updates=90,
+        eval_every=10,
+        evaluate_fn=lambda step, arr: MetricRecord(
+            {"accuracy": float(arr["w"].numpy()[0]), "loss": 0.0}
+        ),
+    )
+    b, _ = run(
+        GSGM(server_lr=0.1, beta=0.5, virtual_clock=CLOCK),
+        max_updates=90,
+        eval_every=10,
+        evaluate_fn=lambda step, arr: MetricRecord(
+            {"accuracy": float(arr["w"].numpy()[0]), "loss": 0.0}
+        ),
+    )
     strip = lambda rows: [{k: v for k, v in r.items() if k != "wall_time"} for r in rows]  # noqa: E731
     assert strip(a.rows) == strip(b.rows)
     assert len(a.rows) == 10  # at 0, 10, ..., 90 updates
@@ -70,7 +87,9 @@ def test_same_seed_gives_identical_rows_and_weights():
 
 def test_gsgm_applies_fewer_steps_than_updates_received_with_a_slow_node():
     # strict cycles with slot averaging: a fast node's extra updates wait in its slot
-    strategy = GSGM(server_lr=0.1, beta=0.5, cycle_quorum=1.0, averaging="slot", virtual_clock=CLOCK)
+    strategy = GSGM(
+        server_lr=0.1, beta=0.5, cycle_quorum=1.0, averaging="slot", virtual_clock=CLOCK
+    )
     result, _ = run(strategy, num_nodes=4, max_updates=80)
     c = result.report.counters
     assert c["updates_received"] == 80
@@ -89,8 +108,11 @@ def test_error_replies_lose_the_node_and_the_run_finishes_with_the_others():
 
 def test_a_node_that_vanishes_is_lost_after_reply_timeout():
     grid = InProcessGrid(make_app(), 3, run_config={})
-    strategy = ASGD(server_lr=0.1, virtual_clock=None,
-                    engine=EngineSettings(reply_timeout=0.3, poll_interval=0.001))
+    strategy = ASGD(
+        server_lr=0.1,
+        virtual_clock=None,
+        engine=EngineSettings(reply_timeout=0.3, poll_interval=0.001),
+    )
     vanished = {}
 
     def evaluate_fn(step, arrays):
@@ -123,13 +145,21 @@ def _no_metrics(pid, grad, metrics):
 
 @pytest.mark.parametrize(
     "bad, reason",
-    [(_nan_update, "non-finite"), (_wrong_partition, "partition-id"), (_no_metrics, "missing-metrics")],
+    [
+        (_nan_update, "non-finite"),
+        (_wrong_partition, "partition-id"),
+        (_no_metrics, "missing-metrics"),
+    ],
 )
 def test_rejected_replies_are_counted_and_never_touch_the_model(bad, reason):
     # Same run twice: node 2 misbehaving vs node 2 ... also misbehaving but in a way we
     # can compare: its rejected updates must leave w as if it had sent nothing.
-    result, _ = run(ASGD(server_lr=0.1, virtual_clock=CLOCK), num_nodes=3, max_updates=30,
-                    app=make_app(misbehave={2: bad}))
+    result, _ = run(
+        ASGD(server_lr=0.1, virtual_clock=CLOCK),
+        num_nodes=3,
+        max_updates=30,
+        app=make_app(misbehave={2: bad}),
+    )
     rep = result.report
     assert rep.rejections[reason] > 0
     assert rep.counters["updates_applied"] + rep.rejections[reason] == 30
@@ -141,8 +171,9 @@ def test_rejected_replies_are_counted_and_never_touch_the_model(bad, reason):
 
 
 def test_time_budget_in_virtual_seconds():
-    result, _ = run(ASGD(server_lr=0.1, virtual_clock=CLOCK), num_nodes=3, max_updates=10_000,
-                    max_seconds=20.0)
+    result, _ = run(
+        ASGD(server_lr=0.1, virtual_clock=CLOCK), num_nodes=3, max_updates=10_000, max_seconds=20.0
+    )
     assert result.report.virtual_seconds <= 20.0
     # Two fast nodes (about 1 s each) and one 4x slower: about 2*20 + 20/4 = 45 updates.
     assert 38 <= result.report.counters["updates_received"] <= 52
@@ -151,9 +182,12 @@ def test_time_budget_in_virtual_seconds():
 def test_a_restarted_node_rejoins_under_its_partition_id_and_contributes_again():
     calls: list[tuple[int, int]] = []
     grid = InProcessGrid(make_app(calls=calls), 3, run_config={})
-    strategy = GSGM(server_lr=0.1, virtual_clock=None, cycle_quorum=0.5,
-                    engine=EngineSettings(reply_timeout=0.3, poll_interval=0.001,
-                                          node_refresh_interval=0.0))
+    strategy = GSGM(
+        server_lr=0.1,
+        virtual_clock=None,
+        cycle_quorum=0.5,
+        engine=EngineSettings(reply_timeout=0.3, poll_interval=0.001, node_refresh_interval=0.0),
+    )
     events = []
 
     def evaluate_fn(step, arrays):
@@ -187,8 +221,9 @@ def test_two_nodes_claiming_one_partition_at_start_keep_the_first():
 
 def test_an_evaluate_fn_without_loss_or_returning_none_is_not_divergence():
     for fn in (lambda step, arrays: None, lambda step, arrays: MetricRecord({"accuracy": 0.5})):
-        result, _ = run(ASGD(server_lr=0.1, virtual_clock=CLOCK), max_updates=30,
-                        evaluate_fn=fn, eval_every=10)
+        result, _ = run(
+            ASGD(server_lr=0.1, virtual_clock=CLOCK), max_updates=30, evaluate_fn=fn, eval_every=10
+        )
         assert result.report.counters["updates_received"] == 30
         assert result.report.counters["diverged"] == 0
 
@@ -197,9 +232,11 @@ def test_a_node_back_under_its_old_node_id_rejoins():
     # A SuperNode restarted with the same authentication key keeps its node id.
     calls: list[tuple[int, int]] = []
     grid = InProcessGrid(make_app(calls=calls), 3, run_config={})
-    strategy = ASGD(server_lr=0.1, virtual_clock=None,
-                    engine=EngineSettings(reply_timeout=0.2, poll_interval=0.001,
-                                          node_refresh_interval=0.0))
+    strategy = ASGD(
+        server_lr=0.1,
+        virtual_clock=None,
+        engine=EngineSettings(reply_timeout=0.2, poll_interval=0.001, node_refresh_interval=0.0),
+    )
     state = {}
 
     def evaluate_fn(step, arrays):

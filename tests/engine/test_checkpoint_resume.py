@@ -21,8 +21,14 @@ from flwr_gsgm.run_config import parse_run_config
 from tests.simulation_engine.test_flower_simulation import without_wall_time
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIG = {"max-updates": 160, "eval-every": 20, "eval-examples": 1000, "classes-per-node": 5,
-          "checkpoint-every": 20, "run-name": "run"}
+CONFIG = {
+    "max-updates": 160,
+    "eval-every": 20,
+    "eval-examples": 1000,
+    "classes-per-node": 5,
+    "checkpoint-every": 20,
+    "run-name": "run",
+}
 
 # The same experiment as a separate process, so it can be killed like a ServerApp.
 CHILD = """
@@ -44,8 +50,13 @@ def run_in_process(run_dir: Path, **overrides) -> None:
 
 def kill_after_second_checkpoint(run_dir: Path) -> int:
     """Start the run in a child process, SIGKILL it once it has checkpointed twice."""
-    child = subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(CONFIG), str(run_dir)],
-                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, json.dumps(CONFIG), str(run_dir)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     ckpt, seen, deadline = run_dir / "checkpoint.pt", set(), time.monotonic() + 300
     try:
         while len(seen) < 2 and child.poll() is None and time.monotonic() < deadline:
@@ -82,7 +93,8 @@ def test_checkpointing_does_not_change_the_run(tmp_path):
     run_in_process(tmp_path / "with", **{"max-updates": 60})
     run_in_process(tmp_path / "without", **{"max-updates": 60, "checkpoint-every": 0})
     assert without_wall_time((tmp_path / "with" / "metrics.csv").read_text()) == without_wall_time(
-        (tmp_path / "without" / "metrics.csv").read_text())
+        (tmp_path / "without" / "metrics.csv").read_text()
+    )
 
 
 def test_sigterm_saves_a_checkpoint_and_the_resumed_run_equals_the_whole_run(tmp_path):
@@ -91,8 +103,13 @@ def test_sigterm_saves_a_checkpoint_and_the_resumed_run_equals_the_whole_run(tmp
     config = {**CONFIG, "checkpoint-every": 1000}
     run_in_process(tmp_path / "whole", **{"checkpoint-every": 1000})
     stopped = tmp_path / "stopped"
-    child = subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(config), str(stopped)],
-                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, json.dumps(config), str(stopped)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         for line in child.stderr:  # progress lines: wait until training is under way
             if "[async] updates 60/160" in line:
@@ -108,4 +125,5 @@ def test_sigterm_saves_a_checkpoint_and_the_resumed_run_equals_the_whole_run(tmp
     assert (stopped / "checkpoint.pt").exists() and not (stopped / "summary.json").exists()
     run_in_process(stopped, resume=True, **{"checkpoint-every": 1000})
     assert without_wall_time((stopped / "metrics.csv").read_text()) == without_wall_time(
-        (tmp_path / "whole" / "metrics.csv").read_text())
+        (tmp_path / "whole" / "metrics.csv").read_text()
+    )

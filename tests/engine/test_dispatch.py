@@ -11,8 +11,8 @@ import pytest
 from flwr.app import MetricRecord
 
 from flwr_gsgm.async_engine import AsyncEngine, EngineSettings
-from flwr_gsgm.in_flight import InFlight
 from flwr_gsgm.dispatch import RandomDispatch, ScheduledDispatch, make_dispatch_policy
+from flwr_gsgm.in_flight import InFlight
 from flwr_gsgm.inprocess_grid import InProcessGrid
 from flwr_gsgm.strategies import ASGD, GSGM
 from flwr_gsgm.virtual_clock import VirtualClock
@@ -33,7 +33,9 @@ class RecordingGrid(InProcessGrid):
         messages = list(messages)
         for msg in messages:
             if msg.metadata.message_type == "train":
-                self.trained.append(int(self.contexts[msg.metadata.dst_node_id].node_config["partition-id"]))
+                self.trained.append(
+                    int(self.contexts[msg.metadata.dst_node_id].node_config["partition-id"])
+                )
         return super().push_messages(messages)
 
 
@@ -60,10 +62,18 @@ def engine_log(monkeypatch):
 
 def run(strategy_cls=ASGD, num_nodes=8, max_updates=200, app=None, seed=3, clock=CLOCK, **engine):
     grid = RecordingGrid(app or make_app(), num_nodes, run_config={})
-    strategy = strategy_cls(server_lr=0.1, virtual_clock=clock, seed=seed, engine=EngineSettings(**engine))
-    result = strategy.start(grid, initial_arrays(), max_updates=max_updates, eval_every=20,
-                            evaluate_fn=lambda step, arr: MetricRecord(
-                                {"accuracy": float(arr["w"].numpy()[0]), "loss": float(arr["b"].numpy()[0])}))
+    strategy = strategy_cls(
+        server_lr=0.1, virtual_clock=clock, seed=seed, engine=EngineSettings(**engine)
+    )
+    result = strategy.start(
+        grid,
+        initial_arrays(),
+        max_updates=max_updates,
+        eval_every=20,
+        evaluate_fn=lambda step, arr: MetricRecord(
+            {"accuracy": float(arr["w"].numpy()[0]), "loss": float(arr["b"].numpy()[0])}
+        ),
+    )
     return result, grid
 
 
@@ -136,8 +146,16 @@ def test_random_dispatch_is_seeded_and_reproducible():
 @pytest.mark.parametrize("strategy_cls", [ASGD, GSGM])
 def test_max_in_flight_at_or_above_the_nodes_equals_no_limit(strategy_cls):
     plain, plain_grid = run(strategy_cls, num_nodes=4, max_updates=90)
-    for limit, dispatch in ((0, "random"), (None, "scheduled"), (4, "random"), (4, "scheduled"), (10, "random")):
-        limited, grid = run(strategy_cls, num_nodes=4, max_updates=90, max_in_flight=limit, dispatch=dispatch)
+    for limit, dispatch in (
+        (0, "random"),
+        (None, "scheduled"),
+        (4, "random"),
+        (4, "scheduled"),
+        (10, "random"),
+    ):
+        limited, grid = run(
+            strategy_cls, num_nodes=4, max_updates=90, max_in_flight=limit, dispatch=dispatch
+        )
         assert strip(limited.rows) == strip(plain.rows), (limit, dispatch)
         assert grid.trained == plain_grid.trained
         for k, v in plain.arrays.items():
@@ -145,8 +163,13 @@ def test_max_in_flight_at_or_above_the_nodes_equals_no_limit(strategy_cls):
 
 
 def test_a_node_that_keeps_failing_is_lost_and_its_slot_goes_to_another(engine_log):
-    result, grid = run(num_nodes=4, max_updates=60, app=make_app(raise_for={1}), max_in_flight=2,
-                       dispatch="scheduled")
+    result, grid = run(
+        num_nodes=4,
+        max_updates=60,
+        app=make_app(raise_for={1}),
+        max_in_flight=2,
+        dispatch="scheduled",
+    )
     c = result.report.counters
     assert c["error_replies"] == 3 and c["nodes_lost"] == 1
     assert c["updates_received"] == 60
@@ -160,16 +183,22 @@ def test_a_vanished_node_is_lost_under_the_limit_and_frees_its_slot(engine_log):
     # sends partition 2 its work, then partition 2's node vanishes: the run stalls on
     # it until reply-timeout, loses it and goes on with the other three.
     grid = RecordingGrid(make_app(), 4, run_config={})
-    strategy = ASGD(server_lr=0.1, virtual_clock=None,
-                    engine=EngineSettings(reply_timeout=0.3, poll_interval=0.001, max_in_flight=1,
-                                          dispatch="scheduled"))
+    strategy = ASGD(
+        server_lr=0.1,
+        virtual_clock=None,
+        engine=EngineSettings(
+            reply_timeout=0.3, poll_interval=0.001, max_in_flight=1, dispatch="scheduled"
+        ),
+    )
 
     def evaluate_fn(step, arrays):
         if step == 10:
             grid.remove_node(3)  # partition 2 goes silent
         return MetricRecord({"accuracy": 0.0, "loss": 0.0})
 
-    result = strategy.start(grid, initial_arrays(), max_updates=40, evaluate_fn=evaluate_fn, eval_every=10)
+    result = strategy.start(
+        grid, initial_arrays(), max_updates=40, evaluate_fn=evaluate_fn, eval_every=10
+    )
     c = result.report.counters
     assert c["updates_received"] == 40
     assert c["nodes_lost"] == 1 and c["lost_in_flight"] == 1
@@ -182,20 +211,35 @@ def test_a_vanished_node_is_lost_under_the_limit_and_frees_its_slot(engine_log):
 @pytest.mark.parametrize("dispatch", ["random", "scheduled"])
 def test_resume_under_the_limit_equals_the_uninterrupted_run(tmp_path, dispatch):
     settings = dict(max_in_flight=3, dispatch=dispatch, checkpoint_every=20)
-    whole, whole_grid = run(GSGM, num_nodes=6, max_updates=100, checkpoint_path=tmp_path / "whole.pt", **settings)
+    whole, whole_grid = run(
+        GSGM, num_nodes=6, max_updates=100, checkpoint_path=tmp_path / "whole.pt", **settings
+    )
 
     def dies_at_60(step, arrays):  # evaluation at 60 comes before the checkpoint at 60
         if step == 60:
             raise KeyboardInterrupt("killed")
-        return MetricRecord({"accuracy": float(arrays["w"].numpy()[0]), "loss": float(arrays["b"].numpy()[0])})
+        return MetricRecord(
+            {"accuracy": float(arrays["w"].numpy()[0]), "loss": float(arrays["b"].numpy()[0])}
+        )
 
     path = tmp_path / "run.pt"
-    strategy = GSGM(server_lr=0.1, virtual_clock=CLOCK, seed=3,
-                    engine=EngineSettings(checkpoint_path=path, **settings))
+    strategy = GSGM(
+        server_lr=0.1,
+        virtual_clock=CLOCK,
+        seed=3,
+        engine=EngineSettings(checkpoint_path=path, **settings),
+    )
     with pytest.raises(KeyboardInterrupt):
-        strategy.start(RecordingGrid(make_app(), 6, run_config={}), initial_arrays(), max_updates=100,
-                       eval_every=20, evaluate_fn=dies_at_60)
-    resumed, resumed_grid = run(GSGM, num_nodes=6, max_updates=100, checkpoint_path=path, resume=True, **settings)
+        strategy.start(
+            RecordingGrid(make_app(), 6, run_config={}),
+            initial_arrays(),
+            max_updates=100,
+            eval_every=20,
+            evaluate_fn=dies_at_60,
+        )
+    resumed, resumed_grid = run(
+        GSGM, num_nodes=6, max_updates=100, checkpoint_path=path, resume=True, **settings
+    )
     # It resumed at 40 updates: the 3 dispatches in flight re-sent plus 57 new, 60 of the whole run's 100.
     assert len(resumed_grid.trained) == len(whole_grid.trained) - 40
     assert resumed.rows[0]["updates"] == 0 and len(resumed.rows) == 6  # 0, 20, ..., 100
@@ -228,8 +272,14 @@ def test_policy_state_round_trips():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"max_in_flight": -1}, "max-in-flight must be an integer >= 0 (0 = all nodes) or None, got -1"),
-        ({"max_in_flight": 1.5}, "max-in-flight must be an integer >= 0 (0 = all nodes) or None, got 1.5"),
+        (
+            {"max_in_flight": -1},
+            "max-in-flight must be an integer >= 0 (0 = all nodes) or None, got -1",
+        ),
+        (
+            {"max_in_flight": 1.5},
+            "max-in-flight must be an integer >= 0 (0 = all nodes) or None, got 1.5",
+        ),
         ({"dispatch": "fifo"}, "dispatch must be one of random, scheduled, got 'fifo'"),
     ],
 )
@@ -238,7 +288,9 @@ def test_bad_engine_settings_name_the_key_and_value(kwargs, message):
         EngineSettings(**kwargs)
     assert str(err.value) == message
     if "dispatch" in kwargs:
-        with pytest.raises(ValueError, match="dispatch must be one of random, scheduled, got 'fifo'"):
+        with pytest.raises(
+            ValueError, match="dispatch must be one of random, scheduled, got 'fifo'"
+        ):
             make_dispatch_policy("fifo")
 
 

@@ -21,16 +21,28 @@ class SamplingGrid(InProcessGrid):
 
     def send_and_receive(self, messages, *, timeout=None):
         messages = list(messages)
-        trained = [int(self.contexts[m.metadata.dst_node_id].node_config["partition-id"])
-                   for m in messages if m.metadata.message_type == "train"]
+        trained = [
+            int(self.contexts[m.metadata.dst_node_id].node_config["partition-id"])
+            for m in messages
+            if m.metadata.message_type == "train"
+        ]
         if trained:
             self.rounds.append(sorted(trained))
         return super().send_and_receive(messages, timeout=timeout)
 
 
 def test_fedavg_samples_max_in_flight_nodes_and_times_rounds_by_the_slowest_sampled(tmp_path):
-    cfg = parse_run_config({"strategy": "fedavg", "max-updates": 9, "eval-every": 2, "eval-examples": 200,
-                            "classes-per-node": 5, "max-in-flight": 2, "local-steps": 1})
+    cfg = parse_run_config(
+        {
+            "strategy": "fedavg",
+            "max-updates": 9,
+            "eval-every": 2,
+            "eval-examples": 200,
+            "classes-per-node": 5,
+            "max-in-flight": 2,
+            "local-steps": 1,
+        }
+    )
     grid = SamplingGrid(client_app, 4, run_config=cfg)
     summary = run_experiment(grid, cfg, tmp_path / "run")
     # 9 // 2 = 4 rounds of 2 distinct nodes each.

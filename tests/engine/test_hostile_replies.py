@@ -58,9 +58,16 @@ def _norm(g, m):
 
 
 # Each kind of bad reply and the reason it must be counted under.
-KINDS = [(_nan, "non-finite"), (_inf, "non-finite"), (_shape, "shape"), (_dtype, "dtype"),
-         (_num_arrays, "array-keys"), (_missing_metrics, "missing-metrics"),
-         (_foreign_partition, "partition-id"), (_norm, "norm")]
+KINDS = [
+    (_nan, "non-finite"),
+    (_inf, "non-finite"),
+    (_shape, "shape"),
+    (_dtype, "dtype"),
+    (_num_arrays, "array-keys"),
+    (_missing_metrics, "missing-metrics"),
+    (_foreign_partition, "partition-id"),
+    (_norm, "norm"),
+]
 
 
 def hostile():
@@ -82,8 +89,12 @@ def hostile():
 
 def run(grid):
     # Keep the hostile node (never evict it) so that it sends every kind of bad reply.
-    strategy = ASGD(server_lr=0.1, virtual_clock=CLOCK, max_norm=MAX_NORM,
-                    engine=EngineSettings(max_consecutive_rejections=0))
+    strategy = ASGD(
+        server_lr=0.1,
+        virtual_clock=CLOCK,
+        max_norm=MAX_NORM,
+        engine=EngineSettings(max_consecutive_rejections=0),
+    )
     return strategy.start(grid, initial_arrays(), max_updates=10_000, max_seconds=60.0)
 
 
@@ -97,11 +108,18 @@ def test_every_bad_reply_is_rejected_counted_and_never_touches_the_model(caplog)
     rejections = Counter(with_hostile.report.rejections)
     expected = {reason for _, reason in KINDS} | {"duplicate"}
     assert set(rejections) == expected
-    hostile_replies = with_hostile.report.counters["updates_received"] - without.report.counters["updates_received"]
+    hostile_replies = (
+        with_hostile.report.counters["updates_received"]
+        - without.report.counters["updates_received"]
+    )
     assert sum(rejections.values()) == hostile_replies > len(KINDS)
     for key in ("w", "b"):
         assert np.array_equal(with_hostile.arrays[key].numpy(), without.arrays[key].numpy())
-    logged = [r.getMessage() for r in caplog.records if "rejected update from partition 3" in r.getMessage()]
+    logged = [
+        r.getMessage()
+        for r in caplog.records
+        if "rejected update from partition 3" in r.getMessage()
+    ]
     assert len(logged) == hostile_replies
     assert any("(duplicate)" in line for line in logged)
 
@@ -114,13 +132,15 @@ def test_a_node_of_another_partitioning_is_refused():
     assert result.report.counters["updates_received"] == 30
 
 
-
 def test_a_node_sending_only_garbage_is_evicted_and_does_not_stall_gsgm():
     # Strict GSGM cycles wait for every active node: a node whose updates are always
     # rejected would hold every cycle open, so after 10 rejections in a row it is lost.
-    grid = InProcessGrid(make_app(misbehave={HOSTILE: lambda pid, g, m: _nan(g, m)}), 4, run_config={})
+    grid = InProcessGrid(
+        make_app(misbehave={HOSTILE: lambda pid, g, m: _nan(g, m)}), 4, run_config={}
+    )
     result = GSGM(server_lr=0.1, virtual_clock=CLOCK, cycle_quorum=1.0).start(
-        grid, initial_arrays(), max_updates=200)
+        grid, initial_arrays(), max_updates=200
+    )
     c = result.report.counters
     assert result.report.rejections == {"non-finite": 10}
     assert c["nodes_lost"] == 1

@@ -24,14 +24,17 @@ def _installed(dist: str) -> str:
 
 
 def _why(attr: str, dist: str, pinned: str, user: str) -> str:
-    return (f"{user} relies on the private attribute {attr} of {dist} {pinned}.x; "
-            f"{dist} {_installed(dist)} is installed and it no longer behaves as expected")
+    return (
+        f"{user} relies on the private attribute {attr} of {dist} {pinned}.x; "
+        f"{dist} {_installed(dist)} is installed and it no longer behaves as expected"
+    )
 
 
 def test_flwr_version_is_the_pinned_one():
     assert _installed("flwr").startswith(FLWR_PINNED + "."), (
         f"flwr {_installed('flwr')} installed; tests/engine/test_private_apis.py pins "
-        f"{FLWR_PINNED}.x: re-check the private attributes below, then update the pin")
+        f"{FLWR_PINNED}.x: re-check the private attributes below, then update the pin"
+    )
 
 
 def test_flwr_message_id_is_stored_in_metadata_dict():
@@ -42,7 +45,9 @@ def test_flwr_message_id_is_stored_in_metadata_dict():
 
     _claim_task_identity(1)
     msg = Message(RecordDict({"config": ConfigRecord()}), 1, "query")
-    why = _why("Metadata.__dict__['_message_id']", "flwr", FLWR_PINNED, "flwr_gsgm/inprocess_grid.py")
+    why = _why(
+        "Metadata.__dict__['_message_id']", "flwr", FLWR_PINNED, "flwr_gsgm/inprocess_grid.py"
+    )
     assert "_message_id" in msg.metadata.__dict__, why
     msg.metadata.__dict__["_message_id"] = "pinned-1"
     assert msg.metadata.message_id == "pinned-1", why
@@ -53,8 +58,9 @@ def test_flwr_task_identity_has_the_private_fields():
     from flwr.supercore.task_identity import TaskIdentity
 
     for attr in ("_run_id", "_node_id", "_task_id"):
-        assert hasattr(TaskIdentity, attr), _why(f"TaskIdentity.{attr}", "flwr", FLWR_PINNED,
-                                                 "flwr_gsgm/inprocess_grid.py")
+        assert hasattr(TaskIdentity, attr), _why(
+            f"TaskIdentity.{attr}", "flwr", FLWR_PINNED, "flwr_gsgm/inprocess_grid.py"
+        )
 
 
 def test_flwr_datasets_partitioner_exposes_its_row_assignment():
@@ -67,13 +73,24 @@ def test_flwr_datasets_partitioner_exposes_its_row_assignment():
     from flwr_datasets.partitioner import PathologicalPartitioner
 
     assert _installed("flwr-datasets").startswith(FLWR_DATASETS_PINNED + "."), (
-        f"flwr-datasets {_installed('flwr-datasets')} installed; this test pins {FLWR_DATASETS_PINNED}.x")
-    partitioner = PathologicalPartitioner(num_partitions=3, partition_by="label", num_classes_per_partition=1,
-                                          class_assignment_mode="first-deterministic")
-    partitioner.dataset = datasets.Dataset.from_dict({"index": list(range(12)), "label": [i % 3 for i in range(12)]})
+        f"flwr-datasets {_installed('flwr-datasets')} installed; this test pins {FLWR_DATASETS_PINNED}.x"
+    )
+    partitioner = PathologicalPartitioner(
+        num_partitions=3,
+        partition_by="label",
+        num_classes_per_partition=1,
+        class_assignment_mode="first-deterministic",
+    )
+    partitioner.dataset = datasets.Dataset.from_dict(
+        {"index": list(range(12)), "label": [i % 3 for i in range(12)]}
+    )
     _ = partitioner.num_partitions
-    why = _why("PathologicalPartitioner._partition_id_to_indices(_determined)", "flwr-datasets",
-               FLWR_DATASETS_PINNED, "clients/partitioning.py (_load_index)")
+    why = _why(
+        "PathologicalPartitioner._partition_id_to_indices(_determined)",
+        "flwr-datasets",
+        FLWR_DATASETS_PINNED,
+        "clients/partitioning.py (_load_index)",
+    )
     assert getattr(partitioner, "_partition_id_to_indices_determined", None) is True, why
     mapping = getattr(partitioner, "_partition_id_to_indices", None)
     assert isinstance(mapping, dict) and sorted(mapping) == [0, 1, 2], why

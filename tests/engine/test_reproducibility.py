@@ -10,8 +10,15 @@ from tests.simulation_engine.test_flower_simulation import without_wall_time
 
 
 def run(tmp_path, name, workers=0, **overrides):
-    cfg = parse_run_config({"max-updates": 120, "eval-every": 40, "eval-examples": 2000,
-                            "classes-per-node": 5, **overrides})
+    cfg = parse_run_config(
+        {
+            "max-updates": 120,
+            "eval-every": 40,
+            "eval-examples": 2000,
+            "classes-per-node": 5,
+            **overrides,
+        }
+    )
     with InProcessGrid(client_app, 3, run_config=cfg, workers=workers) as grid:
         run_experiment(grid, cfg, tmp_path / name)
     return without_wall_time((tmp_path / name / "metrics.csv").read_text())

@@ -74,10 +74,18 @@ def test_public_strategy_names_and_readme_call_still_work():
     from flwr_gsgm import ASGD, DCASGD, GSGM, FedAsync, FedBuff, MomentumASGD
 
     assert [c.rule for c in (GSGM, ASGD, MomentumASGD, DCASGD, FedAsync, FedBuff)] == [
-        "gsgm", "asgd", "masgd", "dcasgd", "fedasync", "fedbuff"]
+        "gsgm",
+        "asgd",
+        "masgd",
+        "dcasgd",
+        "fedasync",
+        "fedbuff",
+    ]
     strategy = GSGM(server_lr=0.05, beta=0.9, momentum_form="heavy-ball")
     assert strategy.optimizer_params["lr"] == 0.05 and strategy.optimizer_params["beta"] == 0.9
-    assert "cycle_quorum : float = 0.5" in GSGM.__doc__ and "server_lr : float = 0.02" in GSGM.__doc__  # docstring from the declaration
+    assert (
+        "cycle_quorum : float = 0.5" in GSGM.__doc__ and "server_lr : float = 0.02" in GSGM.__doc__
+    )  # docstring from the declaration
 
 
 def test_unknown_strategy_keyword_is_named_with_what_is_accepted():
@@ -90,12 +98,27 @@ def test_unknown_strategy_keyword_is_named_with_what_is_accepted():
 
 
 def test_run_config_zero_means_none_and_values_reach_the_rule():
-    cfg = parse_run_config({"strategy": "gsgm", "cycle-max-updates": 7, "max-norm": 0.0,
-                            "momentum-form": "heavy-ball", "server-lr": 0.1})
+    cfg = parse_run_config(
+        {
+            "strategy": "gsgm",
+            "cycle-max-updates": 7,
+            "max-norm": 0.0,
+            "momentum-form": "heavy-ball",
+            "server-lr": 0.1,
+        }
+    )
     params = optimizer_params_from(cfg, "gsgm")
-    assert (params["cycle_max_updates"], params["max_norm"], params["cycle_max_seconds"]) == (7, None, None)
+    assert (params["cycle_max_updates"], params["max_norm"], params["cycle_max_seconds"]) == (
+        7,
+        None,
+        None,
+    )
     assert build_strategy(cfg).optimizer_params == {
-        **declared_defaults("gsgm"), "cycle_max_updates": 7, "momentum_form": "heavy-ball", "lr": 0.1}
+        **declared_defaults("gsgm"),
+        "cycle_max_updates": 7,
+        "momentum_form": "heavy-ball",
+        "lr": 0.1,
+    }
 
 
 def test_strategy_keys():
@@ -108,15 +131,27 @@ def test_strategy_keys():
 def test_a_shared_key_must_be_declared_alike():
     saved = dict(OPTIMIZERS)
     try:
+
         class Clash(ServerOptimizer):  # beta, but with another default than GSGM's
             name = "test-clash"
-            PARAMS = (Param("beta", 0.9, "momentum", low=0.0, high=1.0, high_open=True,
-                            run_config_key="beta"),)
+            PARAMS = (
+                Param(
+                    "beta",
+                    0.9,
+                    "momentum",
+                    low=0.0,
+                    high=1.0,
+                    high_open=True,
+                    run_config_key="beta",
+                ),
+            )
 
             def _on_valid(self, *args):
                 raise AssertionError
 
-        with pytest.raises(ValueError, match="run config key 'beta': test-clash.beta is declared differently"):
+        with pytest.raises(
+            ValueError, match="run config key 'beta': test-clash.beta is declared differently"
+        ):
             _declaring_rules()
     finally:
         OPTIMIZERS.clear()
@@ -129,12 +164,16 @@ def test_engine_and_start_defaults_are_the_run_config_ones():
 
 
 def test_readme_table_is_the_generated_one():
-    spec = importlib.util.spec_from_file_location("readme_run_config", REPO / "scripts" / "readme_run_config.py")
+    spec = importlib.util.spec_from_file_location(
+        "readme_run_config", REPO / "scripts" / "readme_run_config.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     readme = (REPO / "README.md").read_text().splitlines()
     missing = [line for line in module.table() if line not in readme]
-    assert not missing, "run `python scripts/readme_run_config.py --write README.md`:\n" + "\n".join(missing)
+    assert not missing, (
+        "run `python scripts/readme_run_config.py --write README.md`:\n" + "\n".join(missing)
+    )
 
 
 NEW_RULE = '''
@@ -188,8 +227,9 @@ CHECK_NEW_RULE = textwrap.dedent(
 
 
 def test_a_new_rule_file_reaches_every_layer(tmp_path):
-    shutil.copytree(REPO / "flwr_gsgm", tmp_path / "flwr_gsgm",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        REPO / "flwr_gsgm", tmp_path / "flwr_gsgm", ignore=shutil.ignore_patterns("__pycache__")
+    )
     (tmp_path / "flwr_gsgm" / "core" / "zz_scaled.py").write_text(NEW_RULE)
     proc = subprocess.run(
         [sys.executable, "-c", CHECK_NEW_RULE],

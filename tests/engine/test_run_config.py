@@ -22,14 +22,22 @@ def test_pyproject_run_config_equals_the_documented_defaults():
 
 def test_defaults_parse_to_the_main_job():
     cfg = parse_run_config({})
-    assert (cfg["strategy"], cfg["dataset"], cfg["classes-per-node"]) == ("gsgm", "fashion-mnist", 2)
+    assert (cfg["strategy"], cfg["dataset"], cfg["classes-per-node"]) == (
+        "gsgm",
+        "fashion-mnist",
+        2,
+    )
 
 
 @pytest.mark.parametrize(
     "key, value, expected",
     [
         ("strategy", "sgd", "run config strategy='sgd': expected one of gsgm, asgd"),
-        ("server-lr", -0.1, "run config server-lr=-0.1: expected 0 (the strategy's default) or > 0"),
+        (
+            "server-lr",
+            -0.1,
+            "run config server-lr=-0.1: expected 0 (the strategy's default) or > 0",
+        ),
         ("local-lr", 0, "run config local-lr=0.0: expected > 0"),
         ("classes-per-node", 11, "run config classes-per-node=11: expected an integer in [1, 10]"),
         ("beta", 1.0, "run config beta=1.0: expected in [0, 1)"),
@@ -37,8 +45,16 @@ def test_defaults_parse_to_the_main_job():
         ("cycle-quorum", 0.0, "run config cycle-quorum=0.0: expected in (0, 1]"),
         ("max-updates", 2.5, "run config max-updates=2.5: expected an integer > 0"),
         ("scheduling", "maybe", "run config scheduling='maybe': expected true or false"),
-        ("max-in-flight", -1, "run config max-in-flight=-1: expected an integer >= 0 (0 = all nodes)"),
-        ("max-in-flight", 1.5, "run config max-in-flight=1.5: expected an integer >= 0 (0 = all nodes)"),
+        (
+            "max-in-flight",
+            -1,
+            "run config max-in-flight=-1: expected an integer >= 0 (0 = all nodes)",
+        ),
+        (
+            "max-in-flight",
+            1.5,
+            "run config max-in-flight=1.5: expected an integer >= 0 (0 = all nodes)",
+        ),
         ("dispatch", "fifo", "run config dispatch='fifo': expected random or scheduled"),
     ],
 )
@@ -55,8 +71,14 @@ def test_unknown_key_is_named():
 
 @pytest.mark.parametrize(
     "bad",
-    [{"strategy": "sgd"}, {"server-lr": -1.0}, {"classes-per-node": 11}, {"beta": 1.0},
-     {"max-in-flight": -1}, {"dispatch": "fifo"}],
+    [
+        {"strategy": "sgd"},
+        {"server-lr": -1.0},
+        {"classes-per-node": 11},
+        {"beta": 1.0},
+        {"max-in-flight": -1},
+        {"dispatch": "fifo"},
+    ],
 )
 def test_server_app_fails_before_any_message_is_sent(bad, tmp_path):
     grid = InProcessGrid(make_app(), 2, run_config={})
@@ -74,5 +96,9 @@ def test_readme_documents_every_key_with_its_default():
     readme = (PYPROJECT.parent / "README.md").read_text()
     for key, spec in RUN_CONFIG.items():
         v = spec.default
-        shown = ("true" if v else "false") if isinstance(v, bool) else (f'"{v}"' if isinstance(v, str) else repr(v))
+        shown = (
+            ("true" if v else "false")
+            if isinstance(v, bool)
+            else (f'"{v}"' if isinstance(v, str) else repr(v))
+        )
         assert f"| `{key}` | `{shown}` |" in readme, key

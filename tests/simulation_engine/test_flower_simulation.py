@@ -28,26 +28,42 @@ def free_port() -> int:
 
 def run_flower_simulation(tmp_path: Path, num_nodes: int, overrides: dict[str, object]) -> Path:
     """Run the app in Flower's simulation engine; return the run folder."""
+
     def toml(v: object) -> str:
         return f'"{v}"' if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else str(v)
 
     out = tmp_path / "outputs"
     config = {**overrides, "output-dir": str(out), "run-name": "sim"}
-    env = {**os.environ, "FLWR_HOME": str(tmp_path / "flwr-home"),
-           # A port of its own, so a SuperLink the user runs elsewhere is not reused.
-           "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(free_port()),
-           "FLWR_LOCAL_CONTROL_API_PORT": str(free_port()),
-           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    env = {
+        **os.environ,
+        "FLWR_HOME": str(tmp_path / "flwr-home"),
+        # A port of its own, so a SuperLink the user runs elsewhere is not reused.
+        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(free_port()),
+        "FLWR_LOCAL_CONTROL_API_PORT": str(free_port()),
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+    }
     proc = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "run_simulation.sh"), str(num_nodes),
-         *[f"{k}={toml(v)}" for k, v in config.items()]],
-        env=env, capture_output=True, text=True, timeout=900,
+        [
+            "bash",
+            str(ROOT / "scripts" / "run_simulation.sh"),
+            str(num_nodes),
+            *[f"{k}={toml(v)}" for k, v in config.items()],
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out / "sim"
 
 
-SMALL_RUN = {"max-updates": 400, "eval-every": 50, "partitioner": "dirichlet", "dirichlet-alpha": 1.0}
+SMALL_RUN = {
+    "max-updates": 400,
+    "eval-every": 50,
+    "partitioner": "dirichlet",
+    "dirichlet-alpha": 1.0,
+}
 
 
 def without_wall_time(csv_text: str) -> list[list[str]]:

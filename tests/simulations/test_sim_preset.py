@@ -43,13 +43,24 @@ def test_fashion_mnist_preset_expands_to_the_issue_4_sweep():
     assert {r.seed for r in runs} == {1, 2, 3}
     shared = next(r for r in runs if r.run_id == "runs/gsgm/n10-k2/s1")
     assert shared.questions == ("stability", "scale", "noniid", "time-to-target")
-    assert {r.partition_label for r in runs} == {"k1", "k2", "k5", "dir0.1", "dir0.5", "dir1", "iid"}
+    assert {r.partition_label for r in runs} == {
+        "k1",
+        "k2",
+        "k5",
+        "dir0.1",
+        "dir0.5",
+        "dir1",
+        "iid",
+    }
     assert {r.nodes for r in runs} == {5, 10, 20, 30, 100}
     # same budget for every method
     assert {r.run_config["max-updates"] for r in runs} == {2000}
     assert {r.run_config["max-updates"] for v in tune.values() for r in v} == {2000}
-    assert preset.to_plan()["headline"] == {"baselines": ["asgd", "masgd"], "settings": ["n10-k2", "n30-k2"],
-                                            "target": 0.2}
+    assert preset.to_plan()["headline"] == {
+        "baselines": ["asgd", "masgd"],
+        "settings": ["n10-k2", "n30-k2"],
+        "target": 0.2,
+    }
 
 
 def test_scale_preset_expands_to_the_issue_9_sweep():
@@ -68,7 +79,9 @@ def test_scale_preset_expands_to_the_issue_9_sweep():
     assert {r.method for r in runs if r.nodes == 10} == set(preset.methods)
     # GSGM dispatches by its schedule, the baselines at random (the run config default)
     assert all(r.run_config.get("dispatch") == "scheduled" for r in runs if r.method == "gsgm")
-    assert all("dispatch" not in r.run_config for r in runs if r.method in ("asgd", "fedbuff", "ca2fl"))
+    assert all(
+        "dispatch" not in r.run_config for r in runs if r.method in ("asgd", "fedbuff", "ca2fl")
+    )
     assert setting_label(300, "k2", 20) == "n300-k2-f20" and setting_label(10, "k2", 20) == "n10-k2"
 
 
@@ -92,12 +105,18 @@ config = { max-updates = 500 }
     assert sorted({r.run_id.split("/")[2] for r in runs}) == ["n4-iid", "n40-iid", "n40-iid-f8"]
     assert {r.run_config["max-updates"] for r in runs} == {500}
     with pytest.raises(ValueError, match="different run configs"):
-        load_preset(write(tmp_path, body + """
+        load_preset(
+            write(
+                tmp_path,
+                body
+                + """
 [questions.r]
 nodes = [4]
 partitions = [{ partitioner = "iid" }]
 config = { max-updates = 600 }
-"""))
+""",
+            )
+        )
     with pytest.raises(ValueError, match="max-in-flight must be a non-empty list"):
         load_preset(write(tmp_path, body.replace("[0, 8, 40]", "[-1]")))
     with pytest.raises(ValueError, match="'partitioner' is set by partitions"):
@@ -123,8 +142,11 @@ def test_cost_model_hand_checked():
     est = {"overhead-seconds": 3.0, "updates-per-second": 40.0, "eval-seconds-per-10k": 4.0}
     # 3 + 2000 / 40 + (1 + 2000 / 50) evaluations * 1000 / 10000 * 4 s
     assert estimate_seconds(spec, est) == pytest.approx(3 + 50 + 41 * 0.4)
-    sync = next(s for s in report_runs(preset, stand_in_tuned(preset), ["scale"])
-                if s.method == "fedavg" and s.nodes == 30)
+    sync = next(
+        s
+        for s in report_runs(preset, stand_in_tuned(preset), ["scale"])
+        if s.method == "fedavg" and s.nodes == 30
+    )
     # 2000 // 30 = 66 rounds of 30 nodes = 1980 computations, 1 + 1980 // 50 = 40 evaluations
     assert estimate_seconds(sync, est) == pytest.approx(3 + 1980 / 40 + 40 * 0.4)
 
@@ -151,30 +173,64 @@ nodes = [3]
 @pytest.mark.parametrize(
     "text, message",
     [
-        (BASE.replace("seeds = [1, 2]", "seeds = [0, 1]"), "tuning seed 0 is also a reporting seed"),
-        (BASE.replace('strategy = "asgd"', 'strategy = "asgd", sever-lr = 1.0'), "unknown run config key 'sever-lr'"),
-        (BASE.replace('strategy = "asgd"', 'strategy = "asgd", seed = 4'), "'seed' is set by the sweep"),
+        (
+            BASE.replace("seeds = [1, 2]", "seeds = [0, 1]"),
+            "tuning seed 0 is also a reporting seed",
+        ),
+        (
+            BASE.replace('strategy = "asgd"', 'strategy = "asgd", sever-lr = 1.0'),
+            "unknown run config key 'sever-lr'",
+        ),
+        (
+            BASE.replace('strategy = "asgd"', 'strategy = "asgd", seed = 4'),
+            "'seed' is set by the sweep",
+        ),
         (BASE.replace('strategy = "asgd"', 'strategy = "sgd"'), "strategy='sgd'"),
         (BASE + 'methods = ["b"]\n', "unknown method 'b'"),
-        (BASE + "[methods.c]\ninherit = \"zz\"\n", "inherits from unknown method 'zz'"),
-        (BASE.replace("nodes = [3]", "nodes = [3]\nkind = \"speed\""), "kind 'speed'"),
-        (BASE + "[questions.r]\npartitions = [{ partitioner = \"pathological\", classes-per-node = 11 }]\n",
-         "classes-per-node=11"),
+        (BASE + '[methods.c]\ninherit = "zz"\n', "inherits from unknown method 'zz'"),
+        (BASE.replace("nodes = [3]", 'nodes = [3]\nkind = "speed"'), "kind 'speed'"),
+        (
+            BASE
+            + '[questions.r]\npartitions = [{ partitioner = "pathological", classes-per-node = 11 }]\n',
+            "classes-per-node=11",
+        ),
         (BASE.replace("[methods.a]", "[methods.a]\ngrid = { beta = [0.5, 1.5] }"), "beta=1.5"),
-        (BASE.replace('strategy = "asgd"', 'strategy = "asgd", fedbuff-k = 4'),
-         "[methods.a] config: 'fedbuff-k' is not a parameter of strategy 'asgd'"),
-        (BASE.replace("[methods.a]", "[methods.a]\ngrid = { beta = [0.5, 0.9] }"),
-         "[methods.a] grid: 'beta' is not a parameter of strategy 'asgd'"),
-        (BASE + '[methods.b]\ninherit = "a"\nconfig = { cycle-quorum = 1.0 }\n',
-         "[methods.b] config: 'cycle-quorum' is not a parameter of strategy 'asgd'"),
-        (BASE.replace('strategy = "asgd"', 'strategy = "fedavg", server-lr = 1.0'),
-         "'server-lr' is not a parameter of strategy 'fedavg'"),
-        (BASE.replace("[tune]", 'headline-baselines = ["b"]\nheadline-settings = ["n3-iid"]\n[tune]'),
-         "headline-baselines names unknown method 'b'"),
-        (BASE.replace("[tune]", 'headline-baselines = ["a"]\nheadline-settings = ["n30-k2"]\n[tune]'),
-         "headline-settings 'n30-k2' is no question's setting; known: ['n3-iid']"),
-        (BASE.replace("[tune]", 'headline-baselines = ["a"]\nheadline-settings = ["n3-iid"]\n'
-                                'headline-target = 20\n[tune]'), "headline-target=20.0"),
+        (
+            BASE.replace('strategy = "asgd"', 'strategy = "asgd", fedbuff-k = 4'),
+            "[methods.a] config: 'fedbuff-k' is not a parameter of strategy 'asgd'",
+        ),
+        (
+            BASE.replace("[methods.a]", "[methods.a]\ngrid = { beta = [0.5, 0.9] }"),
+            "[methods.a] grid: 'beta' is not a parameter of strategy 'asgd'",
+        ),
+        (
+            BASE + '[methods.b]\ninherit = "a"\nconfig = { cycle-quorum = 1.0 }\n',
+            "[methods.b] config: 'cycle-quorum' is not a parameter of strategy 'asgd'",
+        ),
+        (
+            BASE.replace('strategy = "asgd"', 'strategy = "fedavg", server-lr = 1.0'),
+            "'server-lr' is not a parameter of strategy 'fedavg'",
+        ),
+        (
+            BASE.replace(
+                "[tune]", 'headline-baselines = ["b"]\nheadline-settings = ["n3-iid"]\n[tune]'
+            ),
+            "headline-baselines names unknown method 'b'",
+        ),
+        (
+            BASE.replace(
+                "[tune]", 'headline-baselines = ["a"]\nheadline-settings = ["n30-k2"]\n[tune]'
+            ),
+            "headline-settings 'n30-k2' is no question's setting; known: ['n3-iid']",
+        ),
+        (
+            BASE.replace(
+                "[tune]",
+                'headline-baselines = ["a"]\nheadline-settings = ["n3-iid"]\n'
+                "headline-target = 20\n[tune]",
+            ),
+            "headline-target=20.0",
+        ),
     ],
 )
 def test_bad_presets_are_refused_naming_the_problem(tmp_path, text, message):
@@ -186,7 +242,9 @@ def test_labels():
     assert partition_label({"partitioner": "pathological", "classes-per-node": 5}) == "k5"
     assert partition_label({"partitioner": "dirichlet", "dirichlet-alpha": 1.0}) == "dir1"
     assert partition_label({"partitioner": "iid"}) == "iid"
-    assert grid_label({"server-lr": 0.02, "scheduling": False}) == "server-lr=0.02__scheduling=false"
+    assert (
+        grid_label({"server-lr": 0.02, "scheduling": False}) == "server-lr=0.02__scheduling=false"
+    )
     assert grid_label({}) == "default"
 
 
@@ -198,7 +256,9 @@ def test_divergence_rule():
     assert divergence(metrics([0.1, 0.5, 0.7]), 0.7, chance=0.1, margin=0.05) == ""
     assert divergence(metrics([0.1, 0.5, 0.7], loss=math.nan), 0.7, 0.1, 0.05) == "non-finite loss"
     assert divergence(metrics([0.1, math.inf]), 0.5, 0.1, 0.05) == "non-finite accuracy"
-    assert divergence(metrics([0.1, 0.6, 0.15]), 0.15, 0.1, 0.05) == "final accuracy at chance"  # <= 15%
+    assert (
+        divergence(metrics([0.1, 0.6, 0.15]), 0.15, 0.1, 0.05) == "final accuracy at chance"
+    )  # <= 15%
     assert divergence(metrics([0.1, 0.6, 0.16]), 0.1501, 0.1, 0.05) == ""
     assert divergence(metrics([0.1, 0.6]), math.nan, 0.1, 0.05) == "final accuracy at chance"
 

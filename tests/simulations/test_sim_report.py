@@ -28,19 +28,43 @@ RUNS = [
 def make_sweep(out: Path) -> Path:
     rows = []
     for method, seed, status, acc, masd, ttt in RUNS:
-        rows.append({
-            "run_id": f"runs/{method}/n10-k2/s{seed}", "stage": "report", "questions": "stability;scale",
-            "method": method, "strategy": method, "seed": seed, "nodes": 10, "partitioner": "pathological",
-            "classes_per_node": 2, "partition": "k2", "status": status, "diverged": status == "diverged",
-            "diverged_reason": "final accuracy at chance" if status == "diverged" else "",
-            "final_accuracy": acc, "masd": masd, "accuracy_std": masd / 2, "time_to_target": ttt,
-            "staleness_mean": 2.0 + seed, "staleness_max": 10 * seed, "run_seconds": 60.0,
-            "virtual_seconds": 400.0 + 10 * seed,
-            "run_dir": str(out / f"runs/{method}/n10-k2/s{seed}"),
-        })
+        rows.append(
+            {
+                "run_id": f"runs/{method}/n10-k2/s{seed}",
+                "stage": "report",
+                "questions": "stability;scale",
+                "method": method,
+                "strategy": method,
+                "seed": seed,
+                "nodes": 10,
+                "partitioner": "pathological",
+                "classes_per_node": 2,
+                "partition": "k2",
+                "status": status,
+                "diverged": status == "diverged",
+                "diverged_reason": "final accuracy at chance" if status == "diverged" else "",
+                "final_accuracy": acc,
+                "masd": masd,
+                "accuracy_std": masd / 2,
+                "time_to_target": ttt,
+                "staleness_mean": 2.0 + seed,
+                "staleness_max": 10 * seed,
+                "run_seconds": 60.0,
+                "virtual_seconds": 400.0 + 10 * seed,
+                "run_dir": str(out / f"runs/{method}/n10-k2/s{seed}"),
+            }
+        )
         # the same methods at 20 nodes (scale question only), 0.1 lower
-        rows.append({**rows[-1], "run_id": f"runs/{method}/n20-k2/s{seed}", "nodes": 20, "questions": "scale",
-                     "final_accuracy": acc - 0.1, "run_dir": str(out / f"runs/{method}/n20-k2/s{seed}")})
+        rows.append(
+            {
+                **rows[-1],
+                "run_id": f"runs/{method}/n20-k2/s{seed}",
+                "nodes": 20,
+                "questions": "scale",
+                "final_accuracy": acc - 0.1,
+                "run_dir": str(out / f"runs/{method}/n20-k2/s{seed}"),
+            }
+        )
     out.mkdir(parents=True, exist_ok=True)
     write_csv(out / "runs.csv", rows)
     for method in ("gsgm", "asgd"):
@@ -48,22 +72,39 @@ def make_sweep(out: Path) -> Path:
             d = out / f"runs/{method}/n10-k2/s{seed}"
             d.mkdir(parents=True)
             lines = ["updates,version,virtual_time,wall_time,accuracy,loss"]
-            lines += [f"{u},{u},{u / 8},0.0,{min(0.9, 0.1 + u / 1000 + 0.01 * seed)},1.0" for u in range(0, 501, 50)]
+            lines += [
+                f"{u},{u},{u / 8},0.0,{min(0.9, 0.1 + u / 1000 + 0.01 * seed)},1.0"
+                for u in range(0, 501, 50)
+            ]
             (d / "metrics.csv").write_text("\n".join(lines) + "\n")
     plan = {
-        "name": "synthetic", "preset": "x.toml", "seeds": [1, 2, 3], "tune": {"seed": 0}, "target_accuracy": 0.7,
-        "chance_accuracy": 0.1, "chance_margin": 0.05, "reference": "gsgm", "methods": ["gsgm", "asgd", "masgd"],
+        "name": "synthetic",
+        "preset": "x.toml",
+        "seeds": [1, 2, 3],
+        "tune": {"seed": 0},
+        "target_accuracy": 0.7,
+        "chance_accuracy": 0.1,
+        "chance_margin": 0.05,
+        "reference": "gsgm",
+        "methods": ["gsgm", "asgd", "masgd"],
         "base": {"dataset": "fashion-mnist", "max-updates": 500},
         "questions": {
             "stability": {"title": "Stability at 10 nodes", "kind": "stability"},
-            "scale": {"title": "Scale", "kind": "scale", "nodes": [20, 10],
-                      "partitions": [{"partitioner": "pathological", "classes-per-node": 2}]},
+            "scale": {
+                "title": "Scale",
+                "kind": "scale",
+                "nodes": [20, 10],
+                "partitions": [{"partitioner": "pathological", "classes-per-node": 2}],
+            },
             "time-to-target": {"title": "TTT", "kind": "time-to-target"},
         },
     }
     (out / "plan.json").write_text(json.dumps(plan))
-    (out / "sweep_log.json").write_text(json.dumps([{"wall_seconds": 3600.0, "executed": 20},
-                                                    {"wall_seconds": 125.0, "executed": 0}]))
+    (out / "sweep_log.json").write_text(
+        json.dumps(
+            [{"wall_seconds": 3600.0, "executed": 20}, {"wall_seconds": 125.0, "executed": 0}]
+        )
+    )
     return out
 
 
@@ -77,7 +118,9 @@ def test_stat_is_mean_and_sample_std_of_finite_values():
     s = stat([0.04, 0.05, 0.08, math.nan, ""])
     assert s.n == 3
     assert s.mean == pytest.approx(0.17 / 3)
-    assert s.std == pytest.approx(math.sqrt((0.05 / 3) ** 2 + (0.02 / 3) ** 2 + (0.07 / 3) ** 2) / math.sqrt(2))
+    assert s.std == pytest.approx(
+        math.sqrt((0.05 / 3) ** 2 + (0.02 / 3) ** 2 + (0.07 / 3) ** 2) / math.sqrt(2)
+    )
     assert s.std == pytest.approx(0.0208167, abs=1e-7)
     assert math.isnan(stat([0.5]).std) and stat([]).n == 0
 
@@ -94,7 +137,9 @@ def test_method_summary_hand_checked(rows):
     m = method_summary(rows, "masgd")
     assert (m["runs"], m["ok"], m["diverged"]) == (3, 2, 1)
     # the diverged seed is out of the means
-    assert m["final_accuracy"].mean == pytest.approx(0.71) and m["final_accuracy"].std == pytest.approx(0.0141421, abs=1e-6)
+    assert m["final_accuracy"].mean == pytest.approx(0.71) and m[
+        "final_accuracy"
+    ].std == pytest.approx(0.0141421, abs=1e-6)
     assert m["masd"].mean == pytest.approx(0.075)
 
 
@@ -106,11 +151,15 @@ def test_stability_improvement_is_paired_by_seed(rows):
     assert a["improvement"].values == pytest.approx((0.5, 0.4, 0.5))
     assert a["improvement"].mean == pytest.approx(0.4666667, abs=1e-6)
     assert a["improvement"].std == pytest.approx(0.0577350, abs=1e-6)
-    assert a["delta_accuracy"].mean == pytest.approx(0.03) and a["delta_accuracy"].std == pytest.approx(0.0346410, abs=1e-6)
+    assert a["delta_accuracy"].mean == pytest.approx(0.03) and a[
+        "delta_accuracy"
+    ].std == pytest.approx(0.0346410, abs=1e-6)
     m = imps["masgd"]
     # seed 2 diverged: only seeds 1 and 3, 1 - 0.02/0.05 = 1 - 0.04/0.10 = 0.6
     assert m["seeds"] == [1, 3]
-    assert m["improvement"].values == pytest.approx((0.6, 0.6)) and m["improvement"].std == pytest.approx(0.0)
+    assert m["improvement"].values == pytest.approx((0.6, 0.6)) and m[
+        "improvement"
+    ].std == pytest.approx(0.0)
 
 
 def test_markdown_tables_and_figures(tmp_path):
@@ -120,20 +169,26 @@ def test_markdown_tables_and_figures(tmp_path):
     assert "Sweep wall time: **1 h 02 min** over 2 invocation(s)" in text
     assert "## Stability at 10 nodes" in text and "## Scale" in text
     assert "## TTT" not in text  # no run answers it
-    stability = text[text.index("## Stability at 10 nodes"):text.index("## Scale")]
-    assert "| gsgm | 3/3 | 0 | 0 | 80.0 ± 2.0 | 3.00 ± 1.00 | 1.50 ± 0.50 | 110 ± 14 (2/3) | 420 ± 10 | 4.00 ± 1.00 | 20.0 ± 10.0 |" \
+    stability = text[text.index("## Stability at 10 nodes") : text.index("## Scale")]
+    assert (
+        "| gsgm | 3/3 | 0 | 0 | 80.0 ± 2.0 | 3.00 ± 1.00 | 1.50 ± 0.50 | 110 ± 14 (2/3) | 420 ± 10 | 4.00 ± 1.00 | 20.0 ± 10.0 |"
         in stability
+    )
     assert "| masgd | 2/3 | 1 | 0 | 71.0 ± 1.4 | 7.50 ± 3.54 |" in stability
     assert "Not in the means: masgd seed 2 (final accuracy at chance)." in stability
     assert "| asgd | +47 ± 6 | +3.0 ± 3.5 | 3 |" in stability
     # accuracy: 0.80 - 0.70 and 0.78 - 0.72 = 0.10, 0.06 -> 8.0 ± 2.8 pp
     assert "| masgd | +60 ± 0 | +8.0 ± 2.8 | 2 |" in stability
     figures = tmp_path / "docs" / "figures" / "synthetic"
-    for name in ("stability_n10-k2_curves.png", "stability_n10-k2_improvement.png", "scale_k2_scale.png",
-                 "scale_n20-k2_improvement.png"):
+    for name in (
+        "stability_n10-k2_curves.png",
+        "stability_n10-k2_improvement.png",
+        "scale_k2_scale.png",
+        "scale_n20-k2_improvement.png",
+    ):
         assert (figures / name).is_file(), name
         assert f"(figures/synthetic/{name})" in text
-    scale = text[text.index("## Scale"):]
+    scale = text[text.index("## Scale") :]
     assert scale.index("### 20 nodes") < scale.index("### 10 nodes")  # the preset's order
     # curves only where metrics exist (no metrics.csv at 20 nodes)
     assert not (figures / "scale_n20-k2_curves.png").exists()
@@ -142,10 +197,14 @@ def test_markdown_tables_and_figures(tmp_path):
 def test_headline_table_names_each_setting_and_baseline_and_the_verdict(tmp_path):
     out = make_sweep(tmp_path / "sweep")
     plan = json.loads((out / "plan.json").read_text())
-    plan["headline"] = {"baselines": ["asgd", "masgd"], "settings": ["n10-k2", "n20-k2"], "target": 0.5}
+    plan["headline"] = {
+        "baselines": ["asgd", "masgd"],
+        "settings": ["n10-k2", "n20-k2"],
+        "target": 0.5,
+    }
     (out / "plan.json").write_text(json.dumps(plan))
     text = write_report(out, tmp_path / "RESULTS.md").read_text()
-    headline = text[text.index("## Headline"):text.index("## Stability at 10 nodes")]
+    headline = text[text.index("## Headline") : text.index("## Stability at 10 nodes")]
     # asgd: improvements 0.5, 0.4, 0.5 -> mean 0.47 < 0.5: not met; masgd: 0.6, 0.6 with +8 pp: met
     assert "| 10 nodes, 2 classes per node | asgd | +47 ± 6 | +3.0 ± 3.5 | 3 | no |" in headline
     assert "| 10 nodes, 2 classes per node | masgd | +60 ± 0 | +8.0 ± 2.8 | 2 | yes |" in headline
@@ -158,8 +217,16 @@ def test_a_table_per_nodes_and_max_in_flight_and_a_runs_csv_beside_the_page(tmp_
     out = make_sweep(tmp_path / "sweep")
     rows = read_csv(out / "runs.csv")
     # the 20-node runs again with 5 nodes in flight, 0.2 lower; and with 20 in flight (= all nodes)
-    limited = [{**r, "run_id": r["run_id"].replace("n20-k2", "n20-k2-f5"), "max_in_flight": 5,
-                "final_accuracy": r["final_accuracy"] - 0.2} for r in rows if r["nodes"] == 20]
+    limited = [
+        {
+            **r,
+            "run_id": r["run_id"].replace("n20-k2", "n20-k2-f5"),
+            "max_in_flight": 5,
+            "final_accuracy": r["final_accuracy"] - 0.2,
+        }
+        for r in rows
+        if r["nodes"] == 20
+    ]
     for r in rows:
         r["max_in_flight"] = r["nodes"]
     write_csv(out / "runs.csv", rows + limited)
@@ -167,16 +234,31 @@ def test_a_table_per_nodes_and_max_in_flight_and_a_runs_csv_beside_the_page(tmp_
     plan["questions"]["scale"]["max_in_flight"] = [0, 5]
     (out / "plan.json").write_text(json.dumps(plan))
     md = write_report(out, tmp_path / "results" / "synthetic" / "RESULTS.md")
-    scale = md.read_text()[md.read_text().index("## Scale"):]
+    scale = md.read_text()[md.read_text().index("## Scale") :]
     # the preset's order: nodes, then partitions, then max-in-flight; only settings with runs
     headings = [line for line in scale.splitlines() if line.startswith("### ")]
-    assert headings == ["### 20 nodes, 2 classes per node", "### 20 nodes, 2 classes per node, 5 in flight",
-                        "### 10 nodes, 2 classes per node"]
-    limited_table = scale[scale.index("5 in flight"):scale.index("### 10 nodes")]
+    assert headings == [
+        "### 20 nodes, 2 classes per node",
+        "### 20 nodes, 2 classes per node, 5 in flight",
+        "### 10 nodes, 2 classes per node",
+    ]
+    limited_table = scale[scale.index("5 in flight") : scale.index("### 10 nodes")]
     # gsgm at 20 nodes, 5 in flight: 0.82-0.3, 0.78-0.3, 0.80-0.3 -> 50.0 ± 2.0
     assert "| gsgm | 3/3 | 0 | 0 | 50.0 ± 2.0 |" in limited_table
     page_rows = read_csv(md.parent / "runs.csv")
     assert len(page_rows) == len(rows) + len(limited)
-    assert list(page_rows[0])[:8] == ["method", "nodes", "max_in_flight", "partition", "seed", "status",
-                                      "final_accuracy", "masd"]
-    assert sorted({(r["nodes"], r["max_in_flight"]) for r in page_rows}) == [(10, 10), (20, 5), (20, 20)]
+    assert list(page_rows[0])[:8] == [
+        "method",
+        "nodes",
+        "max_in_flight",
+        "partition",
+        "seed",
+        "status",
+        "final_accuracy",
+        "masd",
+    ]
+    assert sorted({(r["nodes"], r["max_in_flight"]) for r in page_rows}) == [
+        (10, 10),
+        (20, 5),
+        (20, 20),
+    ]

@@ -16,12 +16,12 @@ import pytest
 from simulations.preset import load_preset
 from simulations.report import main as report_main
 from simulations.results import read_csv
-from simulations.sweep import ExecOptions, main as sweep_main, run_sweep
+from simulations.sweep import ExecOptions, run_sweep
+from simulations.sweep import main as sweep_main
 
 REPO = Path(__file__).resolve().parents[2]
 SMOKE = REPO / "simulations" / "presets" / "smoke.toml"
 FMNIST = Path("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz")
-
 
 
 @pytest.fixture(scope="module")
@@ -38,14 +38,23 @@ def test_smoke_sweep_runs_end_to_end_under_a_minute(smoke):
     assert seconds < 60
     rows = read_csv(out / "runs.csv")
     assert [(r["method"], r["seed"], r["nodes"], r["partition"]) for r in rows] == [
-        ("gsgm", 1, 3, "iid"), ("asgd", 1, 3, "iid")]
+        ("gsgm", 1, 3, "iid"),
+        ("asgd", 1, 3, "iid"),
+    ]
     for r in rows:
         assert r["status"] in ("ok", "diverged"), r
         assert r["questions"] == "stability"
         assert r["updates_received"] == 60 and r["evaluations"] == 7
         assert 0.0 <= r["final_accuracy"] <= 1.0 and r["masd"] >= 0.0
         run_dir = Path(r["run_dir"])
-        for name in ("spec.json", "config.json", "metrics.csv", "summary.json", "accuracy.png", "log.txt"):
+        for name in (
+            "spec.json",
+            "config.json",
+            "metrics.csv",
+            "summary.json",
+            "accuracy.png",
+            "log.txt",
+        ):
             assert (run_dir / name).is_file(), name
         cfg = json.loads((run_dir / "config.json").read_text())
         assert cfg["seed"] == 1 and cfg["eval-examples"] == 500 and cfg["strategy"] == r["method"]
@@ -59,7 +68,9 @@ def test_smoke_tuning_ran_on_seed_0_and_its_choice_is_used(smoke):
     out, _, _ = smoke
     tune = list(csv.DictReader((out / "tune.csv").open()))
     assert [(t["method"], t["seed"], t["grid_point"]) for t in tune] == [
-        ("asgd", "0", "server-lr=0.05"), ("asgd", "0", "server-lr=0.1")]
+        ("asgd", "0", "server-lr=0.05"),
+        ("asgd", "0", "server-lr=0.1"),
+    ]
     assert sum(t["chosen"] == "true" for t in tune) == 1
     chosen = next(t for t in tune if t["chosen"] == "true")
     import tomllib
@@ -68,7 +79,9 @@ def test_smoke_tuning_ran_on_seed_0_and_its_choice_is_used(smoke):
     assert tuned["methods"]["asgd"]["server-lr"] == float(chosen["server_lr"])
     assert tuned["methods"]["gsgm"] == {"strategy": "gsgm", "server-lr": 0.05, "beta": 0.5}
     asgd = next(r for r in read_csv(out / "runs.csv") if r["method"] == "asgd")
-    assert json.loads((Path(asgd["run_dir"]) / "config.json").read_text())["server-lr"] == float(chosen["server_lr"])
+    assert json.loads((Path(asgd["run_dir"]) / "config.json").read_text())["server-lr"] == float(
+        chosen["server_lr"]
+    )
 
 
 def test_resume_runs_nothing_the_second_time(smoke):
@@ -110,18 +123,26 @@ def test_a_run_in_a_reused_worker_equals_a_run_in_a_fresh_process(smoke, tmp_pat
     fresh.mkdir()
     shutil.copy(src / "spec.json", fresh / "spec.json")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    subprocess.run([sys.executable, "-m", "simulations.worker", str(fresh)], check=True, env=env,
-                   capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "simulations.worker", str(fresh)],
+        check=True,
+        env=env,
+        capture_output=True,
+    )
     assert _without_wall_time(fresh / "metrics.csv") == _without_wall_time(src / "metrics.csv")
 
 
 def test_a_failing_run_is_recorded_and_the_sweep_goes_on(tmp_path):
     preset = tmp_path / "p.toml"
-    preset.write_text(SMOKE.read_text()
-                      .replace('grid = { server-lr = [0.05, 0.1] }', '')
-                      .replace('config = { strategy = "gsgm", server-lr = 0.05, beta = 0.5 }',
-                               'config = { strategy = "gsgm", data-root = "/nonexistent/fmnist" }')
-                      .replace("max-updates = 60", "max-updates = 20"))
+    preset.write_text(
+        SMOKE.read_text()
+        .replace("grid = { server-lr = [0.05, 0.1] }", "")
+        .replace(
+            'config = { strategy = "gsgm", server-lr = 0.05, beta = 0.5 }',
+            'config = { strategy = "gsgm", data-root = "/nonexistent/fmnist" }',
+        )
+        .replace("max-updates = 60", "max-updates = 20")
+    )
     out = tmp_path / "out"
     stats = run_sweep(load_preset(preset, out=out), opts=ExecOptions(quiet=True))
     assert stats == {"executed": 2, "skipped": 0, "failed": 1}

@@ -36,7 +36,12 @@ def test_tie_tolerance_widens_the_tie():
 
 
 def test_diverged_and_failed_runs_are_never_chosen():
-    rows = [row(0.90, 0.01, "diverged"), row(0.60, 0.05), row(math.nan, math.nan, "failed"), row(0.61, 0.09)]
+    rows = [
+        row(0.90, 0.01, "diverged"),
+        row(0.60, 0.05),
+        row(math.nan, math.nan, "failed"),
+        row(0.61, 0.09),
+    ]
     assert pick_best(rows) == (3, False)
 
 
@@ -83,7 +88,11 @@ partitions = [{ partitioner = "iid" }]
 FAKE = {
     "tune/gsgm/server-lr=0.01__beta=0.5": (0.70, 0.020, False),
     "tune/gsgm/server-lr=0.01__beta=0.9": (0.80, 0.030, False),
-    "tune/gsgm/server-lr=0.1__beta=0.5": (0.80, 0.010, False),  # ties on accuracy, lower MASD: chosen
+    "tune/gsgm/server-lr=0.1__beta=0.5": (
+        0.80,
+        0.010,
+        False,
+    ),  # ties on accuracy, lower MASD: chosen
     "tune/gsgm/server-lr=0.1__beta=0.9": (0.95, 0.001, True),  # best but diverged (NaN loss)
     "tune/gsgm-beta0/server-lr=0.01": (0.60, 0.01, False),
     "tune/gsgm-beta0/server-lr=0.1": (0.65, 0.02, False),
@@ -99,8 +108,17 @@ def fake_run(run_dir: Path, spec_json: dict, acc: float, masd: float, nan_loss: 
         loss = "nan" if nan_loss and i == 10 else "1.0"
         lines.append(f"{10 * i},{10 * i},{i}.0,0.1,{acc},{loss}")
     (run_dir / "metrics.csv").write_text("\n".join(lines) + "\n")
-    (run_dir / "summary.json").write_text(json.dumps({"final_accuracy": acc, "masd": masd, "accuracy_std": 0.0,
-                                                      "evaluations": 11, "rejected_by_reason": {}}))
+    (run_dir / "summary.json").write_text(
+        json.dumps(
+            {
+                "final_accuracy": acc,
+                "masd": masd,
+                "accuracy_std": 0.0,
+                "evaluations": 11,
+                "rejected_by_reason": {},
+            }
+        )
+    )
 
 
 def test_tune_stage_picks_by_the_rule_and_writes_tuned_toml(tmp_path):
@@ -111,12 +129,16 @@ def test_tune_stage_picks_by_the_rule_and_writes_tuned_toml(tmp_path):
     # gsgm's tuning runs exist already (resume); gsgm-beta0's depend on gsgm's choice.
     for spec in tune_runs(preset, "gsgm", {}):
         acc, masd, nan = FAKE[spec.run_id]
-        fake_run(out / spec.run_id, {"run_config": spec.run_config, "nodes": spec.nodes}, acc, masd, nan)
+        fake_run(
+            out / spec.run_id, {"run_config": spec.run_config, "nodes": spec.nodes}, acc, masd, nan
+        )
     chosen_gsgm = {"strategy": "gsgm", "server-lr": 0.1, "beta": 0.5}
     for spec in tune_runs(preset, "gsgm-beta0", {"gsgm": chosen_gsgm}):
         assert spec.run_config["beta"] == 0.0 and spec.run_config["seed"] == 0
         acc, masd, nan = FAKE[spec.run_id]
-        fake_run(out / spec.run_id, {"run_config": spec.run_config, "nodes": spec.nodes}, acc, masd, nan)
+        fake_run(
+            out / spec.run_id, {"run_config": spec.run_config, "nodes": spec.nodes}, acc, masd, nan
+        )
 
     stats = {}
     tuned = tune_stage(preset, out, stats, ExecOptions(quiet=True))
@@ -130,7 +152,12 @@ def test_tune_stage_picks_by_the_rule_and_writes_tuned_toml(tmp_path):
     assert data["methods"] == tuned
     sel = data["selection"]["gsgm"]
     assert sel["grid-point"] == "server-lr=0.1__beta=0.5"
-    assert (sel["final-accuracy"], sel["masd"], sel["candidates"], sel["diverged"]) == (0.8, 0.01, 4, 1)
+    assert (sel["final-accuracy"], sel["masd"], sel["candidates"], sel["diverged"]) == (
+        0.8,
+        0.01,
+        4,
+        1,
+    )
     assert sel["all-diverged"] is False
     assert data["selection"]["asgd"] == {"grid-point": "default", "candidates": 0}
     tune_csv = (out / "tune.csv").read_text().splitlines()
@@ -151,7 +178,12 @@ def test_a_run_folder_of_another_config_stops_the_sweep(tmp_path):
     path.write_text(PRESET)
     preset = load_preset(path, out=tmp_path / "out")
     spec = tune_runs(preset, "gsgm", {})[0]
-    fake_run(preset.out / spec.run_id, {"run_config": {**spec.run_config, "server-lr": 0.5}, "nodes": 4},
-             0.5, 0.01, False)
+    fake_run(
+        preset.out / spec.run_id,
+        {"run_config": {**spec.run_config, "server-lr": 0.5}, "nodes": 4},
+        0.5,
+        0.01,
+        False,
+    )
     with pytest.raises(SweepError, match="different config"):
         execute([spec], preset.out, "x", {}, ExecOptions(quiet=True))
