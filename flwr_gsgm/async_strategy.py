@@ -179,6 +179,18 @@ class AsyncStrategy:
             params["lr"] = server_lr
         return params
 
+    @property
+    def dispatch_policy(self) -> str:
+        """The engine's dispatch policy, with "auto" resolved for this rule.
+
+        "auto" is "scheduled" for a rule that schedules its nodes (GSGM's white list,
+        ``scheduling=True``): under a concurrency limit the least-contributed idle node
+        goes first; "random" (the FedBuff / CA2FL setting) for every other rule.
+        """
+        if self.engine.dispatch != "auto":
+            return self.engine.dispatch
+        return "scheduled" if self.optimizer_params.get("scheduling") else "random"
+
     def _build_optimizer(
         self, weights: list[np.ndarray], partition_ids: list[int]
     ) -> ServerOptimizer:
@@ -244,6 +256,7 @@ class AsyncStrategy:
             eval_every=int(eval_every or self.engine.eval_every),
             virtual_clock=self.virtual_clock,
             seed=self.seed,
+            dispatch=self.dispatch_policy,
         )
         engine = AsyncEngine(
             grid, initial_arrays, self._build_optimizer, config, settings, evaluate_fn

@@ -39,7 +39,10 @@ class Dispatcher:
         self.train_config = train_config
         self.members = members
         self.in_flight = in_flight
-        self.policy = make_dispatch_policy(settings.dispatch, settings.seed)
+        # "auto" is resolved by the strategy, which knows the rule; an engine driven
+        # directly with "auto" dispatches at random.
+        name = "random" if settings.dispatch == "auto" else settings.dispatch
+        self.policy = make_dispatch_policy(name, settings.seed)
         self.seq = 0
 
     def may_dispatch(self, received: int, vnow: float) -> bool:

@@ -68,8 +68,10 @@ class EngineSettings:
         the virtual clock it starts at the virtual time the slot freed.
     dispatch : str
         Which idle node gets a freed slot when ``max_in_flight`` binds [``dispatch``]:
-        "random" (uniform, seeded from ``seed``) or "scheduled" (fewest updates
-        received first; ties: earliest last reply, then partition-id); see
+        "random" (uniform, seeded from ``seed``), "scheduled" (fewest updates
+        received first; ties: earliest last reply, then partition-id), or "auto"
+        (the default: the strategy picks "scheduled" for a rule that schedules
+        its nodes, GSGM with ``scheduling``, and "random" for the others); see
         :mod:`flwr_gsgm.dispatch`. Without a limit the node that replied is the only
         idle one, so the policy is not consulted and idle nodes are filled in
         partition-id order, as before the limit existed.
@@ -125,9 +127,10 @@ class EngineSettings:
                 "max-in-flight must be an integer >= 0 (0 = all nodes) or None, got "
                 f"{self.max_in_flight!r}"
             )
-        if self.dispatch not in DISPATCH_POLICIES:
+        if self.dispatch not in ("auto", *DISPATCH_POLICIES):
             raise ValueError(
-                f"dispatch must be one of {', '.join(DISPATCH_POLICIES)}, got {self.dispatch!r}"
+                f"dispatch must be one of auto, {', '.join(DISPATCH_POLICIES)}, "
+                f"got {self.dispatch!r}"
             )
 
     @property

@@ -299,10 +299,11 @@ RUN_CONFIG: dict[str, RunConfigKey] = {
         "nodes training at once (FedAvg/FedAvgM: nodes sampled per round)",
     ),
     "dispatch": _key(
-        "random",
-        _one_of("random", "scheduled"),
-        "random or scheduled",
-        "which idle node gets a freed slot (max-in-flight < nodes)",
+        "auto",
+        _one_of("auto", "random", "scheduled"),
+        "auto, random or scheduled",
+        "which idle node gets a freed slot (max-in-flight < nodes); auto = scheduled "
+        "for GSGM with scheduling, random for the others",
     ),
     # checkpoints
     "checkpoint-every": _key(

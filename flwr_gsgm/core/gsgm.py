@@ -246,9 +246,20 @@ class GSGM(ServerOptimizer):
             optional=True,
             run_config_key="table-max-age",
         ),
+        # The tuned choice (docs/results/fashion_mnist_scale/tuned.toml): lr 0.1 per
+        # cycle, which at 10 nodes and quorum 0.5 is the earlier default of 0.02 per step.
+        Param(
+            "lr",
+            0.1,
+            "server learning rate eta",
+            low=0.0,
+            low_open=True,
+            run_config_key="server-lr",
+            rule_default=True,
+        ),
         Param(
             "lr_scaling",
-            "step",
+            "cycle",
             "apply = arrival: lr per step, or per cycle divided over the cycle's contributions",
             kind=str,
             choices=_LR_SCALING,

@@ -9,7 +9,9 @@ import numpy as np
 #: GSGM as docs/GSGM.md steps 1-5 define it: heavy-ball momentum, strictly even cycles
 #: (quorum 1.0), slot averaging. The hand-computed tests use it; the shipped defaults
 #: (ema, quorum 0.5, table) are the tuned choice, declared in ``GSGM.PARAMS``.
-GSGM_STRICT = dict(momentum_form="heavy-ball", cycle_quorum=1.0, averaging="slot")
+GSGM_STRICT = dict(
+    momentum_form="heavy-ball", cycle_quorum=1.0, averaging="slot", lr_scaling="step"
+)
 
 
 def f32(*values: float) -> np.ndarray:

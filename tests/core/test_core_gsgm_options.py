@@ -260,9 +260,11 @@ def test_constructor_rejects_bad_options_naming_them(kw, name):
     assert name in str(info.value)
 
 
-def test_defaults_are_the_previous_behaviour():
-    p = make().params
-    assert (p["apply"], p["table_max_age"], p["lr_scaling"]) == ("arrival", None, "step")
+def test_defaults_are_the_tuned_choice():
+    p = GSGM([f32(0, 0)], [1]).params
+    assert (p["lr"], p["momentum_form"], p["beta"], p["cycle_quorum"]) == (0.1, "ema", 0.5, 0.5)
+    # the tuned defaults: a step per arrival, lr per cycle, no table age bound
+    assert (p["apply"], p["table_max_age"], p["lr_scaling"]) == ("arrival", None, "cycle")
 
 
 def test_lr_scaling_is_moot_with_cycle_application():

@@ -280,7 +280,7 @@ def test_policy_state_round_trips():
             {"max_in_flight": 1.5},
             "max-in-flight must be an integer >= 0 (0 = all nodes) or None, got 1.5",
         ),
-        ({"dispatch": "fifo"}, "dispatch must be one of random, scheduled, got 'fifo'"),
+        ({"dispatch": "fifo"}, "dispatch must be one of auto, random, scheduled, got 'fifo'"),
     ],
 )
 def test_bad_engine_settings_name_the_key_and_value(kwargs, message):
@@ -303,3 +303,11 @@ def test_gsgm_learns_the_concurrency_limit_from_the_engine():
     # a value given by the user wins
     given = GSGM(engine=EngineSettings(max_in_flight=3), concurrency=5)
     assert given._build_optimizer(weights, list(range(8))).params["concurrency"] == 5
+
+
+def test_auto_dispatch_schedules_gsgm_and_draws_at_random_for_the_others():
+    assert EngineSettings().dispatch == "auto"  # the run config default
+    assert GSGM().dispatch_policy == "scheduled"
+    assert GSGM(scheduling=False).dispatch_policy == "random"
+    assert ASGD().dispatch_policy == "random"
+    assert GSGM(engine=EngineSettings(dispatch="random")).dispatch_policy == "random"

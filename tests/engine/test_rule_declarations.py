@@ -84,7 +84,7 @@ def test_public_strategy_names_and_readme_call_still_work():
     strategy = GSGM(server_lr=0.05, beta=0.9, momentum_form="heavy-ball")
     assert strategy.optimizer_params["lr"] == 0.05 and strategy.optimizer_params["beta"] == 0.9
     assert (
-        "cycle_quorum : float = 0.5" in GSGM.__doc__ and "server_lr : float = 0.02" in GSGM.__doc__
+        "cycle_quorum : float = 0.5" in GSGM.__doc__ and "server_lr : float = 0.1" in GSGM.__doc__
     )  # docstring from the declaration
 
 

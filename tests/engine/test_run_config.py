@@ -55,7 +55,7 @@ def test_defaults_parse_to_the_main_job():
             1.5,
             "run config max-in-flight=1.5: expected an integer >= 0 (0 = all nodes)",
         ),
-        ("dispatch", "fifo", "run config dispatch='fifo': expected random or scheduled"),
+        ("dispatch", "fifo", "run config dispatch='fifo': expected auto, random or scheduled"),
     ],
 )
 def test_bad_values_name_the_key(key, value, expected):
