@@ -10,7 +10,18 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-_STRATEGY_NAMES = ("GSGM", "ASGD", "MomentumASGD", "DCASGD", "FedAsync", "FedBuff", "STRATEGIES")
+_STRATEGY_NAMES = (
+    "GSGM",
+    "ASGD",
+    "MomentumASGD",
+    "DCASGD",
+    "FedAsync",
+    "FedBuff",
+    "CA2FL",
+    "ACE",
+    "DelayAdaptiveASGD",
+    "STRATEGIES",
+)
 __all__ = [*_STRATEGY_NAMES, "AsyncStrategy", "AsyncResult", "VirtualClock", "__version__"]
 
 
@@ -19,6 +30,11 @@ def __getattr__(name: str) -> Any:
         from flwr_gsgm import strategies
 
         return getattr(strategies, name)
+    if name[:1].isupper():  # the strategy of a rule added later (one class per rule)
+        from flwr_gsgm import strategies
+
+        if name in {cls.__name__ for cls in strategies.STRATEGIES.values()}:
+            return getattr(strategies, name)
     if name in ("AsyncStrategy", "AsyncResult"):
         from flwr_gsgm import async_strategy
 
