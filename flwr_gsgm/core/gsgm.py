@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from .base import Outcome, Parts, ServerOptimizer, chunks
-from .params import Param
+from .params import BETA, Param
 
 __all__ = ["GSGM"]
 
@@ -166,15 +166,7 @@ class GSGM(ServerOptimizer):
 
     name: ClassVar[str] = "gsgm"
     PARAMS: ClassVar[tuple[Param, ...]] = (
-        Param(
-            "beta",
-            0.5,
-            "momentum coefficient",
-            low=0.0,
-            high=1.0,
-            high_open=True,
-            run_config_key="beta",
-        ),
+        BETA,
         Param(
             "momentum_form",
             "ema",

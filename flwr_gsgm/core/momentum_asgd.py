@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from .base import Outcome, Parts, ServerOptimizer, chunks
-from .params import Param
+from .params import BETA, Param
 
 __all__ = ["MomentumASGD"]
 
@@ -41,17 +41,7 @@ class MomentumASGD(ServerOptimizer):
     """
 
     name: ClassVar[str] = "masgd"
-    PARAMS: ClassVar[tuple[Param, ...]] = (
-        Param(
-            "beta",
-            0.5,
-            "momentum coefficient",
-            low=0.0,
-            high=1.0,
-            high_open=True,
-            run_config_key="beta",
-        ),
-    )
+    PARAMS: ClassVar[tuple[Param, ...]] = (BETA,)
 
     def __init__(
         self, weights: Sequence[np.ndarray], node_ids: Iterable[int], **params: Any

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Param", "resolve", "describe"]
+__all__ = ["BETA", "Param", "resolve", "describe"]
 
 _KINDS = (float, int, bool, str)
 
@@ -201,3 +201,10 @@ def resolve(owner: str, declared: Iterable[Param], given: Mapping[str, Any]) -> 
             f"{', '.join(repr(k) for k in unknown)}; it takes: {', '.join(params)}"
         )
     return {name: p.check(given.get(name, p.default)) for name, p in params.items()}
+
+
+#: The momentum coefficient, one declaration for every rule with a server momentum
+#: (GSGM's global momentum, momentum ASGD): they share the run config key ``beta``.
+BETA = Param(
+    "beta", 0.5, "momentum coefficient", low=0.0, high=1.0, high_open=True, run_config_key="beta"
+)
