@@ -495,12 +495,12 @@ def load_preset(path: str | Path, out: str | Path | None = None) -> Preset:
     )
     # Check every run config the preset can produce (with the first grid point of
     # each ancestor standing in for its tuned choice).
-    stand_in = {m: grid_points(methods[m].grid)[0] for m in methods}
+    stand_in = stand_in_tuned(preset)
     for m in methods:
         for point in grid_points(methods[m].grid):
             cfg = {
                 **base,
-                **_lineage_config(preset, m, stand_in),
+                **method_base_config(preset, m, stand_in),
                 **point,
                 **preset.tune_partition,
                 "seed": tune_seed,
@@ -544,7 +544,7 @@ def _check_method_keys(path: Path, preset: Preset, method: str) -> None:
     value is reported as such first.
     """
     m = preset.methods[method]
-    lineage = {**preset.base, **_lineage_config(preset, method, {n: {} for n in preset.methods})}
+    lineage = {**preset.base, **method_base_config(preset, method, stand_in_tuned(preset))}
     strategy = lineage.get("strategy", RUN_CONFIG["strategy"].default)
     takes = strategy_keys(strategy)
     for where, keys in (("config", m.config), ("grid", m.grid)):
@@ -555,22 +555,6 @@ def _check_method_keys(path: Path, preset: Preset, method: str) -> None:
                     f"[methods.{method}] {where}: {key!r} is not a parameter of strategy "
                     f"{strategy!r}; it takes {sorted(takes) or 'none of them'}",
                 )
-
-
-def _lineage_config(
-    preset: Preset, method: str, chosen: Mapping[str, Mapping[str, Any]]
-) -> dict[str, Any]:
-    """Config of ``method`` before its own grid point.
-
-    Its ancestors' configs and choices, then its own.
-    """
-    m = preset.methods[method]
-    cfg: dict[str, Any] = {}
-    if m.inherit is not None:
-        cfg.update(_lineage_config(preset, m.inherit, chosen))
-        cfg.update(chosen[m.inherit])
-    cfg.update(m.config)
-    return cfg
 
 
 def method_base_config(

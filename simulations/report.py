@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from flwr_gsgm.stability import stability_improvement
 from simulations.preset import effective_limit, human_seconds, partition_label, setting_label
 from simulations.results import read_csv, read_metrics, write_csv
 
@@ -179,7 +180,7 @@ def improvements(
             if r["method"] != m or not _ok(r) or r["seed"] not in ref:
                 continue
             a, b = float(ref[r["seed"]]["masd"]), float(r["masd"])
-            imp.append(1.0 - a / b if b else math.nan)
+            imp.append(stability_improvement(a, b))
             dacc.append(float(ref[r["seed"]]["final_accuracy"]) - float(r["final_accuracy"]))
             seeds.append(r["seed"])
         if not seeds and not any(r["method"] == m for r in rows):
