@@ -12,6 +12,8 @@ A reply that fails raises :class:`ReplyRejected`, whose reason is one of
 from __future__ import annotations
 
 import hashlib
+import math
+import numbers
 from typing import Any
 
 import numpy as np
@@ -20,10 +22,38 @@ from flwr.app import ArrayRecord, Message, MetricRecord
 from flwr_gsgm.core import INTAKE_REASONS, UpdateRejected
 from flwr_gsgm.in_flight import Dispatch
 
-__all__ = ["REQUIRED_REPLY_METRICS", "ReplyIntake", "ReplyRejected"]
+__all__ = ["REQUIRED_REPLY_METRICS", "ReplyIntake", "ReplyRejected", "metadata_int"]
 
 # Metric keys a train reply must carry (see clients/client_app.py for the protocol).
 REQUIRED_REPLY_METRICS = ("partition-id", "model-version", "num-examples")
+
+
+def metadata_int(key: str, value: Any, low: int = 0) -> int:
+    """Return the metadata value ``value`` of ``key`` as an int ``>= low``.
+
+    A metric value may be an int, a float or a list of them (``MetricRecord``); an
+    integer is expected here. A float with an integral value (``1.0``) is accepted as
+    that integer; ``1.7``, NaN, infinities, lists and bools are not.
+
+    Raises
+    ------
+    ValueError
+        If ``value`` is not such an integer; the message names ``key``, the value and
+        what was expected.
+    """
+    expected = f"expected an integer >= {low} (an integral float such as 1.0 is taken as 1)"
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Real, np.number)):
+        raise ValueError(f"metadata {key!r} is {value!r} ({type(value).__name__}); {expected}")
+    if isinstance(value, (numbers.Integral, np.integer)):
+        number = int(value)
+    else:
+        real = float(value)
+        if not math.isfinite(real) or real != math.floor(real):
+            raise ValueError(f"metadata {key!r} is {value!r}; {expected}")
+        number = int(real)
+    if number < low:
+        raise ValueError(f"metadata {key!r} is {value!r}; {expected}")
+    return number
 
 
 class ReplyRejected(UpdateRejected):
@@ -64,7 +94,9 @@ class ReplyIntake:
         Raises
         ------
         ReplyRejected
-            On a missing record or metric, a partition-id or model-version other than
+            On a missing record or metric, malformed metadata (``"metadata"``: a
+            partition-id, model-version or num-examples that is not an integer >= 0,
+            a train-loss that is not a number), a partition-id or model-version other than
             the message's, other array keys, undecodable arrays, or a replay.
         """
         arrays, metrics = self._records(reply)
@@ -97,13 +129,25 @@ class ReplyIntake:
         missing = [k for k in REQUIRED_REPLY_METRICS if k not in metrics]
         if missing:
             raise ReplyRejected("missing-metrics", f"reply metrics lack {missing}")
-        if int(metrics["partition-id"]) != dispatch.partition_id:
+        try:
+            pid, version = (metadata_int(k, metrics[k]) for k in REQUIRED_REPLY_METRICS[:2])
+            metadata_int("num-examples", metrics["num-examples"])
+        except ValueError as err:
+            raise ReplyRejected("metadata", str(err)) from None
+        loss = metrics.get("train-loss")
+        if loss is not None and (isinstance(loss, bool) or not isinstance(loss, (int, float))):
+            raise ReplyRejected(
+                "metadata",
+                f"metadata 'train-loss' is {loss!r} ({type(loss).__name__}); expected a number "
+                "(a non-finite one is left out of the train-loss mean)",
+            )
+        if pid != dispatch.partition_id:
             raise ReplyRejected(
                 "partition-id",
                 f"reply says partition-id={metrics['partition-id']}, "
                 f"message was sent to partition {dispatch.partition_id}",
             )
-        if int(metrics["model-version"]) != dispatch.base_version:
+        if version != dispatch.base_version:
             raise ReplyRejected(
                 "model-version",
                 f"reply says model-version={metrics['model-version']}, "

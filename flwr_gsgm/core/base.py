@@ -82,11 +82,14 @@ CORE_REASONS: tuple[str, ...] = (
 )
 #: Rejection reasons of the engine's reply intake (:mod:`flwr_gsgm.reply_intake`),
 #: checked before the optimizer sees an update: no ArrayRecord / MetricRecord, a
+#: metadata that is not what the protocol says (a partition-id, model-version or
+#: num-examples that is not an integer, a train-loss that is not a number), a
 #: partition-id or model-version other than the message's, other array keys, arrays
 #: that cannot be decoded, a replayed update.
 INTAKE_REASONS: tuple[str, ...] = (
     "missing-arrays",
     "missing-metrics",
+    "metadata",
     "partition-id",
     "model-version",
     "array-keys",
