@@ -3,7 +3,6 @@
 A reply must carry an ``ArrayRecord`` under ``"arrays"`` whose keys are the model's,
 in order, and a ``MetricRecord`` under ``"metrics"`` with the partition-id and model
 version of the message it answers (see ``clients/client_app.py`` for the protocol).
-A partition must not replay the bytes of an earlier update for other weights.
 A reply that fails raises :class:`ReplyRejected`, whose reason is one of
 :data:`flwr_gsgm.core.INTAKE_REASONS` (part of the run's one list,
 :data:`flwr_gsgm.core.REASONS`).
@@ -11,7 +10,6 @@ A reply that fails raises :class:`ReplyRejected`, whose reason is one of
 
 from __future__ import annotations
 
-import hashlib
 import math
 import numbers
 from typing import Any
@@ -79,14 +77,13 @@ class ReplyRejected(UpdateRejected):
 class ReplyIntake:
     """Unpacks train replies for a model with array keys ``keys`` (in order).
 
-    Keeps, per partition, the digest and base version of its last update, to catch
-    replays; that memory is part of the engine's checkpoint (:attr:`last_digest`).
+    Replays are caught before, by the message a reply answers, not by its content
+    (:meth:`flwr_gsgm.in_flight.InFlight.pull`): a deterministic client may send the
+    same bytes for other weights (a constant gradient), and they are accepted.
     """
 
     def __init__(self, keys: list[str]) -> None:
         self.keys = keys
-        # partition-id -> (digest, base version) of its last update
-        self.last_digest: dict[int, tuple[bytes, int]] = {}
 
     def unpack(self, dispatch: Dispatch, reply: Message) -> list[np.ndarray]:
         """Return the update's arrays (model order) from ``reply`` to ``dispatch``.
@@ -97,7 +94,7 @@ class ReplyIntake:
             On a missing record or metric, malformed metadata (``"metadata"``: a
             partition-id, model-version or num-examples that is not an integer >= 0,
             a train-loss that is not a number), a partition-id or model-version other than
-            the message's, other array keys, undecodable arrays, or a replay.
+            the message's, other array keys or undecodable arrays.
         """
         arrays, metrics = self._records(reply)
         self._check_metrics(dispatch, metrics)
@@ -111,7 +108,6 @@ class ReplyIntake:
             update = arrays.to_numpy_ndarrays()
         except Exception as err:  # a corrupt payload must not stop the run
             raise ReplyRejected("array-format", f"arrays cannot be decoded: {err}") from err
-        self._reject_duplicate(dispatch, update)
         return update
 
     @staticmethod
@@ -152,29 +148,6 @@ class ReplyIntake:
                 "model-version",
                 f"reply says model-version={metrics['model-version']}, "
                 f"message carried version {dispatch.base_version}",
-            )
-
-    def _reject_duplicate(self, dispatch: Dispatch, update: list[np.ndarray]) -> None:
-        """Reject a replay: the partition's previous update bytes, sent for another version.
-
-        A deterministic client may send the same bytes twice for the same weights
-        (same model version), and an all-zero update may recur; otherwise, for weights
-        that changed, equal bytes mean a replay.
-        """
-        digest = hashlib.blake2b(digest_size=16)
-        for arr in update:
-            digest.update(np.ascontiguousarray(arr).view(np.uint8).ravel())
-        value = digest.digest()
-        previous = self.last_digest.get(dispatch.partition_id)
-        self.last_digest[dispatch.partition_id] = (value, dispatch.base_version)
-        replayed = (
-            previous is not None and previous[0] == value and previous[1] != dispatch.base_version
-        )
-        if replayed and any(np.any(arr) for arr in update):  # an all-zero update may recur
-            raise ReplyRejected(
-                "duplicate",
-                f"partition {dispatch.partition_id} sent the bytes of its update for version "
-                f"{previous[1]} again for version {dispatch.base_version}",
             )
 
     def train_loss(self, reply: Message) -> Any:

@@ -85,7 +85,8 @@ CORE_REASONS: tuple[str, ...] = (
 #: metadata that is not what the protocol says (a partition-id, model-version or
 #: num-examples that is not an integer, a train-loss that is not a number), a
 #: partition-id or model-version other than the message's, other array keys, arrays
-#: that cannot be decoded, a replayed update.
+#: that cannot be decoded; and ``"duplicate"``: a replayed reply (a second reply to a
+#: message, a reply to a message not in flight or from another node), ignored.
 INTAKE_REASONS: tuple[str, ...] = (
     "missing-arrays",
     "missing-metrics",
