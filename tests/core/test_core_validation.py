@@ -278,3 +278,62 @@ def test_registry_accepts_run_config_keys():
     assert opt.params["momentum_form"] == "ema"
     assert opt.params["cycle_quorum"] == 0.5
     assert opt.params["cycle_max_updates"] == 10
+
+
+# ------------------------------------------------ float32 input checks (issue 12 C)
+def test_weights_an_exact_float32_copy_would_change_are_refused_by_name():
+    with pytest.raises(ValueError) as info:
+        GSGM([f32(0, 0), np.array([3, 2**24 + 1], np.int64)], [1])
+    assert str(info.value) == (
+        "weights[1] holds 16777217 (int64) at flat index 1: not exactly representable "
+        "in float32 (it would become 16777216.0)"
+    )
+    with pytest.raises(ValueError) as info:
+        GSGM([np.array([[0.5], [1e39]])], [1])
+    assert str(info.value) == (
+        "weights[0] holds 1e+39 (float64) at flat index 1: out of float32 range "
+        "(|x| <= 3.4028235e+38)"
+    )
+    with pytest.raises(ValueError) as info:
+        GSGM([f32(0, 0), f32(1, np.nan)], [1])
+    assert "weights[1] holds nan at flat index 1" in str(info.value)
+    assert "must be finite" in str(info.value)
+    # What float32 holds exactly is taken as is; a float64 in range is rounded.
+    opt = GSGM([np.array([2**24, -3, 2**60], np.int64), np.array([0.1, 1e38])], [1])
+    assert_bits_equal(opt.weights[0], f32(2**24, -3, 2**60))
+    assert_bits_equal(opt.weights[1], f32(0.1, 1e38))
+
+
+def test_a_float64_update_out_of_float32_range_names_the_real_reason():
+    opt = GSGM(arrays(0, 0, 0, 0, 0, 0), [1], lr=0.5)
+    before = opt.state_dict()
+    with pytest.raises(UpdateRejected) as info:
+        opt.on_update(1, [np.array([0.0, 1e39]), np.ones((2, 2), np.float32)], 0)
+    assert info.value.reason == "dtype"
+    assert info.value.message == (
+        "array 0 has dtype <f8, expected float32 (<f4); it holds 1e+39 (float64) at flat "
+        "index 1: out of float32 range (|x| <= 3.4028235e+38)"
+    )
+    assert "non-finite" not in str(info.value)
+    assert_unchanged_but_rejected(before, opt.state_dict())
+
+
+def test_an_update_viewing_the_weights_is_copied_before_the_gsgm_step():
+    # Strict GSGM (heavy-ball, slots, lr per step), lr 0.5, beta 0.5, w = (1, 2).
+    opt = GSGM([f32(1, 2)], [1, 2], lr=0.5, beta=0.5, **GSGM_STRICT)
+    view = opt.weights[0]  # shares memory with w
+    assert opt.on_update(1, [view], 0) is Outcome.APPLIED
+    # u = (1, 2) as sent: w <- w - 0.5 * u = (0.5, 1); S <- S + u = (1, 2), not the
+    # stepped (0.5, 1) a view read after the step would give.
+    assert_bits_equal(opt.weights[0], f32(0.5, 1))
+    assert_bits_equal(opt.cycle_sum, f32(1, 2))
+    # Node 2's zero update closes the cycle: M <- S / k = (0.5, 1).
+    assert opt.on_update(2, [f32(0, 0)], 0) is Outcome.APPLIED
+    assert opt.cycle_index == 1
+    assert_bits_equal(opt.momentum, f32(0.5, 1))
+    assert_bits_equal(opt.weights[0], f32(0.5, 1))
+    # Next cycle: node 1 sends the weights again: u = (0.5, 1),
+    # w <- w - 0.5 * (u + 0.5 * M) = (0.5, 1) - 0.5 * (0.75, 1.5) = (0.125, 0.25).
+    assert opt.on_update(1, [opt.weights[0]], 1) is Outcome.APPLIED
+    assert_bits_equal(opt.weights[0], f32(0.125, 0.25))
+    assert_bits_equal(opt.cycle_sum, f32(0.5, 1))
