@@ -171,6 +171,37 @@ def _check_float32_cast(arr: np.ndarray, what: str) -> None:
         )
 
 
+def _state_int(value: Any, *path: str | int, low: int = 0, high: int | None = None) -> int:
+    """A state field (``state[path[0]][path[1]]...``) that must be an integer in
+    ``[low, high]``; else ValueError naming it."""
+    where = "state" + "".join(f"[{p!r}]" for p in path)
+    span = f">= {low}" if high is None else f"in [{low}, {high}]"
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{where} is {value!r}, expected an integer {span}")
+    if int(value) < low or (high is not None and int(value) > high):
+        raise ValueError(f"{where} is {value!r}, expected an integer {span}")
+    return int(value)
+
+
+def _state_nodes(value: Any, what: str, within: set[int] | None = None) -> set[int]:
+    """A state list of node ids: integers, no repeats, members of ``within`` if given."""
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(f"state[{what!r}] is {value!r}, expected a list of node ids")
+    nodes = []
+    for n in value:
+        if isinstance(n, (bool, np.bool_)) or not isinstance(n, numbers.Integral):
+            raise ValueError(f"state[{what!r}] holds {n!r}, expected integer node ids")
+        if within is not None and int(n) not in within:
+            raise ValueError(
+                f"state[{what!r}] holds node {int(n)}, which is not active "
+                f"(state['active_nodes'] is {sorted(within)[:20]})"
+            )
+        nodes.append(int(n))
+    if len(set(nodes)) != len(nodes):
+        raise ValueError(f"state[{what!r}] lists a node twice: {nodes[:20]}")
+    return set(nodes)
+
+
 def chunks(parts: Parts) -> Iterator[tuple[int, int, np.ndarray]]:
     """Yield ``(lo, hi, values)``: ``values`` covers ``w[lo:hi]``, at most CHUNK long."""
     chunk = CHUNK
@@ -502,7 +533,11 @@ class ServerOptimizer(abc.ABC):
 
         Raises:
             ValueError: the state belongs to another optimizer, other shapes or a
-                different layout; the optimizer is then left unchanged.
+                different layout, or is inconsistent (a count or version that is not
+                an integer >= 0, a node listed twice, a rule's node that is not in
+                ``active_nodes``, rule data its params do not have: see
+                :meth:`_check_state`); the message names the field. The optimizer is
+                then left unchanged.
         """
         if not isinstance(state, dict):
             raise ValueError(f"state must be a dict, got {type(state).__name__}")
@@ -520,6 +555,7 @@ class ServerOptimizer(abc.ABC):
                 f"state shapes {list(shapes)} differ from the optimizer's "
                 f"{[list(s) for s in self._shapes]}"
             )
+        self._check_state(state)
         backup = self.state_dict()
         try:
             self._load(state)
@@ -572,6 +608,25 @@ class ServerOptimizer(abc.ABC):
                 f"got {arr.dtype} {arr.shape}"
             )
         return arr.copy()
+
+    def _check_state(self, state: dict[str, Any]) -> None:
+        """Raise ValueError, naming the field, if ``state`` is not consistent.
+
+        Checks the plain fields before anything changes: ``version`` and every
+        counter an integer >= 0, ``active_nodes`` integers without repeats; then the
+        rule's own fields (:meth:`_check_state_extra`).
+        """
+        try:
+            version = _state_int(state.get("version"), "version")
+            for key, value in dict(state.get("counters", {})).items():
+                _state_int(value, "counters", key)
+            active = _state_nodes(state.get("active_nodes"), "active_nodes")
+            self._check_state_extra(state, version, active)
+        except (TypeError, KeyError) as err:
+            raise ValueError(f"state is malformed: {err!r}") from None
+
+    def _check_state_extra(self, state: dict[str, Any], version: int, active: set[int]) -> None:
+        """Hook: validate the rule's fields of ``state`` (raise ValueError naming one)."""
 
     def _load(self, state: dict[str, Any]) -> None:
         params = dict(state["params"])

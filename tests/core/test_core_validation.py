@@ -337,3 +337,70 @@ def test_an_update_viewing_the_weights_is_copied_before_the_gsgm_step():
     assert opt.on_update(1, [opt.weights[0]], 1) is Outcome.APPLIED
     assert_bits_equal(opt.weights[0], f32(0.125, 0.25))
     assert_bits_equal(opt.cycle_sum, f32(0.5, 1))
+
+
+# ------------------------------------------- inconsistent states (issue 12 D)
+def _set(key, value):
+    def edit(state):
+        state[key] = value
+
+    return edit
+
+
+def _table_rows_in_a_slot_state(state):
+    table, _ = busy("gsgm", averaging="table")
+    t = table.state_dict()
+    for key in ("table_nodes", "table_values", "table_versions", "table_sum"):
+        state[key] = t[key]
+
+
+INCONSISTENT = [
+    (_set("white_list", [2, 3, 7]), "state['white_list'] holds node 7, which is not active"),
+    (_set("white_list", [1, 2, 3]), "state['white_list'] holds node(s) [1] that contributed"),
+    (_set("slot_nodes", [4]), "state['slot_nodes'] holds node 4, which is not active"),
+    (_set("active_nodes", [1, 2, 2, 3]), "state['active_nodes'] lists a node twice"),
+    (_set("cycle_count", -1), "state['cycle_count'] is -1, expected an integer >= 0"),
+    (_set("cycle_index", 1.5), "state['cycle_index'] is 1.5, expected an integer >= 0"),
+    (_set("version", -4), "state['version'] is -4, expected an integer >= 0"),
+    (_set("slot_counts", [0]), "state['slot_counts'][0] is 0, expected an integer >= 1"),
+    (_set("slot_versions", [5]), "state['slot_versions'][0] is 5, expected an integer in [0, 4]"),
+    (
+        lambda s: s["counters"].update(applied=-3),
+        "state['counters']['applied'] is -3, expected an integer >= 0",
+    ),
+    (
+        _table_rows_in_a_slot_state,
+        "hold table-averaging data, but the state's params have averaging='slot'",
+    ),
+    (_set("cycle_start", float("nan")), "state['cycle_start'] is nan"),
+]
+
+
+@pytest.mark.parametrize("edit,message", INCONSISTENT)
+def test_an_inconsistent_state_is_refused_by_field_and_changes_nothing(edit, message):
+    opt, _ = busy("gsgm")  # strict: slot averaging, a slot pending for node 1
+    target, _ = busy("gsgm")
+    state = opt.state_dict()
+    assert (state["version"], state["white_list"], state["contributed"]) == (4, [2, 3], [1])
+    edit(state)
+    before = target.state_dict()
+    with pytest.raises(ValueError) as info:
+        target.load_state_dict(state)
+    assert message in str(info.value)
+    assert_state_equal(before, target.state_dict())
+
+
+def test_a_table_state_loads_into_a_slot_optimizer_with_its_own_params():
+    # load_state_dict restores hyperparameters (as PyTorch optimizers do): the
+    # table-mode state turns the slot-mode optimizer into a table-mode one, which
+    # then continues bit-identically.
+    table, eng = busy("gsgm", averaging="table")
+    snap = eng.snapshot()
+    slot = make_optimizer("gsgm", arrays(0, 0, 0, 0, 0, 0), [9], lr=0.25, **GSGM_STRICT)
+    slot.load_state_dict(table.state_dict())
+    assert slot.params == table.params and slot.params["averaging"] == "table"
+    eng2 = Engine.__new__(Engine)
+    eng2.restore(slot, snap)
+    continue_run(table, eng)
+    continue_run(slot, eng2)
+    assert_state_equal(table.state_dict(), slot.state_dict())
