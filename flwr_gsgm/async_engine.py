@@ -122,7 +122,11 @@ class AsyncEngine:
         self.optimizer: ServerOptimizer | None = None
         self.ledger = Ledger()
         self.in_flight = InFlight(
-            grid, self.keys, settings.message_ttl, settings.virtual_clock is not None
+            grid,
+            self.keys,
+            settings.message_ttl,
+            settings.virtual_clock is not None,
+            on_replay=self._on_replay,
         )
         self.members = Membership(grid, self.in_flight, settings, self.ledger)
         self.intake = ReplyIntake(self.keys)
@@ -275,6 +279,11 @@ class AsyncEngine:
                 pid,
                 staleness,
             )
+
+    def _on_replay(self, mid: str, why: str) -> None:
+        """A replayed reply (not an answer to a dispatch in flight): counted, ignored."""
+        self.ledger.record_rejection("duplicate")
+        log(WARNING, "[async] ignored a replayed reply (duplicate): %s", why)
 
     def _on_error_reply(self, node: Node, reply: Message) -> None:
         self.ledger.count("error_replies")

@@ -2,7 +2,8 @@
 
 The state is plain numpy/python values (see :mod:`flwr_gsgm.checkpoint` for the
 file). Its top-level keys are those of checkpoints written before the engine was
-split into parts, so such checkpoints still load.
+split into parts, so such checkpoints still load (their ``last_digest``, the
+memory of the content-based replay check that is gone, is ignored).
 """
 
 from __future__ import annotations
@@ -43,7 +44,6 @@ def save_state(engine: AsyncEngine) -> dict[str, Any]:
         "diverged": engine.diverged,
         "seq": engine.dispatcher.seq,
         "vnow": engine.vnow,
-        "last_digest": dict(engine.intake.last_digest),
         "dispatch": engine.policy.state_dict(),
     }
 
@@ -65,7 +65,6 @@ def restore_state(engine: AsyncEngine, state: dict[str, Any]) -> None:
     engine.rows = [dict(r) for r in state["rows"]]
     engine.received, engine.diverged = state["received"], state["diverged"]
     engine.dispatcher.seq, engine.vnow = state["seq"], state["vnow"]
-    engine.intake.last_digest = dict(state["last_digest"])
     if "dispatch" in state:  # checkpoints written before dispatch policies lack it
         engine.policy.load_state_dict(state["dispatch"])
     for saved in state["in_flight"]:

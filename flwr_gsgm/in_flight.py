@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import heapq
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,11 +61,21 @@ class InFlight:
     virtual_order : bool
         True (virtual clock): replies are handled in virtual finish order;
         False: in arrival order.
+    on_replay : callable, optional
+        ``(message_id, why) -> None``, called for each replayed reply pulled (a second
+        reply to a message, a reply to a message not in flight, a reply from another
+        node than the message's), which is then ignored. Default: ignore silently.
     """
 
     def __init__(
-        self, grid: Grid, keys: list[str], message_ttl: float, virtual_order: bool
+        self,
+        grid: Grid,
+        keys: list[str],
+        message_ttl: float,
+        virtual_order: bool,
+        on_replay: Callable[[str, str], None] | None = None,
     ) -> None:
+        self.on_replay = on_replay or (lambda mid, why: None)
         self.grid = grid
         self.keys = keys
         self.ttl = message_ttl
@@ -115,16 +126,42 @@ class InFlight:
         return wanted + [m for m in self.queries if m not in self.arrived]
 
     def pull(self) -> None:
-        """Pull the replies that are ready and note their arrival order."""
+        """Pull the replies that are ready and note their arrival order.
+
+        A replayed reply (see :meth:`_replayed`) is passed to ``on_replay`` and ignored.
+        """
         wanted = self.awaited()
         if not wanted:
             return
         for reply in self.grid.pull_messages(wanted):
             mid = reply.metadata.reply_to_message_id
-            if mid in self.arrived:
+            why = self._replayed(mid, reply)
+            if why is not None:
+                self.on_replay(mid, why)
                 continue
             self.arrived[mid] = reply
             self.arrival_order.append(mid)
+
+    def _replayed(self, mid: str, reply: Message) -> str | None:
+        """Why ``reply`` (answering message ``mid``) is a replay, or None if it is not.
+
+        A reply is identified by the message it answers and the node it comes from,
+        not by its content: it is a replay if that message was answered already or
+        is not in flight (handled, lost, never sent), or if it comes from another
+        node than the one the message was sent to.
+        """
+        if mid in self.arrived:
+            return f"a second reply to message {mid!r}, whose reply has arrived already"
+        if mid in self.dispatches:
+            node_id = self.dispatches[mid].node_id
+        elif mid in self.queries:
+            node_id = self.queries[mid][0]
+        else:
+            return f"a reply to message {mid!r}, which is not in flight (answered or dropped)"
+        src = reply.metadata.src_node_id
+        if src != node_id:
+            return f"a reply to message {mid!r} from node {src}, the message went to node {node_id}"
+        return None
 
     def idle(self, timeout: float) -> None:
         """Wait up to ``timeout`` seconds (the poll interval) for replies.

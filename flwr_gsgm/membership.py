@@ -4,7 +4,9 @@ Nodes are keyed on the ``partition-id`` they report in answer to a ``query``
 message (sent at start-up and whenever a new node id appears), not on node ids,
 which change when a SuperNode restarts. A node whose partitioning differs from the
 run's (another ``num-partitions``, a partition-id out of range, a partition already
-held by another node at start-up) is refused.
+held by another node at start-up) is refused, and so is a node whose query reply
+has a partition-id or num-partitions that is not an integer >= 0 (a list, NaN,
+infinity, 1.7; an integral float such as 1.0 is taken as that integer).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from flwr.serverapp import Grid
 from flwr_gsgm.engine_settings import EngineSettings
 from flwr_gsgm.in_flight import InFlight
 from flwr_gsgm.ledger import Ledger
+from flwr_gsgm.reply_intake import metadata_int
 
 __all__ = ["Membership", "Node"]
 
@@ -148,7 +151,9 @@ class Membership:
     def register_query_replies(self, lose: LoseFn) -> list[int]:
         """Map answered queries to partition-ids; return partition-ids that (re)joined.
 
-        Queries unanswered after ``reply_timeout`` seconds are forgotten.
+        Never raises on a reply: one with malformed metadata is logged, counted in
+        ``nodes_refused`` and registers no node. Queries unanswered after
+        ``reply_timeout`` seconds are forgotten.
         """
         joined = []
         queries = self.in_flight.queries
@@ -178,7 +183,14 @@ class Membership:
         if not isinstance(metrics, MetricRecord) or "partition-id" not in metrics:
             log(WARNING, "[async] node %d query reply has no partition-id; ignored", node_id)
             return None
-        pid, num = int(metrics["partition-id"]), int(metrics.get("num-partitions", 0))
+        try:
+            pid = metadata_int("partition-id", metrics["partition-id"])
+            num = metadata_int("num-partitions", metrics.get("num-partitions", 0))
+        except ValueError as err:
+            # Malformed metadata: the node registers nothing (and the run goes on).
+            self.ledger.count("nodes_refused")
+            log(WARNING, "[async] node %d refused: its query reply has %s", node_id, err)
+            return None
         if not 0 <= pid < num or (self.started and num != self.num_partitions):
             # A node that does not belong to this federation's partitioning.
             self.ledger.count("nodes_refused")

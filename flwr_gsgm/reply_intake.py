@@ -3,7 +3,6 @@
 A reply must carry an ``ArrayRecord`` under ``"arrays"`` whose keys are the model's,
 in order, and a ``MetricRecord`` under ``"metrics"`` with the partition-id and model
 version of the message it answers (see ``clients/client_app.py`` for the protocol).
-A partition must not replay the bytes of an earlier update for other weights.
 A reply that fails raises :class:`ReplyRejected`, whose reason is one of
 :data:`flwr_gsgm.core.INTAKE_REASONS` (part of the run's one list,
 :data:`flwr_gsgm.core.REASONS`).
@@ -11,7 +10,8 @@ A reply that fails raises :class:`ReplyRejected`, whose reason is one of
 
 from __future__ import annotations
 
-import hashlib
+import math
+import numbers
 from typing import Any
 
 import numpy as np
@@ -20,10 +20,38 @@ from flwr.app import ArrayRecord, Message, MetricRecord
 from flwr_gsgm.core import INTAKE_REASONS, UpdateRejected
 from flwr_gsgm.in_flight import Dispatch
 
-__all__ = ["REQUIRED_REPLY_METRICS", "ReplyIntake", "ReplyRejected"]
+__all__ = ["REQUIRED_REPLY_METRICS", "ReplyIntake", "ReplyRejected", "metadata_int"]
 
 # Metric keys a train reply must carry (see clients/client_app.py for the protocol).
 REQUIRED_REPLY_METRICS = ("partition-id", "model-version", "num-examples")
+
+
+def metadata_int(key: str, value: Any, low: int = 0) -> int:
+    """Return the metadata value ``value`` of ``key`` as an int ``>= low``.
+
+    A metric value may be an int, a float or a list of them (``MetricRecord``); an
+    integer is expected here. A float with an integral value (``1.0``) is accepted as
+    that integer; ``1.7``, NaN, infinities, lists and bools are not.
+
+    Raises
+    ------
+    ValueError
+        If ``value`` is not such an integer; the message names ``key``, the value and
+        what was expected.
+    """
+    expected = f"expected an integer >= {low} (an integral float such as 1.0 is taken as 1)"
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Real, np.number)):
+        raise ValueError(f"metadata {key!r} is {value!r} ({type(value).__name__}); {expected}")
+    if isinstance(value, (numbers.Integral, np.integer)):
+        number = int(value)
+    else:
+        real = float(value)
+        if not math.isfinite(real) or real != math.floor(real):
+            raise ValueError(f"metadata {key!r} is {value!r}; {expected}")
+        number = int(real)
+    if number < low:
+        raise ValueError(f"metadata {key!r} is {value!r}; {expected}")
+    return number
 
 
 class ReplyRejected(UpdateRejected):
@@ -49,14 +77,13 @@ class ReplyRejected(UpdateRejected):
 class ReplyIntake:
     """Unpacks train replies for a model with array keys ``keys`` (in order).
 
-    Keeps, per partition, the digest and base version of its last update, to catch
-    replays; that memory is part of the engine's checkpoint (:attr:`last_digest`).
+    Replays are caught before, by the message a reply answers, not by its content
+    (:meth:`flwr_gsgm.in_flight.InFlight.pull`): a deterministic client may send the
+    same bytes for other weights (a constant gradient), and they are accepted.
     """
 
     def __init__(self, keys: list[str]) -> None:
         self.keys = keys
-        # partition-id -> (digest, base version) of its last update
-        self.last_digest: dict[int, tuple[bytes, int]] = {}
 
     def unpack(self, dispatch: Dispatch, reply: Message) -> list[np.ndarray]:
         """Return the update's arrays (model order) from ``reply`` to ``dispatch``.
@@ -64,8 +91,10 @@ class ReplyIntake:
         Raises
         ------
         ReplyRejected
-            On a missing record or metric, a partition-id or model-version other than
-            the message's, other array keys, undecodable arrays, or a replay.
+            On a missing record or metric, malformed metadata (``"metadata"``: a
+            partition-id, model-version or num-examples that is not an integer >= 0,
+            a train-loss that is not a number), a partition-id or model-version other than
+            the message's, other array keys or undecodable arrays.
         """
         arrays, metrics = self._records(reply)
         self._check_metrics(dispatch, metrics)
@@ -79,7 +108,6 @@ class ReplyIntake:
             update = arrays.to_numpy_ndarrays()
         except Exception as err:  # a corrupt payload must not stop the run
             raise ReplyRejected("array-format", f"arrays cannot be decoded: {err}") from err
-        self._reject_duplicate(dispatch, update)
         return update
 
     @staticmethod
@@ -97,40 +125,29 @@ class ReplyIntake:
         missing = [k for k in REQUIRED_REPLY_METRICS if k not in metrics]
         if missing:
             raise ReplyRejected("missing-metrics", f"reply metrics lack {missing}")
-        if int(metrics["partition-id"]) != dispatch.partition_id:
+        try:
+            pid, version = (metadata_int(k, metrics[k]) for k in REQUIRED_REPLY_METRICS[:2])
+            metadata_int("num-examples", metrics["num-examples"])
+        except ValueError as err:
+            raise ReplyRejected("metadata", str(err)) from None
+        loss = metrics.get("train-loss")
+        if loss is not None and (isinstance(loss, bool) or not isinstance(loss, (int, float))):
+            raise ReplyRejected(
+                "metadata",
+                f"metadata 'train-loss' is {loss!r} ({type(loss).__name__}); expected a number "
+                "(a non-finite one is left out of the train-loss mean)",
+            )
+        if pid != dispatch.partition_id:
             raise ReplyRejected(
                 "partition-id",
                 f"reply says partition-id={metrics['partition-id']}, "
                 f"message was sent to partition {dispatch.partition_id}",
             )
-        if int(metrics["model-version"]) != dispatch.base_version:
+        if version != dispatch.base_version:
             raise ReplyRejected(
                 "model-version",
                 f"reply says model-version={metrics['model-version']}, "
                 f"message carried version {dispatch.base_version}",
-            )
-
-    def _reject_duplicate(self, dispatch: Dispatch, update: list[np.ndarray]) -> None:
-        """Reject a replay: the partition's previous update bytes, sent for another version.
-
-        A deterministic client may send the same bytes twice for the same weights
-        (same model version), and an all-zero update may recur; otherwise, for weights
-        that changed, equal bytes mean a replay.
-        """
-        digest = hashlib.blake2b(digest_size=16)
-        for arr in update:
-            digest.update(np.ascontiguousarray(arr).view(np.uint8).ravel())
-        value = digest.digest()
-        previous = self.last_digest.get(dispatch.partition_id)
-        self.last_digest[dispatch.partition_id] = (value, dispatch.base_version)
-        replayed = (
-            previous is not None and previous[0] == value and previous[1] != dispatch.base_version
-        )
-        if replayed and any(np.any(arr) for arr in update):  # an all-zero update may recur
-            raise ReplyRejected(
-                "duplicate",
-                f"partition {dispatch.partition_id} sent the bytes of its update for version "
-                f"{previous[1]} again for version {dispatch.base_version}",
             )
 
     def train_loss(self, reply: Message) -> Any:

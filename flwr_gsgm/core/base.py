@@ -82,11 +82,15 @@ CORE_REASONS: tuple[str, ...] = (
 )
 #: Rejection reasons of the engine's reply intake (:mod:`flwr_gsgm.reply_intake`),
 #: checked before the optimizer sees an update: no ArrayRecord / MetricRecord, a
+#: metadata that is not what the protocol says (a partition-id, model-version or
+#: num-examples that is not an integer, a train-loss that is not a number), a
 #: partition-id or model-version other than the message's, other array keys, arrays
-#: that cannot be decoded, a replayed update.
+#: that cannot be decoded; and ``"duplicate"``: a replayed reply (a second reply to a
+#: message, a reply to a message not in flight or from another node), ignored.
 INTAKE_REASONS: tuple[str, ...] = (
     "missing-arrays",
     "missing-metrics",
+    "metadata",
     "partition-id",
     "model-version",
     "array-keys",
@@ -132,6 +136,72 @@ def _check_now(now: Any) -> float:
     return float(now)
 
 
+def _check_float32_cast(arr: np.ndarray, what: str) -> None:
+    """Raise ValueError if copying ``arr`` to float32 changes a value beyond rounding.
+
+    A finite value out of float32 range would become infinity; an integer not exactly
+    representable in float32 would become another integer. Float32 input passes as is.
+    """
+    if arr.dtype == _F32 or arr.size == 0:
+        return
+    with np.errstate(over="ignore", invalid="ignore"):
+        cast = arr.astype(_F32)
+        if arr.dtype.kind == "f":
+            bad = np.isfinite(arr) & ~np.isfinite(cast)
+            if bad.any():
+                j = int(np.argmax(bad.reshape(-1)))
+                raise ValueError(
+                    f"{what} holds {arr.reshape(-1)[j].item()!r} ({arr.dtype}) at flat index "
+                    f"{j}: out of float32 range (|x| <= {float(np.finfo(_F32).max):.8g})"
+                )
+            return
+        # Integers: compared through float64, exact below 2**53; above, as python ints.
+        back = cast.astype(np.float64) != arr.astype(np.float64)
+        flat, flat_cast = arr.reshape(-1), cast.reshape(-1)
+        for k in np.flatnonzero(np.abs(flat.astype(np.float64)) >= 2.0**53):
+            if int(flat[k]) != int(flat_cast[k]):
+                back.reshape(-1)[k] = True
+                break
+    if back.any():
+        j = int(np.argmax(back.reshape(-1)))
+        value = arr.reshape(-1)[j].item()
+        raise ValueError(
+            f"{what} holds {value!r} ({arr.dtype}) at flat index {j}: not exactly "
+            f"representable in float32 (it would become {float(cast.reshape(-1)[j])!r})"
+        )
+
+
+def _state_int(value: Any, *path: str | int, low: int = 0, high: int | None = None) -> int:
+    """A state field (``state[path[0]][path[1]]...``) that must be an integer in
+    ``[low, high]``; else ValueError naming it."""
+    where = "state" + "".join(f"[{p!r}]" for p in path)
+    span = f">= {low}" if high is None else f"in [{low}, {high}]"
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{where} is {value!r}, expected an integer {span}")
+    if int(value) < low or (high is not None and int(value) > high):
+        raise ValueError(f"{where} is {value!r}, expected an integer {span}")
+    return int(value)
+
+
+def _state_nodes(value: Any, what: str, within: set[int] | None = None) -> set[int]:
+    """A state list of node ids: integers, no repeats, members of ``within`` if given."""
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(f"state[{what!r}] is {value!r}, expected a list of node ids")
+    nodes = []
+    for n in value:
+        if isinstance(n, (bool, np.bool_)) or not isinstance(n, numbers.Integral):
+            raise ValueError(f"state[{what!r}] holds {n!r}, expected integer node ids")
+        if within is not None and int(n) not in within:
+            raise ValueError(
+                f"state[{what!r}] holds node {int(n)}, which is not active "
+                f"(state['active_nodes'] is {sorted(within)[:20]})"
+            )
+        nodes.append(int(n))
+    if len(set(nodes)) != len(nodes):
+        raise ValueError(f"state[{what!r}] lists a node twice: {nodes[:20]}")
+    return set(nodes)
+
+
 def chunks(parts: Parts) -> Iterator[tuple[int, int, np.ndarray]]:
     """Yield ``(lo, hi, values)``: ``values`` covers ``w[lo:hi]``, at most CHUNK long."""
     chunk = CHUNK
@@ -166,7 +236,12 @@ class ServerOptimizer(abc.ABC):
     Raises:
         ValueError: a parameter that is not declared or out of range (the message
             names it, the value and what was expected), ``weights`` is empty or not
-            numeric.
+            numeric, holds NaN or infinity, or a value the float32 copy would change
+            other than by rounding a float: a finite value out of float32 range
+            (``|x| > 3.4028235e38``, which would become infinity), or an integer not
+            exactly representable in float32 (``2**24 + 1`` would become ``2**24``).
+            The message names the array (``weights[i]``), the value and its index.
+            A float64 value in range is rounded to the nearest float32.
         TypeError: ``weights`` is a single array instead of a sequence of arrays.
 
     Validation of ``on_update`` happens before anything changes, in this order (cheap
@@ -276,6 +351,7 @@ class ServerOptimizer(abc.ABC):
             arr = np.asarray(a)
             if arr.dtype.kind not in "fiu":
                 raise ValueError(f"weights[{i}] must hold real numbers, got dtype {arr.dtype}")
+            _check_float32_cast(arr, f"weights[{i}]")
             arrays.append(arr)
         if not arrays:
             raise ValueError("weights must hold at least one array, got none")
@@ -288,8 +364,14 @@ class ServerOptimizer(abc.ABC):
         self._w_views = self._views(self._w)
         for view, a in zip(self._w_views, arrays):
             np.copyto(view, a, casting="unsafe")
-        if not np.isfinite(self._w).all():
-            raise ValueError("weights must be finite, got NaN or infinity")
+        for i, view in enumerate(self._w_views):
+            finite = np.isfinite(view)
+            if not finite.all():
+                j = int(np.argmin(finite.reshape(-1)))
+                raise ValueError(
+                    f"weights[{i}] holds {view.reshape(-1)[j].item()!r} at flat index {j}; "
+                    "weights must be finite (no NaN or infinity)"
+                )
         scratch = max(1, min(CHUNK, self._size))
         self._scr_a = np.empty(scratch, dtype=_F32)
         self._scr_b = np.empty(scratch, dtype=_F32)
@@ -371,7 +453,9 @@ class ServerOptimizer(abc.ABC):
         Args:
             node_id: the active node that computed ``update``.
             update: arrays shaped like ``weights``, float32, finite (a gradient or a
-                pseudo-gradient: the rule steps against it).
+                pseudo-gradient: the rule steps against it). An array that shares
+                memory with the optimizer's own buffers (a view of ``weights``, say)
+                is copied before the rule runs, so the rule's writes do not change it.
             base_version: the ``version`` of the weights the node computed on.
             now: the engine's clock in seconds (virtual seconds in simulation), used
                 only by GSGM's cycle time budget.
@@ -449,7 +533,11 @@ class ServerOptimizer(abc.ABC):
 
         Raises:
             ValueError: the state belongs to another optimizer, other shapes or a
-                different layout; the optimizer is then left unchanged.
+                different layout, or is inconsistent (a count or version that is not
+                an integer >= 0, a node listed twice, a rule's node that is not in
+                ``active_nodes``, rule data its params do not have: see
+                :meth:`_check_state`); the message names the field. The optimizer is
+                then left unchanged.
         """
         if not isinstance(state, dict):
             raise ValueError(f"state must be a dict, got {type(state).__name__}")
@@ -467,6 +555,7 @@ class ServerOptimizer(abc.ABC):
                 f"state shapes {list(shapes)} differ from the optimizer's "
                 f"{[list(s) for s in self._shapes]}"
             )
+        self._check_state(state)
         backup = self.state_dict()
         try:
             self._load(state)
@@ -520,6 +609,25 @@ class ServerOptimizer(abc.ABC):
             )
         return arr.copy()
 
+    def _check_state(self, state: dict[str, Any]) -> None:
+        """Raise ValueError, naming the field, if ``state`` is not consistent.
+
+        Checks the plain fields before anything changes: ``version`` and every
+        counter an integer >= 0, ``active_nodes`` integers without repeats; then the
+        rule's own fields (:meth:`_check_state_extra`).
+        """
+        try:
+            version = _state_int(state.get("version"), "version")
+            for key, value in dict(state.get("counters", {})).items():
+                _state_int(value, "counters", key)
+            active = _state_nodes(state.get("active_nodes"), "active_nodes")
+            self._check_state_extra(state, version, active)
+        except (TypeError, KeyError) as err:
+            raise ValueError(f"state is malformed: {err!r}") from None
+
+    def _check_state_extra(self, state: dict[str, Any], version: int, active: set[int]) -> None:
+        """Hook: validate the rule's fields of ``state`` (raise ValueError naming one)."""
+
     def _load(self, state: dict[str, Any]) -> None:
         params = dict(state["params"])
         if set(params) != set(self._param_names):
@@ -536,6 +644,18 @@ class ServerOptimizer(abc.ABC):
         self._counters.update(counters)
         self._active = {int(n) for n in state["active_nodes"]}
         self._load_extra(state)
+
+    def _owned_buffers(self) -> list[np.ndarray]:
+        """The arrays this optimizer owns and writes (attributes, in dicts and lists)."""
+        found = []
+        for value in vars(self).values():
+            items = value.values() if isinstance(value, dict) else (value,)
+            for item in items:
+                if isinstance(item, np.ndarray):
+                    found.append(item)
+                elif isinstance(item, list):
+                    found.extend(x for x in item if isinstance(x, np.ndarray))
+        return found
 
     def _reject(self, reason: str, message: str) -> UpdateRejected:
         self._counters["rejected"] += 1
@@ -590,13 +710,20 @@ class ServerOptimizer(abc.ABC):
                     f"array {i} is a {type(a).__name__}, expected a numpy float32 array",
                 )
             if a.dtype != _F32:
+                why = ""
+                if a.dtype.kind in "fiu":
+                    try:
+                        _check_float32_cast(a, "it")
+                    except ValueError as err:  # name the real problem of the values too
+                        why = f"; {err}"
                 raise self._reject(
-                    "dtype", f"array {i} has dtype {a.dtype.str}, expected float32 (<f4)"
+                    "dtype", f"array {i} has dtype {a.dtype.str}, expected float32 (<f4){why}"
                 )
             if a.shape != shape:
                 raise self._reject("shape", f"array {i} has shape {a.shape}, expected {shape}")
         parts: Parts = []
         sq = 0.0
+        owned = None
         # One BLAS pass per array: a sum of squares is finite iff every value is
         # finite (squares are >= 0, nothing cancels), unless it overflows float32.
         with np.errstate(over="ignore", invalid="ignore"):
@@ -615,6 +742,11 @@ class ServerOptimizer(abc.ABC):
                         )
                     s = float(np.dot(flat.astype(np.float64), flat.astype(np.float64)))
                 sq += s
+                owned = self._owned_buffers() if owned is None else owned
+                if any(np.may_share_memory(flat, buf) for buf in owned):
+                    # A view of w (or another buffer of ours) would change under the
+                    # rule's own writes: the rule works on a copy.
+                    flat = flat.copy()
                 parts.append((self._offsets[i], flat))
         if self._max_norm is not None:
             norm = math.sqrt(sq)

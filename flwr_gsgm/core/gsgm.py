@@ -16,12 +16,13 @@ algorithm.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
 
-from .base import Outcome, Parts, ServerOptimizer, chunks
+from .base import Outcome, Parts, ServerOptimizer, _state_int, _state_nodes, chunks
 from .params import BETA, Param
 
 __all__ = ["GSGM"]
@@ -706,6 +707,55 @@ class GSGM(ServerOptimizer):
             "table_versions": [int(self._table_base[n]) for n in self._table],
             "table_sum": None if self._table_sum is None else self._table_sum.copy(),
         }
+
+    def _check_state_extra(self, state: dict[str, Any], version: int, active: set[int]) -> None:
+        """GSGM's invariants (the params are the state's, which the load restores).
+
+        Counts and indices are integers >= 0 (slot counts >= 1); the white list and
+        the nodes with a slot or a table row are active and listed once; the white
+        list holds no node that contributed in this cycle; a slot's or row's base
+        version is in ``[0, version]``; a state with ``averaging = "slot"`` has no
+        table (rows or sum) and one with ``"table"`` has its sum; without scheduling
+        there is no white list and no slot.
+        """
+        params = dict(state["params"])
+        for key in ("cycle_count", "cycle_index", "cycle_arrivals"):
+            _state_int(state[key], key)
+        white = _state_nodes(state["white_list"], "white_list", within=active)
+        contributed = _state_nodes(state["contributed"], "contributed")
+        if white & contributed:
+            raise ValueError(
+                f"state['white_list'] holds node(s) {sorted(white & contributed)} that "
+                "contributed in this cycle (state['contributed'])"
+            )
+        slots = _state_nodes(state["slot_nodes"], "slot_nodes", within=active)
+        for i, count in enumerate(state["slot_counts"]):
+            _state_int(count, "slot_counts", i, low=1)
+        for i, base in enumerate(state["slot_versions"]):
+            _state_int(base, "slot_versions", i, high=version)
+        rows = _state_nodes(state["table_nodes"], "table_nodes", within=active)
+        for i, base in enumerate(state["table_versions"]):
+            _state_int(base, "table_versions", i, high=version)
+        table = params.get("averaging") == "table"
+        if not table and (rows or state["table_sum"] is not None):
+            raise ValueError(
+                f"state['table_nodes'] / state['table_sum'] hold table-averaging data, but "
+                f"the state's params have averaging={params.get('averaging')!r}"
+            )
+        if table and state["table_sum"] is None:
+            raise ValueError("state['table_sum'] is None, but the state's averaging is 'table'")
+        if not params.get("scheduling", True) and (white or slots):
+            raise ValueError(
+                "state['white_list'] / state['slot_nodes'] are not empty, but the state's "
+                "params have scheduling=False"
+            )
+        start = state["cycle_start"]
+        if start is not None and (
+            isinstance(start, bool)
+            or not isinstance(start, numbers.Real)
+            or not math.isfinite(start)
+        ):
+            raise ValueError(f"state['cycle_start'] is {start!r}, expected None or a finite number")
 
     def _load_extra(self, state: dict[str, Any]) -> None:
         M = self._flat_array(state["momentum"], "momentum")

@@ -278,3 +278,129 @@ def test_registry_accepts_run_config_keys():
     assert opt.params["momentum_form"] == "ema"
     assert opt.params["cycle_quorum"] == 0.5
     assert opt.params["cycle_max_updates"] == 10
+
+
+# ------------------------------------------------ float32 input checks (issue 12 C)
+def test_weights_an_exact_float32_copy_would_change_are_refused_by_name():
+    with pytest.raises(ValueError) as info:
+        GSGM([f32(0, 0), np.array([3, 2**24 + 1], np.int64)], [1])
+    assert str(info.value) == (
+        "weights[1] holds 16777217 (int64) at flat index 1: not exactly representable "
+        "in float32 (it would become 16777216.0)"
+    )
+    with pytest.raises(ValueError) as info:
+        GSGM([np.array([[0.5], [1e39]])], [1])
+    assert str(info.value) == (
+        "weights[0] holds 1e+39 (float64) at flat index 1: out of float32 range "
+        "(|x| <= 3.4028235e+38)"
+    )
+    with pytest.raises(ValueError) as info:
+        GSGM([f32(0, 0), f32(1, np.nan)], [1])
+    assert "weights[1] holds nan at flat index 1" in str(info.value)
+    assert "must be finite" in str(info.value)
+    # What float32 holds exactly is taken as is; a float64 in range is rounded.
+    opt = GSGM([np.array([2**24, -3, 2**60], np.int64), np.array([0.1, 1e38])], [1])
+    assert_bits_equal(opt.weights[0], f32(2**24, -3, 2**60))
+    assert_bits_equal(opt.weights[1], f32(0.1, 1e38))
+
+
+def test_a_float64_update_out_of_float32_range_names_the_real_reason():
+    opt = GSGM(arrays(0, 0, 0, 0, 0, 0), [1], lr=0.5)
+    before = opt.state_dict()
+    with pytest.raises(UpdateRejected) as info:
+        opt.on_update(1, [np.array([0.0, 1e39]), np.ones((2, 2), np.float32)], 0)
+    assert info.value.reason == "dtype"
+    assert info.value.message == (
+        "array 0 has dtype <f8, expected float32 (<f4); it holds 1e+39 (float64) at flat "
+        "index 1: out of float32 range (|x| <= 3.4028235e+38)"
+    )
+    assert "non-finite" not in str(info.value)
+    assert_unchanged_but_rejected(before, opt.state_dict())
+
+
+def test_an_update_viewing_the_weights_is_copied_before_the_gsgm_step():
+    # Strict GSGM (heavy-ball, slots, lr per step), lr 0.5, beta 0.5, w = (1, 2).
+    opt = GSGM([f32(1, 2)], [1, 2], lr=0.5, beta=0.5, **GSGM_STRICT)
+    view = opt.weights[0]  # shares memory with w
+    assert opt.on_update(1, [view], 0) is Outcome.APPLIED
+    # u = (1, 2) as sent: w <- w - 0.5 * u = (0.5, 1); S <- S + u = (1, 2), not the
+    # stepped (0.5, 1) a view read after the step would give.
+    assert_bits_equal(opt.weights[0], f32(0.5, 1))
+    assert_bits_equal(opt.cycle_sum, f32(1, 2))
+    # Node 2's zero update closes the cycle: M <- S / k = (0.5, 1).
+    assert opt.on_update(2, [f32(0, 0)], 0) is Outcome.APPLIED
+    assert opt.cycle_index == 1
+    assert_bits_equal(opt.momentum, f32(0.5, 1))
+    assert_bits_equal(opt.weights[0], f32(0.5, 1))
+    # Next cycle: node 1 sends the weights again: u = (0.5, 1),
+    # w <- w - 0.5 * (u + 0.5 * M) = (0.5, 1) - 0.5 * (0.75, 1.5) = (0.125, 0.25).
+    assert opt.on_update(1, [opt.weights[0]], 1) is Outcome.APPLIED
+    assert_bits_equal(opt.weights[0], f32(0.125, 0.25))
+    assert_bits_equal(opt.cycle_sum, f32(0.5, 1))
+
+
+# ------------------------------------------- inconsistent states (issue 12 D)
+def _set(key, value):
+    def edit(state):
+        state[key] = value
+
+    return edit
+
+
+def _table_rows_in_a_slot_state(state):
+    table, _ = busy("gsgm", averaging="table")
+    t = table.state_dict()
+    for key in ("table_nodes", "table_values", "table_versions", "table_sum"):
+        state[key] = t[key]
+
+
+INCONSISTENT = [
+    (_set("white_list", [2, 3, 7]), "state['white_list'] holds node 7, which is not active"),
+    (_set("white_list", [1, 2, 3]), "state['white_list'] holds node(s) [1] that contributed"),
+    (_set("slot_nodes", [4]), "state['slot_nodes'] holds node 4, which is not active"),
+    (_set("active_nodes", [1, 2, 2, 3]), "state['active_nodes'] lists a node twice"),
+    (_set("cycle_count", -1), "state['cycle_count'] is -1, expected an integer >= 0"),
+    (_set("cycle_index", 1.5), "state['cycle_index'] is 1.5, expected an integer >= 0"),
+    (_set("version", -4), "state['version'] is -4, expected an integer >= 0"),
+    (_set("slot_counts", [0]), "state['slot_counts'][0] is 0, expected an integer >= 1"),
+    (_set("slot_versions", [5]), "state['slot_versions'][0] is 5, expected an integer in [0, 4]"),
+    (
+        lambda s: s["counters"].update(applied=-3),
+        "state['counters']['applied'] is -3, expected an integer >= 0",
+    ),
+    (
+        _table_rows_in_a_slot_state,
+        "hold table-averaging data, but the state's params have averaging='slot'",
+    ),
+    (_set("cycle_start", float("nan")), "state['cycle_start'] is nan"),
+]
+
+
+@pytest.mark.parametrize("edit,message", INCONSISTENT)
+def test_an_inconsistent_state_is_refused_by_field_and_changes_nothing(edit, message):
+    opt, _ = busy("gsgm")  # strict: slot averaging, a slot pending for node 1
+    target, _ = busy("gsgm")
+    state = opt.state_dict()
+    assert (state["version"], state["white_list"], state["contributed"]) == (4, [2, 3], [1])
+    edit(state)
+    before = target.state_dict()
+    with pytest.raises(ValueError) as info:
+        target.load_state_dict(state)
+    assert message in str(info.value)
+    assert_state_equal(before, target.state_dict())
+
+
+def test_a_table_state_loads_into_a_slot_optimizer_with_its_own_params():
+    # load_state_dict restores hyperparameters (as PyTorch optimizers do): the
+    # table-mode state turns the slot-mode optimizer into a table-mode one, which
+    # then continues bit-identically.
+    table, eng = busy("gsgm", averaging="table")
+    snap = eng.snapshot()
+    slot = make_optimizer("gsgm", arrays(0, 0, 0, 0, 0, 0), [9], lr=0.25, **GSGM_STRICT)
+    slot.load_state_dict(table.state_dict())
+    assert slot.params == table.params and slot.params["averaging"] == "table"
+    eng2 = Engine.__new__(Engine)
+    eng2.restore(slot, snap)
+    continue_run(table, eng)
+    continue_run(slot, eng2)
+    assert_state_equal(table.state_dict(), slot.state_dict())

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 
 import numpy as np
-from flwr.app import MetricRecord
+from flwr.app import Message, MetricRecord, RecordDict
 
 from flwr_gsgm.async_engine import EngineSettings
 from flwr_gsgm.inprocess_grid import InProcessGrid
@@ -71,20 +71,50 @@ KINDS = [
 
 
 def hostile():
-    """Cycle through KINDS; every third reply instead replays its first bad reply (a duplicate)."""
-    state = {"calls": 0, "replay": None}
+    """Cycle through KINDS, one bad reply after another."""
+    state = {"calls": 0}
 
     def misbehave(pid, grad, metrics):
+        kind, _ = KINDS[state["calls"] % len(KINDS)]
         state["calls"] += 1
-        if state["calls"] % 3 == 0 and state["replay"] is not None:
-            return dict(state["replay"]), metrics
-        kind, _ = KINDS[(state["calls"] - state["calls"] // 3) % len(KINDS)]
-        grad, metrics = kind(grad, metrics)
-        if state["replay"] is None and kind is _nan:
-            state["replay"] = dict(grad)
-        return grad, metrics
+        return kind(grad, metrics)
 
     return misbehave
+
+
+class ReplayingGrid(InProcessGrid):
+    """An in-process grid that also returns replayed replies around the hostile node's.
+
+    With its n-th train reply: n % 3 == 1, the same reply twice in one pull; n % 3 == 2, a
+    forged reply to the same message from node 1 (pulled first); n % 3 == 0, the
+    hostile node's first reply again (its message was handled long ago).
+    ``replays`` counts the replayed replies returned.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.first = None
+        self.seen = 0
+        self.replays = 0
+
+    def pull_messages(self, message_ids):
+        out = []
+        for reply in super().pull_messages(message_ids):
+            if reply.metadata.src_node_id != HOSTILE + 1 or reply.metadata.message_type != "train":
+                out.append(reply)
+                continue
+            self.seen += 1
+            if self.seen % 3 == 1:
+                out += [reply, reply]
+            elif self.seen % 3 == 2:
+                to_other = Message(RecordDict(), 1, "train")  # as if node 1 had been sent it
+                to_other.metadata.__dict__["_message_id"] = reply.metadata.reply_to_message_id
+                out += [Message(reply.content, reply_to=to_other), reply]
+            else:
+                out += [reply, self.first]
+            self.first = self.first or reply
+            self.replays += 1
+        return out
 
 
 def run(grid):
@@ -99,7 +129,8 @@ def run(grid):
 
 
 def test_every_bad_reply_is_rejected_counted_and_never_touches_the_model(caplog):
-    with_hostile = run(InProcessGrid(make_app(misbehave={HOSTILE: hostile()}), 4, run_config={}))
+    grid = ReplayingGrid(make_app(misbehave={HOSTILE: hostile()}), 4, run_config={})
+    with_hostile = run(grid)
 
     honest_only = InProcessGrid(make_app(), 4, run_config={})
     honest_only.remove_node(HOSTILE + 1)  # partition 3 of 4 never exists: it sends nothing
@@ -112,16 +143,35 @@ def test_every_bad_reply_is_rejected_counted_and_never_touches_the_model(caplog)
         with_hostile.report.counters["updates_received"]
         - without.report.counters["updates_received"]
     )
-    assert sum(rejections.values()) == hostile_replies > len(KINDS)
+    # Replays are not updates received: counted under "duplicate" and ignored.
+    assert rejections["duplicate"] == grid.replays == grid.seen > len(KINDS)
+    assert sum(rejections.values()) - grid.replays == hostile_replies == grid.seen
     for key in ("w", "b"):
         assert np.array_equal(with_hostile.arrays[key].numpy(), without.arrays[key].numpy())
-    logged = [
-        r.getMessage()
-        for r in caplog.records
-        if "rejected update from partition 3" in r.getMessage()
-    ]
+    messages = [r.getMessage() for r in caplog.records]
+    logged = [m for m in messages if "rejected update from partition 3" in m]
     assert len(logged) == hostile_replies
-    assert any("(duplicate)" in line for line in logged)
+    replayed = [m for m in messages if "ignored a replayed reply (duplicate)" in m]
+    assert len(replayed) == grid.replays
+    for why in ("a second reply to message", "which is not in flight", "from node 1, the message"):
+        assert any(why in line for line in replayed), why
+
+
+def test_the_same_bytes_for_a_new_dispatch_are_accepted():
+    # A constant gradient: every dispatch gets the same bytes back. Each answers its
+    # own message, so none is a replay: 20 plain ASGD steps w <- w - 0.1 * g.
+    g = {"w": np.array([1.0, -2.0], np.float32), "b": np.array([0.5], np.float32)}
+    constant = lambda pid, grad, m: ({k: v.copy() for k, v in g.items()}, m)  # noqa: E731
+    grid = InProcessGrid(make_app(misbehave={0: constant}), 1, run_config={})
+    result = ASGD(server_lr=0.1, virtual_clock=CLOCK).start(grid, initial_arrays(), max_updates=20)
+    assert result.report.rejections == {}
+    assert result.report.counters["updates_applied"] == 20
+    for key, w in initial_arrays().items():
+        expected = w.numpy()
+        for _ in range(20):
+            expected = expected - g[key] * 0.1
+        assert np.array_equal(result.arrays[key].numpy(), expected), key
+    assert np.allclose(result.arrays["w"].numpy(), [-2.0, 4.0])
 
 
 def test_a_node_of_another_partitioning_is_refused():

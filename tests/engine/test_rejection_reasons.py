@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from flwr_gsgm.core import CORE_REASONS, INTAKE_REASONS, REASONS, UpdateRejected
-from flwr_gsgm.inprocess_grid import InProcessGrid
 from flwr_gsgm.ledger import Ledger
 from flwr_gsgm.reply_intake import ReplyRejected
 from tests.engine import test_hostile_replies
@@ -22,7 +21,7 @@ def test_every_reason_of_the_hostile_reply_tests_is_in_the_list():
     """The reasons the hostile-reply tests expect, and those its run records."""
     h = test_hostile_replies
     expected = {reason for _, reason in h.KINDS} | {"duplicate"}
-    grid = InProcessGrid(make_app(misbehave={h.HOSTILE: h.hostile()}), 4, run_config={})
+    grid = h.ReplayingGrid(make_app(misbehave={h.HOSTILE: h.hostile()}), 4, run_config={})
     recorded = set(h.run(grid).report.rejections)
     assert expected <= recorded  # the run did send every kind
     for seen in (expected, recorded):
