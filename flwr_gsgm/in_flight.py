@@ -147,8 +147,9 @@ class InFlight:
 
         A reply is identified by the message it answers and the node it comes from,
         not by its content: it is a replay if that message was answered already or
-        is not in flight (handled, lost, never sent), or if it comes from another
-        node than the one the message was sent to.
+        is not in flight (handled, lost, never sent), or if it carries content from
+        another node than the one the message was sent to (an error reply may come
+        from the SuperLink).
         """
         if mid in self.arrived:
             return f"a second reply to message {mid!r}, whose reply has arrived already"
@@ -159,7 +160,11 @@ class InFlight:
         else:
             return f"a reply to message {mid!r}, which is not in flight (answered or dropped)"
         src = reply.metadata.src_node_id
-        if src != node_id:
+        # The SuperLink answers for a node it cannot reach (gone, TTL expired) with an
+        # error reply whose source is the SuperLink itself (node id 1 in Flower 1.42),
+        # and keeps returning it until it is taken: an error reply is the message's
+        # answer whatever its source.
+        if src != node_id and not reply.has_error():
             return f"a reply to message {mid!r} from node {src}, the message went to node {node_id}"
         return None
 

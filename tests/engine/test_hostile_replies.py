@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 
 import numpy as np
-from flwr.app import Message, MetricRecord, RecordDict
+from flwr.app import Error, Message, MetricRecord, RecordDict
 
 from flwr_gsgm.async_engine import EngineSettings
 from flwr_gsgm.inprocess_grid import InProcessGrid
@@ -205,3 +205,40 @@ def test_an_all_zero_update_may_recur():
     grid = InProcessGrid(make_app(misbehave={0: zero}), 2, run_config={})
     result = ASGD(server_lr=0.1, virtual_clock=CLOCK).start(grid, initial_arrays(), max_updates=20)
     assert result.report.rejections == {}
+
+
+class SuperLinkErrorGrid(InProcessGrid):
+    """Answers the first train message of partition 1 with an error reply from node 1.
+
+    As Flower's SuperLink does for a node it cannot reach: the reply's source is the
+    SuperLink (node id 1), not the node the message went to.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.sent = 0
+
+    def pull_messages(self, message_ids):
+        out = []
+        for reply in super().pull_messages(message_ids):
+            if (
+                reply.metadata.src_node_id == 2
+                and reply.metadata.message_type == "train"
+                and not self.sent
+            ):
+                self.sent += 1
+                to_superlink = Message(RecordDict(), 1, "train")
+                to_superlink.metadata.__dict__["_message_id"] = reply.metadata.reply_to_message_id
+                reply = Message(Error(code=3, reason="node unavailable"), reply_to=to_superlink)
+                assert reply.metadata.src_node_id == 1
+            out.append(reply)
+        return out
+
+
+def test_an_error_reply_from_the_superlink_answers_its_message():
+    grid = SuperLinkErrorGrid(make_app(), 4, run_config={})
+    result = ASGD(server_lr=0.1, virtual_clock=CLOCK).start(grid, initial_arrays(), max_updates=40)
+    assert grid.sent == 1
+    assert "duplicate" not in result.report.rejections  # taken as the answer, once
+    assert result.report.counters["error_replies"] == 1
+    assert result.report.counters["updates_received"] == 40
