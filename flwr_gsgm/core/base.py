@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .params import Param, describe, resolve
+from .params import Param, describe, resolve, server_lr
 
 __all__ = [
     "CHUNK",
@@ -265,15 +265,7 @@ class ServerOptimizer(abc.ABC):
     name: ClassVar[str] = ""
     #: This class's own parameters; :meth:`declared_params` adds the inherited ones.
     PARAMS: ClassVar[tuple[Param, ...]] = (
-        Param(
-            "lr",
-            0.02,
-            "server learning rate eta",
-            low=0.0,
-            low_open=True,
-            run_config_key="server-lr",
-            rule_default=True,
-        ),
+        server_lr(0.02),
         Param(
             "max_staleness",
             None,

@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from .base import Outcome, Parts, ServerOptimizer, chunks
-from .params import Param
+from .params import Param, server_lr
 
 __all__ = ["FedBuff"]
 
@@ -48,15 +48,7 @@ class FedBuff(ServerOptimizer):
     PARAMS: ClassVar[tuple[Param, ...]] = (
         # A step per buffer of several updates: the tuned rate (10 nodes, seed 0,
         # docs/results/fashion_mnist_scale/tuned.toml) is larger than a per-arrival one.
-        Param(
-            "lr",
-            0.1,
-            "server learning rate eta",
-            low=0.0,
-            low_open=True,
-            run_config_key="server-lr",
-            rule_default=True,
-        ),
+        server_lr(0.1),
         Param("buffer_size", 5, "buffer size K", kind=int, low=1, run_config_key="fedbuff-k"),
     )
 

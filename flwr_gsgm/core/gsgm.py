@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from .base import Outcome, Parts, ServerOptimizer, _state_int, _state_nodes, chunks
-from .params import BETA, Param
+from .params import BETA, Param, server_lr
 
 __all__ = ["GSGM"]
 
@@ -241,15 +241,7 @@ class GSGM(ServerOptimizer):
         ),
         # The tuned choice (docs/results/fashion_mnist_scale/tuned.toml): lr 0.1 per
         # cycle, which at 10 nodes and quorum 0.5 is the earlier default of 0.02 per step.
-        Param(
-            "lr",
-            0.1,
-            "server learning rate eta",
-            low=0.0,
-            low_open=True,
-            run_config_key="server-lr",
-            rule_default=True,
-        ),
+        server_lr(0.1),
         Param(
             "lr_scaling",
             "cycle",

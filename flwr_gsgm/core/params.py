@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["BETA", "Param", "resolve", "describe"]
+__all__ = ["BETA", "Param", "resolve", "describe", "server_lr"]
 
 _KINDS = (float, int, bool, str)
 
@@ -208,3 +208,21 @@ def resolve(owner: str, declared: Iterable[Param], given: Mapping[str, Any]) -> 
 BETA = Param(
     "beta", 0.5, "momentum coefficient", low=0.0, high=1.0, high_open=True, run_config_key="beta"
 )
+
+
+def server_lr(default: float) -> Param:
+    """The server learning rate ``lr`` with a rule's own default (run config ``server-lr``).
+
+    Declared on the base (0.02, a step per arrival) and redeclared by the rules whose
+    step has another scale (a step per buffer, GSGM's rate per cycle); the shared key
+    then defaults to 0, "the strategy's default".
+    """
+    return Param(
+        "lr",
+        default,
+        "server learning rate eta",
+        low=0.0,
+        low_open=True,
+        run_config_key="server-lr",
+        rule_default=True,
+    )

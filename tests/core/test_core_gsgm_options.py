@@ -10,6 +10,7 @@ from __future__ import annotations
 import pickle
 
 import pytest
+import test_core_gsgm
 from core_testutil import GSGM_STRICT, assert_bits_equal, assert_state_equal, f32
 
 from flwr_gsgm.core import GSGM, Outcome
@@ -34,15 +35,8 @@ def check(opt, *, w, M, S, k, version, white=None, slots=None):
         assert {n: (p.tolist(), c) for n, (p, c) in opt.slots.items()} == slots
 
 
-ARRIVALS = [
-    (1, (2, 0)),
-    (1, (4, 2)),
-    (2, (0, 2)),
-    (1, (8, 6)),
-    (3, (1, 4)),
-    (2, (4, 4)),
-    (3, (2, 1)),
-]
+# the arrival sequence of test_core_gsgm.py
+ARRIVALS = test_core_gsgm.ARRIVALS
 
 # --------------------------------------------------------------- a. apply=cycle
 # Contributions only accumulate S, k; the close steps once: w <- w - 0.5 M.
