@@ -422,7 +422,8 @@ def _base_columns(spec: RunSpec) -> dict[str, Any]:
         "dirichlet_alpha": part.get("dirichlet-alpha", 0.5) if kind == "dirichlet" else "",
         "partition": partition_label(part),
         "grid_point": grid_label(spec.grid_point) if spec.stage == "tune" else "",
-        "server_lr": spec.run_config.get("server-lr", 0.05),
+        # the strategy's own default when the run config does not set it (server-lr = 0)
+        "server_lr": spec.run_config.get("server-lr", ""),
     }
 
 
