@@ -1,7 +1,7 @@
 """Cost of one GSGM update relative to a plain in-place SGD step.
 
 For 1M and 10M float32 parameters, split into a few arrays like a small model, print
-the median wall time of one ``GSGM.on_update`` (heavy-ball; validation included)
+the median wall time of one ``GSGMRule.on_update`` (heavy-ball; validation included)
 over the median time of one in-place ``w -= lr * g`` on the same arrays:
 
 - "apply": every arrival is applied (round robin over 4 nodes; every 4th arrival
@@ -36,7 +36,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import flwr_gsgm.core.base as core_base  # noqa: E402
-from flwr_gsgm.core import GSGM  # noqa: E402
+from flwr_gsgm.core import GSGMRule  # noqa: E402
 
 
 def model_shapes(total: int) -> list[tuple[int, ...]]:
@@ -73,7 +73,7 @@ def bench(shapes, updates, pattern, cycles, lr):
     rng = np.random.default_rng(1)
     weights = [rng.standard_normal(s).astype(np.float32) * 0.01 for s in shapes]
     w_base = [a.copy() for a in weights]
-    opt = GSGM(weights, [1, 2, 3, 4], lr=lr, beta=0.5)
+    opt = GSGMRule(weights, [1, 2, 3, 4], lr=lr, beta=0.5)
     times: dict[str, list[float]] = {}
     base: list[float] = []
     i = 0

@@ -118,7 +118,7 @@ class AsyncEngine:
             if arr.dtype != np.float32:
                 raise ValueError(f"initial array {key!r} has dtype {arr.dtype}, expected float32")
         self.make_optimizer = optimizer_factory
-        self.s = settings
+        self.settings = settings
         self.optimizer: ServerOptimizer | None = None
         self.ledger = Ledger()
         self.in_flight = InFlight(
@@ -137,7 +137,9 @@ class AsyncEngine:
         self.received = 0
         self.diverged = False
         self.stop_requested = False
-        self.vnow = 0.0
+        # The engine clock (s): virtual seconds under the virtual clock, else wall
+        # seconds since the start (deployment); the core's ``now`` and virtual_time.
+        self.clock_now = 0.0
         self.t0 = time.monotonic()
 
     # ------------------------------------------------------------------ the loop
@@ -154,7 +156,7 @@ class AsyncEngine:
         self.t0 = time.monotonic()
         self._start()
         with checkpoint.on_sigterm(
-            self.s.checkpoint_every, lambda: setattr(self, "stop_requested", True)
+            self.settings.checkpoint_every, lambda: setattr(self, "stop_requested", True)
         ):
             while not self._finished():
                 self.in_flight.pull()
@@ -163,7 +165,7 @@ class AsyncEngine:
                 self._refresh_nodes()
                 self._stop_if_requested()
                 if not progressed:
-                    self.in_flight.idle(self.s.poll_interval)
+                    self.in_flight.idle(self.settings.poll_interval)
         if not self.diverged and (not self.rows or self.rows[-1]["updates"] != self.received):
             self._evaluate()
         return self._report()
@@ -175,31 +177,33 @@ class AsyncEngine:
         self.members.started = True
         slow = [p for p in pids if self.members.nodes[p].speed > 1.0]
         log(INFO, "[async] %d nodes (partition-ids %s); slow: %s", len(pids), pids, slow)
-        if self.s.in_flight_limit is not None:
+        if self.settings.in_flight_limit is not None:
             log(
                 INFO,
                 "[async] at most %d node(s) in flight, dispatch %s",
-                self.s.in_flight_limit,
-                self.s.dispatch,
+                self.settings.in_flight_limit,
+                self.settings.dispatch,
             )
-        saved = checkpoint.load_for_resume(self.s.checkpoint_path, self.s.resume)
+        saved = checkpoint.load_for_resume(self.settings.checkpoint_path, self.settings.resume)
         if saved is not None:
             self._restore(saved)
             return
         self._evaluate()
-        limit = self.s.in_flight_limit
+        limit = self.settings.in_flight_limit
         if limit is None or limit >= len(self.members.nodes):
             for pid in sorted(self.members.nodes):  # every node, as before the limit existed
-                self.dispatcher.dispatch(self.optimizer, pid, self.vnow)
+                self.dispatcher.dispatch(self.optimizer, pid, self.clock_now)
         else:
             self._top_up()
 
     def _finished(self) -> bool:
-        if self.diverged or self.received >= self.s.max_updates:
+        if self.diverged or self.received >= self.settings.max_updates:
             return True
         if not self.in_flight:
             return True  # no node left, or the time budget is spent
-        return self.s.virtual_clock is None and self.s.beyond_time_budget(wall_since(self.t0))
+        return self.settings.virtual_clock is None and self.settings.beyond_time_budget(
+            wall_since(self.t0)
+        )
 
     def _stop_if_requested(self) -> None:
         if self.stop_requested:
@@ -209,7 +213,7 @@ class AsyncEngine:
     def _top_up(self) -> None:
         """Fill the slots that may have freed (:meth:`Dispatcher.top_up`)."""
         assert self.optimizer is not None
-        self.dispatcher.top_up(self.optimizer, self.received, self.vnow)
+        self.dispatcher.top_up(self.optimizer, self.received, self.clock_now)
 
     # ------------------------------------------------------------------- replies
     def _apply_ready(self) -> bool:
@@ -219,7 +223,9 @@ class AsyncEngine:
             dispatch = self.in_flight.next_ready()
             if dispatch is None:
                 break
-            if self.s.virtual_clock is not None and self.s.beyond_time_budget(dispatch.v_finish):
+            if self.settings.virtual_clock is not None and self.settings.beyond_time_budget(
+                dispatch.v_finish
+            ):
                 self.in_flight.clear()  # time budget spent: in-flight work is not applied
                 break
             self._handle(dispatch)
@@ -228,13 +234,13 @@ class AsyncEngine:
 
     def _handle(self, dispatch: Dispatch) -> None:
         reply = self.in_flight.finish(dispatch)
-        self.vnow = (
-            max(self.vnow, dispatch.v_finish)
-            if self.s.virtual_clock is not None
+        self.clock_now = (
+            max(self.clock_now, dispatch.v_finish)
+            if self.settings.virtual_clock is not None
             else wall_since(self.t0)
         )
         node = self.members.nodes[dispatch.partition_id]
-        self.policy.on_reply(node.partition_id, self.vnow, counted=not reply.has_error())
+        self.policy.on_reply(node.partition_id, self.clock_now, counted=not reply.has_error())
         if reply.has_error():
             self._on_error_reply(node, reply)
             return
@@ -242,9 +248,9 @@ class AsyncEngine:
         self.received += 1
         self._on_update(node, dispatch, reply)
         self._top_up()
-        if self.received % self.s.eval_every == 0:
+        if self.received % self.settings.eval_every == 0:
             self._evaluate()
-        if self.s.checkpoint_every and self.received % self.s.checkpoint_every == 0:
+        if self.settings.checkpoint_every and self.received % self.settings.checkpoint_every == 0:
             self._save_checkpoint()
 
     def _on_update(self, node: Node, dispatch: Dispatch, reply: Message) -> None:
@@ -253,7 +259,9 @@ class AsyncEngine:
         pid = node.partition_id
         try:
             update = self.intake.unpack(dispatch, reply)
-            outcome = self.optimizer.on_update(pid, update, dispatch.base_version, now=self.vnow)
+            outcome = self.optimizer.on_update(
+                pid, update, dispatch.base_version, now=self.clock_now
+            )
         except UpdateRejected as err:  # intake's ReplyRejected or the optimizer's
             self.ledger.record_rejection(err.reason)
             log(
@@ -264,7 +272,7 @@ class AsyncEngine:
                 err.message,
             )
             node.rejections_in_row += 1
-            limit = self.s.max_consecutive_rejections
+            limit = self.settings.max_consecutive_rejections
             if limit and node.rejections_in_row >= limit:
                 self._lose(pid, f"{node.rejections_in_row} rejected updates in a row")
             return
@@ -296,7 +304,7 @@ class AsyncEngine:
             reply.error.code,
             reason[-1] if reason else "",
         )
-        if node.errors_in_row >= self.s.max_consecutive_errors:
+        if node.errors_in_row >= self.settings.max_consecutive_errors:
             # Transport errors (message or node unavailable) mean a crash, not bad work.
             transport = reply.error.code != ErrorCode.CLIENT_APP_RAISED_EXCEPTION
             self._lose(
@@ -311,12 +319,14 @@ class AsyncEngine:
     def _expire_timeouts(self) -> None:
         """Lose the nodes whose reply is later than ``reply_timeout`` wall seconds."""
         now = time.monotonic()
-        if not self.in_flight.overdue(now, self.s.reply_timeout):
+        if not self.in_flight.overdue(now, self.settings.reply_timeout):
             return
         self.in_flight.pull()  # the server may have been busy: look once more before giving up
-        for dispatch in self.in_flight.overdue(now, self.s.reply_timeout):
+        for dispatch in self.in_flight.overdue(now, self.settings.reply_timeout):
             self._lose(
-                dispatch.partition_id, f"no reply within {self.s.reply_timeout} s", may_return=True
+                dispatch.partition_id,
+                f"no reply within {self.settings.reply_timeout} s",
+                may_return=True,
             )
 
     def _lose(self, pid: int, why: str, may_return: bool = False) -> None:
@@ -325,7 +335,7 @@ class AsyncEngine:
         if node is None:
             return
         self.ledger.count("lost_in_flight", self.in_flight.drop_partition(pid))
-        self.optimizer.on_node_lost(pid, now=self.vnow)
+        self.optimizer.on_node_lost(pid, now=self.clock_now)
         self.ledger.count("nodes_lost")
         log(WARNING, "[async] partition %d (node %d) lost: %s", pid, node.node_id, why)
         self._top_up()
@@ -335,7 +345,7 @@ class AsyncEngine:
         assert self.optimizer is not None
         if self.in_flight.queries:
             for pid in self.members.register_query_replies(self._lose):
-                self.optimizer.on_node_joined(pid, now=self.vnow)
+                self.optimizer.on_node_joined(pid, now=self.clock_now)
                 self.ledger.count("nodes_joined")
                 log(
                     INFO,
@@ -351,7 +361,7 @@ class AsyncEngine:
     def _evaluate(self) -> None:
         assert self.optimizer is not None
         row, diverged = self.evaluator.row(
-            self.received, self.optimizer, self.ledger, self.vnow, wall_since(self.t0)
+            self.received, self.optimizer, self.ledger, self.clock_now, wall_since(self.t0)
         )
         self.rows.append(row)
         self.diverged = self.diverged or diverged
@@ -368,13 +378,13 @@ class AsyncEngine:
         self._top_up()
 
     def _save_checkpoint(self) -> None:
-        if self.s.checkpoint_path is not None and self.s.checkpoint_every:
-            checkpoint.save(self.s.checkpoint_path, self.state_dict())
+        if self.settings.checkpoint_path is not None and self.settings.checkpoint_every:
+            checkpoint.save(self.settings.checkpoint_path, self.state_dict())
             log(
                 INFO,
                 "[async] checkpoint at %d updates -> %s",
                 self.received,
-                self.s.checkpoint_path,
+                self.settings.checkpoint_path,
             )
 
     def _report(self) -> EngineReport:
@@ -390,6 +400,6 @@ class AsyncEngine:
             rejections=dict(self.ledger.rejections),
             staleness_mean=mean,
             staleness_max=worst,
-            virtual_seconds=self.vnow,
+            virtual_seconds=self.clock_now,
             wall_seconds=wall_since(self.t0),
         )

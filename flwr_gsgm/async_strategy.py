@@ -12,7 +12,7 @@ Use it in your own ServerApp::
 
     @app.main()
     def main(grid, context):
-        strategy = GSGM(server_lr=0.02, beta=0.5)
+        strategy = GSGM(server_learning_rate=0.02, beta=0.5)
         result = strategy.start(grid, ArrayRecord(model.state_dict()), max_updates=3000)
 """
 
@@ -37,7 +37,7 @@ __all__ = ["AsyncStrategy", "AsyncResult", "CLIENT_MODES"]
 CLIENT_MODES = ("gradient", "delta")
 # Keyword arguments of AsyncStrategy itself (the rest are the optimizer's).
 _STRATEGY_KEYWORDS = (
-    "server_lr",
+    "server_learning_rate",
     "client_mode",
     "batch_size",
     "local_batches",
@@ -71,7 +71,7 @@ class AsyncStrategy:
     optimizer : str
         Name in :data:`flwr_gsgm.core.OPTIMIZERS` ("gsgm", "asgd", "masgd",
         "dcasgd", "fedasync", "fedbuff", and any rule registered since).
-    server_lr : float | None
+    server_learning_rate : float | None
         Server learning rate eta (> 0), the optimizer's ``lr``. None (default) takes
         the rule's declared default, 0.02: the value the tuning protocol chose for
         GSGM, ASGD, momentum ASGD and DC-ASGD on Fashion-MNIST (``docs/RESULTS.md``);
@@ -114,7 +114,7 @@ class AsyncStrategy:
         self,
         optimizer: str = "gsgm",
         *,
-        server_lr: float | None = None,
+        server_learning_rate: float | None = None,
         client_mode: str = "gradient",
         batch_size: int = 32,
         local_batches: int = 1,
@@ -144,9 +144,9 @@ class AsyncStrategy:
             raise ValueError(f"local-lr must be > 0, got {local_lr!r}")
         self.optimizer_name = optimizer
         self.optimizer_params = self._resolve_optimizer_params(
-            optimizer, server_lr, optimizer_params
+            optimizer, server_learning_rate, optimizer_params
         )
-        self.server_lr = float(self.optimizer_params["lr"])
+        self.server_learning_rate = float(self.optimizer_params["lr"])
         self.client_mode = client_mode
         self.client_work = {
             "batch-size": int(batch_size),
@@ -162,7 +162,7 @@ class AsyncStrategy:
 
     @staticmethod
     def _resolve_optimizer_params(
-        optimizer: str, server_lr: float | None, given: dict[str, Any]
+        optimizer: str, server_learning_rate: float | None, given: dict[str, Any]
     ) -> dict[str, Any]:
         """Every declared parameter of ``optimizer``: given values over declared defaults."""
         declared = {p.name: p.default for p in declared_params(optimizer)}
@@ -172,11 +172,11 @@ class AsyncStrategy:
             raise ValueError(
                 f"strategy {optimizer!r}: unknown keyword argument(s) "
                 f"{', '.join(repr(k) for k in unknown)}; the optimizer takes {own} "
-                f"(and server_lr); the strategy takes {', '.join(_STRATEGY_KEYWORDS)}"
+                f"(and server_learning_rate); the strategy takes {', '.join(_STRATEGY_KEYWORDS)}"
             )
         params = {**declared, **given}
-        if server_lr is not None:
-            params["lr"] = server_lr
+        if server_learning_rate is not None:
+            params["lr"] = server_learning_rate
         return params
 
     @property

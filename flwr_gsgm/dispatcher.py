@@ -35,7 +35,7 @@ class Dispatcher:
         members: Membership,
         in_flight: InFlight,
     ) -> None:
-        self.s = settings
+        self.settings = settings
         self.train_config = train_config
         self.members = members
         self.in_flight = in_flight
@@ -45,13 +45,13 @@ class Dispatcher:
         self.policy = make_dispatch_policy(name, settings.seed)
         self.seq = 0
 
-    def may_dispatch(self, received: int, vnow: float) -> bool:
+    def may_dispatch(self, received: int, clock_now: float) -> bool:
         """True if the update budget and the time budget (engine seconds) leave room."""
-        budget_left = received + len(self.in_flight) < self.s.max_updates
-        time_left = self.s.max_seconds is None or vnow < self.s.max_seconds
+        budget_left = received + len(self.in_flight) < self.settings.max_updates
+        time_left = self.settings.max_seconds is None or clock_now < self.settings.max_seconds
         return budget_left and time_left
 
-    def top_up(self, optimizer: ServerOptimizer, received: int, vnow: float) -> None:
+    def top_up(self, optimizer: ServerOptimizer, received: int, clock_now: float) -> None:
         """Give idle active nodes the work the budgets and the in-flight limit allow.
 
         Called whenever a slot may have freed: at start, after a reply, an error
@@ -62,31 +62,31 @@ class Dispatcher:
         until ``max_in_flight`` nodes are busy.
         """
         idle = self.members.idle_active()
-        limit = self.s.in_flight_limit
+        limit = self.settings.in_flight_limit
         if limit is None or len(self.in_flight) + len(idle) <= limit:
             for pid in idle:
-                if self.may_dispatch(received, vnow):
-                    self.dispatch(optimizer, pid, vnow)
+                if self.may_dispatch(received, clock_now):
+                    self.dispatch(optimizer, pid, clock_now)
             return
-        while idle and len(self.in_flight) < limit and self.may_dispatch(received, vnow):
+        while idle and len(self.in_flight) < limit and self.may_dispatch(received, clock_now):
             pid = self.policy.pick(idle)
             idle.remove(pid)
-            self.dispatch(optimizer, pid, vnow)
+            self.dispatch(optimizer, pid, clock_now)
 
-    def dispatch(self, optimizer: ServerOptimizer, pid: int, vnow: float) -> None:
-        """Send the current weights to partition ``pid``; ``vnow`` is the engine clock (s)."""
+    def dispatch(self, optimizer: ServerOptimizer, pid: int, clock_now: float) -> None:
+        """Send the current weights to partition ``pid``; ``clock_now`` is the engine clock (s)."""
         node = self.members.nodes[pid]
         index = node.dispatches
         node.dispatches += 1
         version = optimizer.version
         config = ConfigRecord(dict(self.train_config))
         config["model-version"] = version
-        config["seed"] = derive_seed(self.s.seed, pid, index)
+        config["seed"] = derive_seed(self.settings.seed, pid, index)
         v_finish = 0.0  # unused without the virtual clock: replies go in arrival order
-        if self.s.virtual_clock is not None:
-            duration = self.s.virtual_clock.duration(node.speed, pid, index)
+        if self.settings.virtual_clock is not None:
+            duration = self.settings.virtual_clock.duration(node.speed, pid, index)
             config["virtual-duration"] = duration
-            v_finish = vnow + duration
+            v_finish = clock_now + duration
         weights = [np.array(w, copy=True) for w in optimizer.weights]
         self.seq += 1
         dispatch = Dispatch(
@@ -95,7 +95,7 @@ class Dispatcher:
             pid,
             version,
             dict(config),
-            weights if self.s.checkpoint_every else None,
+            weights if self.settings.checkpoint_every else None,
         )
         optimizer.on_dispatch(pid)
         self.in_flight.push_train(dispatch, node.node_id, weights)

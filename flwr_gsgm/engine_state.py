@@ -43,7 +43,7 @@ def save_state(engine: AsyncEngine) -> dict[str, Any]:
         "received": engine.received,
         "diverged": engine.diverged,
         "seq": engine.dispatcher.seq,
-        "vnow": engine.vnow,
+        "clock_now": engine.clock_now,
         "dispatch": engine.policy.state_dict(),
     }
 
@@ -64,7 +64,7 @@ def restore_state(engine: AsyncEngine, state: dict[str, Any]) -> None:
     engine.members.load_state_dict(state)
     engine.rows = [dict(r) for r in state["rows"]]
     engine.received, engine.diverged = state["received"], state["diverged"]
-    engine.dispatcher.seq, engine.vnow = state["seq"], state["vnow"]
+    engine.dispatcher.seq, engine.clock_now = state["seq"], state["clock_now"]
     if "dispatch" in state:  # checkpoints written before dispatch policies lack it
         engine.policy.load_state_dict(state["dispatch"])
     for saved in state["in_flight"]:
@@ -77,5 +77,5 @@ def restore_state(engine: AsyncEngine, state: dict[str, Any]) -> None:
         "[async] resumed at %d updates (version %d, virtual time %.1f s)",
         engine.received,
         engine.optimizer.version,
-        engine.vnow,
+        engine.clock_now,
     )

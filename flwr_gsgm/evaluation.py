@@ -48,16 +48,21 @@ class Evaluator:
         self.max_updates = max_updates
 
     def row(
-        self, received: int, optimizer: ServerOptimizer, ledger: Ledger, vnow: float, wall: float
+        self,
+        received: int,
+        optimizer: ServerOptimizer,
+        ledger: Ledger,
+        clock_now: float,
+        wall: float,
     ) -> tuple[dict[str, float], bool]:
         """Evaluate now; return the row and whether the model diverged (non-finite).
 
-        ``vnow`` is the engine clock and ``wall`` the wall seconds since the start.
+        ``clock_now`` is the engine clock and ``wall`` the wall seconds since the start.
         """
         row: dict[str, float] = {
             "updates": received,
             "version": optimizer.version,
-            "virtual_time": round(vnow, 6),
+            "virtual_time": round(clock_now, 6),
             "wall_time": round(wall, 3),
             "accuracy": math.nan,
             "loss": math.nan,

@@ -78,7 +78,9 @@ def build_strategy(cfg: Mapping[str, Any], run_dir: Path | None = None) -> Async
     # The rule's declared parameters, from their run config keys (0 = none -> None).
     params = optimizer_params_from(cfg, name)
     return STRATEGIES[name](
-        server_lr=params.pop("lr", None),  # absent: server-lr = 0, the rule's default
+        server_learning_rate=params.pop(
+            "lr", None
+        ),  # absent: server-learning-rate = 0, the rule's default
         client_mode=cfg["client-mode"],
         batch_size=cfg["batch-size"],
         local_batches=cfg["local-batches"],
@@ -255,8 +257,12 @@ def _run_synchronous(grid: Grid, cfg: Mapping[str, Any], initial: ArrayRecord, e
     fedavgm = cfg["strategy"] == "fedavgm"
     cls = _recording_sampled(FedAvgM if fedavgm else FedAvg, sampled)
     if fedavgm:
-        # server-lr 0 = the strategy's default: Flower's FedAvgM default.
-        lr = {"server_learning_rate": cfg["server-lr"]} if cfg["server-lr"] else {}
+        # server-learning-rate 0 = the strategy's default: Flower's FedAvgM default.
+        lr = (
+            {"server_learning_rate": cfg["server-learning-rate"]}
+            if cfg["server-learning-rate"]
+            else {}
+        )
         strategy = cls(server_momentum=cfg["beta"], **lr, **common)
     else:
         strategy = cls(**common)

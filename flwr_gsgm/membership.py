@@ -67,7 +67,7 @@ class Membership:
     ) -> None:
         self.grid = grid
         self.in_flight = in_flight
-        self.s = settings
+        self.settings = settings
         self.ledger = ledger
         self.nodes: dict[int, Node] = {}  # partition-id -> node
         self.node_ids_seen: set[int] = set()
@@ -91,26 +91,26 @@ class Membership:
         RuntimeError
             If fewer than ``min_nodes`` nodes answer within ``reply_timeout`` seconds.
         """
-        deadline = time.monotonic() + self.s.reply_timeout
+        deadline = time.monotonic() + self.settings.reply_timeout
         while True:
             self.query_new_nodes()
             self.in_flight.pull()
             self.register_query_replies(lose)
-            if len(self.nodes) >= self.s.min_nodes and not self.in_flight.queries:
+            if len(self.nodes) >= self.settings.min_nodes and not self.in_flight.queries:
                 break
             if time.monotonic() > deadline:
-                if len(self.nodes) >= self.s.min_nodes:
+                if len(self.nodes) >= self.settings.min_nodes:
                     break
                 raise RuntimeError(
                     f"only {len(self.nodes)} node(s) answered within reply-timeout="
-                    f"{self.s.reply_timeout} s, min-nodes={self.s.min_nodes} required"
+                    f"{self.settings.reply_timeout} s, min-nodes={self.settings.min_nodes} required"
                 )
-            self.in_flight.idle(max(self.s.poll_interval, 0.01))
+            self.in_flight.idle(max(self.settings.poll_interval, 0.01))
         self._refuse_other_partitionings()
         pids = sorted(self.nodes)
-        if self.s.virtual_clock is not None:
+        if self.settings.virtual_clock is not None:
             num_partitions = max(self.num_partitions, max(pids) + 1)
-            self.speeds = self.s.virtual_clock.speed_factors(list(range(num_partitions)))
+            self.speeds = self.settings.virtual_clock.speed_factors(list(range(num_partitions)))
         for pid in pids:
             self.nodes[pid].speed = self.speeds.get(pid, 1.0)
         return pids
@@ -143,7 +143,7 @@ class Membership:
     def refresh_due(self) -> bool:
         """True (and the refresh clock restarts) every ``node_refresh_interval`` wall seconds."""
         now = time.monotonic()
-        if now - self.last_refresh < self.s.node_refresh_interval:
+        if now - self.last_refresh < self.settings.node_refresh_interval:
             return False
         self.last_refresh = now
         return True
@@ -165,7 +165,7 @@ class Membership:
                 joined.append(pid)
         now = time.monotonic()
         for mid, (node_id, sent_at) in list(queries.items()):
-            if now - sent_at > self.s.reply_timeout:
+            if now - sent_at > self.settings.reply_timeout:
                 del queries[mid]
                 log(WARNING, "[async] node %d did not answer its query; ignored", node_id)
         return joined

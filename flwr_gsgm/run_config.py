@@ -5,7 +5,7 @@ test keeps the two equal). :func:`parse_run_config` validates a whole run config
 before training starts and raises ``ValueError`` naming the key, the value and what
 was expected.
 
-The server optimizer keys (``server-lr``, ``beta``, ``fedbuff-k``, ...) are not
+The server optimizer keys (``server-learning-rate``, ``beta``, ``fedbuff-k``, ...) are not
 written here: they are generated from the rules' declarations
 (:class:`flwr_gsgm.core.Param` with a ``run_config_key``), in registry order. An
 optional parameter (``None`` = no bound) appears as ``0`` = none.
@@ -38,7 +38,10 @@ ASYNC_STRATEGIES = tuple(OPTIMIZERS)
 SYNC_STRATEGIES = ("fedavg", "fedavgm")
 #: Server optimizer keys that Flower's synchronous strategies read (FedAvgM: server
 #: learning rate and momentum); they have no rule declaration.
-SYNC_STRATEGY_KEYS: dict[str, tuple[str, ...]] = {"fedavg": (), "fedavgm": ("server-lr", "beta")}
+SYNC_STRATEGY_KEYS: dict[str, tuple[str, ...]] = {
+    "fedavg": (),
+    "fedavgm": ("server-learning-rate", "beta"),
+}
 DATASET_CLASSES = {"fashion-mnist": 10, "cifar10": 10, "cifar100": 100}
 
 
@@ -164,7 +167,7 @@ def _optimizer_keys() -> dict[str, RunConfigKey]:
     return out
 
 
-#: Every run config key a server rule declares (``server-lr`` and ``beta`` included).
+#: Every run config key a server rule declares (``server-learning-rate`` and ``beta`` included).
 OPTIMIZER_KEYS: frozenset[str] = frozenset(_declaring_rules())
 
 
@@ -184,7 +187,7 @@ def optimizer_params_from(cfg: Mapping[str, Any], rule: str) -> dict[str, Any]:
 
     Every declared parameter with a run config key, by parameter name (``lr``
     included); ``0`` of an optional number becomes ``None``; ``0`` of a per-rule
-    default (``server-lr``) is left out, so the rule's declared default applies.
+    default (``server-learning-rate``) is left out, so the rule's declared default applies.
 
     Raises:
         ValueError: unknown ``rule``. KeyError: ``cfg`` was not parsed (a key is missing).

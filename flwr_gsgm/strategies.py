@@ -4,12 +4,13 @@ Each is :class:`~flwr_gsgm.async_strategy.AsyncStrategy` bound to one server rul
 :mod:`flwr_gsgm.core`, whose module cites the paper and documents the rule. The
 optimizer keyword arguments and their defaults are the rule's declaration
 (``PARAMS``), appended to each class docstring; parameters common to all
-(``server_lr``, client work, virtual clock, engine settings, seed) are documented on
+(``server_learning_rate``, client work, virtual clock, engine settings, seed) are documented on
 ``AsyncStrategy``.
 
 :data:`STRATEGIES` has one class per registered rule: the named classes below, and
-for a rule without one, a class generated here under the core class's name (also an
-attribute of this module), so a new rule file needs no edit of this one.
+for a rule without one, a class generated here under the core class's name without
+its ``Rule`` suffix (``CA2FLRule`` -> ``CA2FL``; also an attribute of this module),
+so a new rule file needs no edit of this one.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ class RuleStrategy(AsyncStrategy):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        doc = describe(declared_params(cls.rule), rename={"lr": "server_lr"})
+        doc = describe(declared_params(cls.rule), rename={"lr": "server_learning_rate"})
         cls.__doc__ = (cls.__doc__ or "").rstrip() + "\n" + doc
 
     def __init__(self, **kwargs: Any) -> None:
@@ -59,12 +60,12 @@ class RuleStrategy(AsyncStrategy):
 class GSGM(RuleStrategy):
     """Gradient Scheduling with Global Momentum (Li et al. 2019; Wang et al. 2022).
 
-    See :class:`flwr_gsgm.core.GSGM` for the rule (white-list scheduling per cycle,
+    See :class:`flwr_gsgm.core.GSGMRule` for the rule (white-list scheduling per cycle,
     running-mean pending slots, cycle-level global momentum) and
     ``docs/GSGM.md`` for its definition in this project.
 
     The defaults (ema momentum, beta 0.5, quorum 0.5, table averaging, and
-    ``server_lr=0.02``) are the choice of GSGM.md's tuning protocol: the best final
+    ``server_learning_rate=0.02``) are the choice of GSGM.md's tuning protocol: the best final
     accuracy of the 80-point grid on seed 0 (Fashion-MNIST, 10 nodes, 2 classes per
     node); ``docs/RESULTS.md`` has the grid and the figures on seeds 1-3. Table
     averaging's memory grows with the number of nodes times the model size.
@@ -112,8 +113,9 @@ def _strategy_classes() -> dict[str, type[AsyncStrategy]]:
         if cls is None:
             where = f"{core_cls.__module__}.{core_cls.__name__}"
             doc = f"Asynchronous strategy of the rule :class:`{where}`."
+            # The core class is ``<Name>Rule``; its strategy is plain ``<Name>``.
             cls = type(
-                core_cls.__name__,
+                core_cls.__name__.removesuffix("Rule"),
                 (RuleStrategy,),
                 {"rule": rule, "__doc__": doc, "__module__": __name__},
             )

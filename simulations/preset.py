@@ -29,12 +29,12 @@ reporting seeds). Layout (every run-config key is a key of
 
     [methods.gsgm]
     config = { strategy = "gsgm" }
-    grid = { server-lr = [0.01, 0.02, 0.05], beta = [0.5, 0.9] }
+    grid = { server-learning-rate = [0.01, 0.02, 0.05], beta = [0.5, 0.9] }
 
     [methods.gsgm-beta0]                   # an ablation: GSGM's tuned choice, then beta = 0,
     inherit = "gsgm"                       # then its own grid (tuned after gsgm)
     config = { beta = 0.0 }
-    grid = { server-lr = [0.01, 0.02, 0.05] }
+    grid = { server-learning-rate = [0.01, 0.02, 0.05] }
 
     [questions.stability]
     title = "Stability: 10 nodes, 2 classes per node"
@@ -316,7 +316,10 @@ def grid_points(grid: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
 
 
 def grid_label(point: Mapping[str, Any]) -> str:
-    """Folder name of a grid point, e.g. ``server-lr=0.02__beta=0.5`` (``default`` if empty)."""
+    """Folder name of a grid point, e.g. ``server-learning-rate=0.02__beta=0.5``.
+
+    ``default`` if the point is empty.
+    """
     if not point:
         return "default"
     return "__".join(f"{k}={_fmt_value(v)}" for k, v in point.items())

@@ -44,7 +44,7 @@ import numpy as np
 
 from flwr_gsgm.stability import stability_improvement
 from simulations.preset import effective_limit, human_seconds, partition_label, setting_label
-from simulations.results import read_csv, read_metrics, write_csv
+from simulations.results import current_names, read_csv, read_metrics, write_csv
 
 __all__ = [
     "Stat",
@@ -550,6 +550,7 @@ def _tuned_section(out: Path) -> list[str]:
         "|---|---|---|---|---|---|",
     ]
     for m, cfg in data.get("methods", {}).items():
+        cfg = current_names(cfg)  # a tuned.toml written before a key was renamed
         sel = data.get("selection", {}).get(m, {})
         choice = ", ".join(f"`{k}={json.dumps(v)}`" for k, v in cfg.items())
         fa, ms = sel.get("final-accuracy", math.nan), sel.get("masd", math.nan)

@@ -40,6 +40,8 @@ __all__ = [
     "run_row",
     "write_csv",
     "read_csv",
+    "RENAMED",
+    "current_names",
 ]
 
 # Scalar figures of summary.json (flwr_gsgm.run_outputs.summarize), in order.
@@ -75,7 +77,7 @@ RUN_COLUMNS = (
     "dirichlet_alpha",
     "partition",
     "grid_point",
-    "server_lr",
+    "server_learning_rate",
     "status",
     "diverged",
     "diverged_reason",
@@ -222,7 +224,7 @@ _INT_COLUMNS = {
     "staleness_max",
 }
 _FLOAT_COLUMNS = {
-    "server_lr",
+    "server_learning_rate",
     "peak_accuracy",
     "last_accuracy",
     "time_to_target",
@@ -239,11 +241,26 @@ _FLOAT_COLUMNS = {
 }
 
 
+#: Old name -> current name of a renamed column or run config key. Run folders, runs.csv
+#: and tuned.toml written before the rename (issue 10: one name, FedAvgM's, for the
+#: server learning rate) still carry the old one; readers map it so that those results
+#: can be reported by the current code.
+RENAMED = {"server_lr": "server_learning_rate", "server-lr": "server-learning-rate"}
+
+
+def current_names(record: Mapping[str, Any]) -> dict[str, Any]:
+    """``record`` with every old key of :data:`RENAMED` under its current name."""
+    return {RENAMED.get(k, k): v for k, v in record.items()}
+
+
 def read_csv(path: Path) -> list[dict[str, Any]]:
-    """Read ``runs.csv`` back, numbers as numbers (``nan`` for empty or missing)."""
+    """Read ``runs.csv`` back, numbers as numbers (``nan`` for empty or missing).
+
+    Columns under an old name (:data:`RENAMED`) are read under their current name.
+    """
     out = []
     with path.open(newline="") as fh:
-        for raw in csv.DictReader(fh):
+        for raw in map(current_names, csv.DictReader(fh)):
             row: dict[str, Any] = dict(raw)
             for k in _FLOAT_COLUMNS & raw.keys():
                 row[k] = float(raw[k]) if raw[k] not in ("", None) else math.nan

@@ -78,7 +78,7 @@ from simulations.preset import (
     stand_in_tuned,
     tune_runs,
 )
-from simulations.results import RUN_COLUMNS, read_csv, run_row, write_csv
+from simulations.results import RUN_COLUMNS, current_names, read_csv, run_row, write_csv
 
 __all__ = [
     "ExecOptions",
@@ -195,12 +195,13 @@ def write_tuned(
 
 
 def read_tuned(path: Path) -> dict[str, dict[str, Any]]:
-    """``{method: overrides}`` from ``tuned.toml``."""
+    """``{method: overrides}`` from ``tuned.toml`` (old key names read as the current ones)."""
     import tomllib
 
     if not path.is_file():
         raise SweepError(f"{path} not found: run the tune stage first (--stage tune or all)")
-    return {k: dict(v) for k, v in tomllib.loads(path.read_text()).get("methods", {}).items()}
+    methods = tomllib.loads(path.read_text()).get("methods", {})
+    return {k: current_names(v) for k, v in methods.items()}
 
 
 # ----------------------------------------------------------------- execution
@@ -422,8 +423,8 @@ def _base_columns(spec: RunSpec) -> dict[str, Any]:
         "dirichlet_alpha": part.get("dirichlet-alpha", 0.5) if kind == "dirichlet" else "",
         "partition": partition_label(part),
         "grid_point": grid_label(spec.grid_point) if spec.stage == "tune" else "",
-        # the strategy's own default when the run config does not set it (server-lr = 0)
-        "server_lr": spec.run_config.get("server-lr", ""),
+        # the strategy's own default when the run config does not set it (server-learning-rate = 0)
+        "server_learning_rate": spec.run_config.get("server-learning-rate", ""),
     }
 
 

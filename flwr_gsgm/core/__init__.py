@@ -15,15 +15,15 @@ import pkgutil as _pkgutil
 
 # The import order is the registration order (GSGM first, then the baselines in the
 # order the run config and the README list them): keep it, whatever isort would do.
-from .gsgm import GSGM  # isort: skip
-from .asgd import ASGD  # isort: skip
-from .momentum_asgd import MomentumASGD  # isort: skip
-from .dcasgd import DCASGD  # isort: skip
-from .fedasync import FedAsync  # isort: skip
-from .fedbuff import FedBuff  # isort: skip
-from .ca2fl import CA2FL  # isort: skip
-from .ace import ACE  # isort: skip
-from .delay_adaptive_asgd import DelayAdaptiveASGD  # isort: skip
+from .gsgm import GSGMRule  # isort: skip
+from .asgd import ASGDRule  # isort: skip
+from .momentum_asgd import MomentumASGDRule  # isort: skip
+from .dcasgd import DCASGDRule  # isort: skip
+from .fedasync import FedAsyncRule  # isort: skip
+from .fedbuff import FedBuffRule  # isort: skip
+from .ca2fl import CA2FLRule  # isort: skip
+from .ace import ACERule  # isort: skip
+from .delay_adaptive_asgd import DelayAdaptiveASGDRule  # isort: skip
 from .base import CORE_REASONS, INTAKE_REASONS, REASONS, Outcome, ServerOptimizer, UpdateRejected
 from .params import Param
 from .registry import OPTIMIZERS, declared_params, make_optimizer, optimizer_params
@@ -33,16 +33,16 @@ for _module in sorted(m.name for m in _pkgutil.iter_modules(__path__)):
     _importlib.import_module(f"{__name__}.{_module}")
 
 __all__ = [
-    "ACE",
-    "ASGD",
-    "CA2FL",
-    "DCASGD",
-    "GSGM",
+    "ACERule",
+    "ASGDRule",
+    "CA2FLRule",
+    "DCASGDRule",
+    "GSGMRule",
     "OPTIMIZERS",
-    "DelayAdaptiveASGD",
-    "FedAsync",
-    "FedBuff",
-    "MomentumASGD",
+    "DelayAdaptiveASGDRule",
+    "FedAsyncRule",
+    "FedBuffRule",
+    "MomentumASGDRule",
     "Outcome",
     "Param",
     "ServerOptimizer",

@@ -22,12 +22,12 @@ import numpy as np
 from .base import Outcome, Parts, ServerOptimizer, chunks
 from .params import Param
 
-__all__ = ["ACE"]
+__all__ = ["ACERule"]
 
 _F32 = np.dtype(np.float32)
 
 
-class ACE(ServerOptimizer):
+class ACERule(ServerOptimizer):
     r"""ACE: ``U_i <- Delta_i``, then ``w <- w - lr * mean_j U_j`` on every arrival.
 
     State: one row ``U_j`` (flat float32) per active node whose latest update is in
@@ -55,7 +55,7 @@ class ACE(ServerOptimizer):
 
     Args:
         weights: initial weights, a sequence of numpy arrays (copied to float32).
-        node_ids: initially active node ids.
+        partition_ids: partition-ids of the initially active nodes.
         lr: server learning rate eta, > 0.
         max_row_age: ``None`` (default) for ACE; an int >= 0 for ACED, the largest
             row age in versions (since the row's base version) that enters the
@@ -98,9 +98,9 @@ class ACE(ServerOptimizer):
     )
 
     def __init__(
-        self, weights: Sequence[np.ndarray], node_ids: Iterable[int], **params: Any
+        self, weights: Sequence[np.ndarray], partition_ids: Iterable[int], **params: Any
     ) -> None:
-        super().__init__(weights, node_ids, **params)
+        super().__init__(weights, partition_ids, **params)
         # node -> [flat row, base version]
         self._rows: dict[int, list[Any]] = {}
         self._sum = np.zeros(self._size, dtype=_F32)
@@ -124,15 +124,15 @@ class ACE(ServerOptimizer):
 
     # ------------------------------------------------------------------------ rule
     def _on_valid(
-        self, node: int, parts: Parts, base_version: int, staleness: int, now: float
+        self, partition_id: int, parts: Parts, base_version: int, staleness: int, now: float
     ) -> Outcome:
         age = self._max_row_age
         if age is not None and staleness > age:
-            if node in self._rows:  # older still: it has expired too
+            if partition_id in self._rows:  # older still: it has expired too
                 self._counters["rows_expired"] += 1
-                self._remove([node])
+                self._remove([partition_id])
             return Outcome.STALE
-        self._put(node, parts, base_version)
+        self._put(partition_id, parts, base_version)
         if age is not None:
             limit = self._version - age  # rows with b_j < limit are too old
             old = [n for n, (_, b) in self._rows.items() if b < limit]
@@ -152,12 +152,12 @@ class ACE(ServerOptimizer):
         self._version += 1
         return Outcome.APPLIED
 
-    def _put(self, node: int, parts: Parts, base_version: int) -> None:
+    def _put(self, partition_id: int, parts: Parts, base_version: int) -> None:
         """``U_i <- Delta_i``; ``Sigma <- Sigma + Delta_i - U_i(old)``."""
         total = self._sum
-        entry = self._rows.get(node)
+        entry = self._rows.get(partition_id)
         if entry is None:
-            self._rows[node] = [self._copy_new(parts), base_version]
+            self._rows[partition_id] = [self._copy_new(parts), base_version]
             for lo, hi, g in chunks(parts):
                 ts = total[lo:hi]
                 np.add(ts, g, out=ts)
@@ -173,9 +173,9 @@ class ACE(ServerOptimizer):
             entry[1] = base_version
         self._changes += 1
 
-    def _remove(self, nodes: list[int]) -> None:
+    def _remove(self, partition_ids: list[int]) -> None:
         """Drop the rows of ``nodes``: subtract them, or recompute if cheaper."""
-        gone = [self._rows.pop(n)[0] for n in nodes]
+        gone = [self._rows.pop(n)[0] for n in partition_ids]
         if len(gone) >= len(self._rows) + 1:
             self._resync()
             return
@@ -187,13 +187,13 @@ class ACE(ServerOptimizer):
         """``Sigma <- sum of the rows`` in increasing node order."""
         total = self._sum
         total.fill(0.0)
-        for node in sorted(self._rows):
-            np.add(total, self._rows[node][0], out=total)
+        for partition_id in sorted(self._rows):
+            np.add(total, self._rows[partition_id][0], out=total)
         self._changes = 0
         self._counters["resyncs"] += 1
 
-    def _lost(self, node: int, now: float) -> None:
-        if self._rows.pop(node, None) is not None:
+    def _lost(self, partition_id: int, now: float) -> None:
+        if self._rows.pop(partition_id, None) is not None:
             self._resync()
 
     # -------------------------------------------------------------- checkpointing
@@ -207,12 +207,12 @@ class ACE(ServerOptimizer):
         }
 
     def _load_extra(self, state: dict[str, Any]) -> None:
-        nodes = [int(n) for n in state["table_nodes"]]
+        partition_ids = [int(n) for n in state["table_nodes"]]
         versions = [int(b) for b in state["table_versions"]]
         values = [self._flat_array(v, "table_values") for v in state["table_values"]]
-        if not len(nodes) == len(versions) == len(values):
+        if not len(partition_ids) == len(versions) == len(values):
             raise ValueError("state table_nodes, table_versions, table_values differ in length")
         total = self._flat_array(state["table_sum"], "table_sum")
-        self._rows = {n: [v, b] for n, b, v in zip(nodes, versions, values)}
+        self._rows = {n: [v, b] for n, b, v in zip(partition_ids, versions, values)}
         self._sum[...] = total
         self._changes = int(state["table_changes"])

@@ -13,15 +13,15 @@ from typing import ClassVar
 
 from .base import Outcome, Parts, ServerOptimizer
 
-__all__ = ["ASGD"]
+__all__ = ["ASGDRule"]
 
 
-class ASGD(ServerOptimizer):
+class ASGDRule(ServerOptimizer):
     """Asynchronous SGD: ``w <- w - lr * g_i`` for every arrival.
 
     Args:
         weights: initial weights, a sequence of numpy arrays (copied to float32).
-        node_ids: initially active node ids.
+        partition_ids: partition-ids of the initially active nodes.
         lr: server learning rate, > 0.
         max_staleness: optional staleness bound (see :class:`ServerOptimizer`).
         max_norm: optional L2-norm bound (see :class:`ServerOptimizer`).
@@ -35,7 +35,7 @@ class ASGD(ServerOptimizer):
     name: ClassVar[str] = "asgd"
 
     def _on_valid(
-        self, node: int, parts: Parts, base_version: int, staleness: int, now: float
+        self, partition_id: int, parts: Parts, base_version: int, staleness: int, now: float
     ) -> Outcome:
         self._sgd_step(parts, self._lr)
         self._version += 1

@@ -2,7 +2,7 @@
 
 DC-ASGD compensates the delay with ``w_t - w_tau`` and FedAsync rebuilds the node's
 model from ``w_tau``: both need the exact weights a node computed on. The engine
-reports every send with ``on_dispatch(node_id)``; the optimizer then keeps one
+reports every send with ``on_dispatch(partition_id)``; the optimizer then keeps one
 ``size(w)`` float32 copy per node (reused from one dispatch to the next, dropped
 when the node is lost) and the version it was taken at.
 """
@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .base import ServerOptimizer, _check_node
+from .base import ServerOptimizer, _check_partition_id
 
 __all__ = ["DispatchBackups"]
 
@@ -22,7 +22,7 @@ __all__ = ["DispatchBackups"]
 class DispatchBackups(ServerOptimizer):
     """Base of the rules that keep the weights sent to each node.
 
-    ``on_dispatch(node_id)`` copies the current ``w`` for that node (raises
+    ``on_dispatch(partition_id)`` copies the current ``w`` for that node (raises
     ValueError if the node is not active). An update whose ``base_version`` is not
     the version of the node's last dispatch (or with no dispatch at all) is rejected
     with reason ``"base-version"``: the weights it was computed on are not known.
@@ -31,19 +31,19 @@ class DispatchBackups(ServerOptimizer):
     """
 
     def __init__(
-        self, weights: Sequence[np.ndarray], node_ids: Iterable[int], **params: Any
+        self, weights: Sequence[np.ndarray], partition_ids: Iterable[int], **params: Any
     ) -> None:
-        super().__init__(weights, node_ids, **params)
+        super().__init__(weights, partition_ids, **params)
         # node -> [flat copy of w at dispatch, version at dispatch]
         self._backups: dict[int, list[Any]] = {}
 
-    def on_dispatch(self, node_id: int) -> None:
-        node = _check_node(node_id)
-        if node not in self._active:
-            raise ValueError(f"on_dispatch: node {node} is not an active node")
-        entry = self._backups.get(node)
+    def on_dispatch(self, partition_id: int) -> None:
+        partition_id = _check_partition_id(partition_id)
+        if partition_id not in self._active:
+            raise ValueError(f"on_dispatch: partition-id {partition_id} is not active")
+        entry = self._backups.get(partition_id)
         if entry is None:
-            self._backups[node] = [self._w.copy(), self._version]
+            self._backups[partition_id] = [self._w.copy(), self._version]
         else:
             np.copyto(entry[0], self._w)
             entry[1] = self._version
@@ -53,24 +53,24 @@ class DispatchBackups(ServerOptimizer):
         """node -> version of the weights last dispatched to it."""
         return {n: int(v) for n, (_, v) in self._backups.items()}
 
-    def _check_extra(self, node: int, base_version: int) -> tuple[str, str] | None:
-        entry = self._backups.get(node)
+    def _check_extra(self, partition_id: int, base_version: int) -> tuple[str, str] | None:
+        entry = self._backups.get(partition_id)
         if entry is None:
             return (
                 "base-version",
-                f"no weights were dispatched to node {node}; expected on_dispatch "
+                f"no weights were dispatched to partition-id {partition_id}; expected on_dispatch "
                 f"before its update (base_version {base_version})",
             )
         if entry[1] != base_version:
             return (
                 "base-version",
-                f"base_version {base_version} from node {node} differs from the "
+                f"base_version {base_version} from partition-id {partition_id} differs from the "
                 f"version {entry[1]} of the weights last dispatched to it",
             )
         return None
 
-    def _lost(self, node: int, now: float) -> None:
-        self._backups.pop(node, None)
+    def _lost(self, partition_id: int, now: float) -> None:
+        self._backups.pop(partition_id, None)
 
     def _extra_state(self) -> dict[str, Any]:
         return {
@@ -80,9 +80,9 @@ class DispatchBackups(ServerOptimizer):
         }
 
     def _load_extra(self, state: dict[str, Any]) -> None:
-        nodes = [int(n) for n in state["backup_nodes"]]
+        partition_ids = [int(n) for n in state["backup_nodes"]]
         versions = [int(v) for v in state["backup_versions"]]
         values = [self._flat_array(v, "backup_values") for v in state["backup_values"]]
-        if not len(nodes) == len(versions) == len(values):
+        if not len(partition_ids) == len(versions) == len(values):
             raise ValueError("state backup_nodes, backup_versions, backup_values differ")
-        self._backups = {n: [b, v] for n, v, b in zip(nodes, versions, values)}
+        self._backups = {n: [b, v] for n, v, b in zip(partition_ids, versions, values)}

@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .params import Param, describe, resolve, server_lr
+from .params import Param, describe, resolve, server_learning_rate
 
 __all__ = [
     "CHUNK",
@@ -123,10 +123,10 @@ class UpdateRejected(ValueError):
 
 
 # --------------------------------------------------------------------------- helpers
-def _check_node(value: Any) -> int:
-    """Return a node id as a plain int, else raise ValueError."""
+def _check_partition_id(value: Any) -> int:
+    """Return a partition-id as a plain int, else raise ValueError."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"node id must be an integer, got {value!r}")
+        raise ValueError(f"partition-id must be an integer, got {value!r}")
     return int(value)
 
 
@@ -184,22 +184,22 @@ def _state_int(value: Any, *path: str | int, low: int = 0, high: int | None = No
 
 
 def _state_nodes(value: Any, what: str, within: set[int] | None = None) -> set[int]:
-    """A state list of node ids: integers, no repeats, members of ``within`` if given."""
+    """A state list of partition-ids: integers, no repeats, members of ``within`` if given."""
     if not isinstance(value, (list, tuple)):
-        raise ValueError(f"state[{what!r}] is {value!r}, expected a list of node ids")
-    nodes = []
+        raise ValueError(f"state[{what!r}] is {value!r}, expected a list of partition-ids")
+    partition_ids = []
     for n in value:
         if isinstance(n, (bool, np.bool_)) or not isinstance(n, numbers.Integral):
-            raise ValueError(f"state[{what!r}] holds {n!r}, expected integer node ids")
+            raise ValueError(f"state[{what!r}] holds {n!r}, expected integer partition-ids")
         if within is not None and int(n) not in within:
             raise ValueError(
                 f"state[{what!r}] holds node {int(n)}, which is not active "
                 f"(state['active_nodes'] is {sorted(within)[:20]})"
             )
-        nodes.append(int(n))
-    if len(set(nodes)) != len(nodes):
-        raise ValueError(f"state[{what!r}] lists a node twice: {nodes[:20]}")
-    return set(nodes)
+        partition_ids.append(int(n))
+    if len(set(partition_ids)) != len(partition_ids):
+        raise ValueError(f"state[{what!r}] lists a node twice: {partition_ids[:20]}")
+    return set(partition_ids)
 
 
 def chunks(parts: Parts) -> Iterator[tuple[int, int, np.ndarray]]:
@@ -220,7 +220,7 @@ class ServerOptimizer(abc.ABC):
         weights: the initial global weights, a non-empty sequence of numpy arrays of
             any shapes (for example ``ArrayRecord.to_numpy_ndarrays()``). They are
             copied, cast to float32, into one contiguous flat buffer.
-        node_ids: the initially active nodes (integer ids; may be empty).
+        partition_ids: partition-ids of the initially active nodes (integers; may be empty).
         **params: the parameters declared in ``PARAMS`` by the class and its bases
             (keyword only; a missing one takes its declared default). Declared here
             for every rule:
@@ -245,7 +245,7 @@ class ServerOptimizer(abc.ABC):
         TypeError: ``weights`` is a single array instead of a sequence of arrays.
 
     Validation of ``on_update`` happens before anything changes, in this order (cheap
-    checks first): ``"unknown-node"`` (not an active node id), ``"base-version"``
+    checks first): ``"unknown-node"`` (not the partition-id of an active node), ``"base-version"``
     (not an int in ``[0, version]``, or, for the rules that keep the weights sent,
     no dispatch recorded at that version), ``"num-arrays"``, per array
     ``"dtype"`` (must be a numpy float32 array) and ``"shape"``, ``"non-finite"``
@@ -265,7 +265,7 @@ class ServerOptimizer(abc.ABC):
     name: ClassVar[str] = ""
     #: This class's own parameters; :meth:`declared_params` adds the inherited ones.
     PARAMS: ClassVar[tuple[Param, ...]] = (
-        server_lr(0.02),
+        server_learning_rate(0.02),
         Param(
             "max_staleness",
             None,
@@ -325,7 +325,7 @@ class ServerOptimizer(abc.ABC):
     def __init__(
         self,
         weights: Sequence[np.ndarray],
-        node_ids: Iterable[int],
+        partition_ids: Iterable[int],
         **params: Any,
     ) -> None:
         # Parameters first: a bad one fails before the buffers are allocated.
@@ -369,7 +369,7 @@ class ServerOptimizer(abc.ABC):
         self._scr_b = np.empty(scratch, dtype=_F32)
 
         self._version = 0
-        self._active: set[int] = {_check_node(n) for n in node_ids}
+        self._active: set[int] = {_check_partition_id(n) for n in partition_ids}
         self._counters: dict[str, int] = {k: 0 for k in self._counter_names}
         self._last_staleness: int | None = None
 
@@ -426,8 +426,8 @@ class ServerOptimizer(abc.ABC):
         return self._size
 
     # ------------------------------------------------------------------ engine calls
-    def on_dispatch(self, node_id: int) -> None:
-        """The engine sent the current weights (at ``version``) to ``node_id``.
+    def on_dispatch(self, partition_id: int) -> None:
+        """The engine sent the current weights (at ``version``) to ``partition_id``.
 
         No-op by default; DC-ASGD and FedAsync keep a copy of the weights sent.
         """
@@ -435,7 +435,7 @@ class ServerOptimizer(abc.ABC):
 
     def on_update(
         self,
-        node_id: int,
+        partition_id: int,
         update: Sequence[np.ndarray],
         base_version: int,
         now: float = 0.0,
@@ -443,7 +443,7 @@ class ServerOptimizer(abc.ABC):
         """Validate one node's update, apply the staleness bound, then the rule.
 
         Args:
-            node_id: the active node that computed ``update``.
+            partition_id: partition-id of the active node that computed ``update``.
             update: arrays shaped like ``weights``, float32, finite (a gradient or a
                 pseudo-gradient: the rule steps against it). An array that shares
                 memory with the optimizer's own buffers (a view of ``weights``, say)
@@ -461,41 +461,41 @@ class ServerOptimizer(abc.ABC):
             ValueError: ``now`` is not a finite number (a caller bug; not counted).
         """
         now = _check_now(now)
-        parts = self._validate(node_id, update, base_version)
-        node = int(node_id)
+        parts = self._validate(partition_id, update, base_version)
+        partition_id = int(partition_id)
         self._tick(now)
         self._counters["arrivals"] += 1
         staleness = self._version - int(base_version)
         self._last_staleness = staleness
         if self._max_staleness is not None and staleness > self._max_staleness:
-            outcome = self._on_stale(node, now)
+            outcome = self._on_stale(partition_id, now)
         else:
-            outcome = self._on_valid(node, parts, int(base_version), staleness, now)
+            outcome = self._on_valid(partition_id, parts, int(base_version), staleness, now)
         self._counters[outcome.value] += 1
         return outcome
 
-    def on_node_joined(self, node_id: int, now: float = 0.0) -> None:
-        """``node_id`` becomes active (no-op if it already is)."""
-        node = _check_node(node_id)
+    def on_node_joined(self, partition_id: int, now: float = 0.0) -> None:
+        """``partition_id`` becomes active (no-op if it already is)."""
+        partition_id = _check_partition_id(partition_id)
         now = _check_now(now)
-        if node in self._active:
+        if partition_id in self._active:
             return
         self._tick(now)
-        self._active.add(node)
-        self._joined(node, now)
+        self._active.add(partition_id)
+        self._joined(partition_id, now)
 
-    def on_node_lost(self, node_id: int, now: float = 0.0) -> None:
-        """``node_id`` failed, timed out or left (no-op if it is not active).
+    def on_node_lost(self, partition_id: int, now: float = 0.0) -> None:
+        """``partition_id`` failed, timed out or left (no-op if it is not active).
 
         Its later updates are rejected with reason ``"unknown-node"``.
         """
-        node = _check_node(node_id)
+        partition_id = _check_partition_id(partition_id)
         now = _check_now(now)
-        if node not in self._active:
+        if partition_id not in self._active:
             return
         self._tick(now)
-        self._active.discard(node)
-        self._lost(node, now)
+        self._active.discard(partition_id)
+        self._lost(partition_id, now)
 
     # ---------------------------------------------------------------- checkpointing
     def state_dict(self) -> dict[str, Any]:
@@ -558,24 +558,24 @@ class ServerOptimizer(abc.ABC):
     # ------------------------------------------------------------ subclass interface
     @abc.abstractmethod
     def _on_valid(
-        self, node: int, parts: Parts, base_version: int, staleness: int, now: float
+        self, partition_id: int, parts: Parts, base_version: int, staleness: int, now: float
     ) -> Outcome:
         """Apply the rule to a validated, fresh-enough update."""
 
     def _tick(self, now: float) -> None:
         """Hook: the clock reads ``now`` at an event, before the event changes state."""
 
-    def _on_stale(self, node: int, now: float) -> Outcome:
+    def _on_stale(self, partition_id: int, now: float) -> Outcome:
         """A valid update over the staleness bound arrived; it is dropped."""
         return Outcome.STALE
 
-    def _joined(self, node: int, now: float) -> None:
-        """Hook: ``node`` was added to the active set."""
+    def _joined(self, partition_id: int, now: float) -> None:
+        """Hook: ``partition_id`` was added to the active set."""
 
-    def _lost(self, node: int, now: float) -> None:
-        """Hook: ``node`` was removed from the active set."""
+    def _lost(self, partition_id: int, now: float) -> None:
+        """Hook: ``partition_id`` was removed from the active set."""
 
-    def _check_extra(self, node: int, base_version: int) -> tuple[str, str] | None:
+    def _check_extra(self, partition_id: int, base_version: int) -> tuple[str, str] | None:
         """Hook: rule-specific validation; return ``(reason, message)`` to reject."""
         return None
 
@@ -653,20 +653,20 @@ class ServerOptimizer(abc.ABC):
         self._counters["rejected"] += 1
         return UpdateRejected(reason, message)
 
-    def _validate(self, node_id: Any, update: Any, base_version: Any) -> Parts:
+    def _validate(self, partition_id: Any, update: Any, base_version: Any) -> Parts:
         """Return the update as parts of ``w``, or raise UpdateRejected."""
         if (
-            isinstance(node_id, bool)
-            or not isinstance(node_id, numbers.Integral)
-            or int(node_id) not in self._active
+            isinstance(partition_id, bool)
+            or not isinstance(partition_id, numbers.Integral)
+            or int(partition_id) not in self._active
         ):
             raise self._reject(
                 "unknown-node",
-                f"node {node_id!r} is not an active node "
+                f"partition-id {partition_id!r} is not active "
                 f"(active: {sorted(self._active)[:20]}"
                 f"{'...' if len(self._active) > 20 else ''})",
             )
-        node = int(node_id)
+        partition_id = int(partition_id)
         if (
             isinstance(base_version, bool)
             or not isinstance(base_version, numbers.Integral)
@@ -674,10 +674,10 @@ class ServerOptimizer(abc.ABC):
         ):
             raise self._reject(
                 "base-version",
-                f"base_version {base_version!r} from node {node} is not an integer in "
-                f"[0, {self._version}] (the current version)",
+                f"base_version {base_version!r} from partition-id {partition_id} is not an "
+                f"integer in [0, {self._version}] (the current version)",
             )
-        extra = self._check_extra(node, int(base_version))
+        extra = self._check_extra(partition_id, int(base_version))
         if extra is not None:
             raise self._reject(*extra)
         n_expected = len(self._shapes)

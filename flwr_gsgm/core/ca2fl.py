@@ -22,14 +22,14 @@ from typing import Any, ClassVar
 import numpy as np
 
 from .base import Outcome, Parts, ServerOptimizer, chunks
-from .params import Param, server_lr
+from .params import Param, server_learning_rate
 
-__all__ = ["CA2FL"]
+__all__ = ["CA2FLRule"]
 
 _F32 = np.dtype(np.float32)
 
 
-class CA2FL(ServerOptimizer):
+class CA2FLRule(ServerOptimizer):
     r"""CA2FL: cached update calibration on a buffer of ``buffer_size`` arrivals.
 
     State: caches ``h_i`` (flat float32, one per active node that has sent an
@@ -58,7 +58,7 @@ class CA2FL(ServerOptimizer):
 
     Args:
         weights: initial weights, a sequence of numpy arrays (copied to float32).
-        node_ids: initially active node ids.
+        partition_ids: partition-ids of the initially active nodes.
         lr: server learning rate eta, > 0.
         buffer_size: ``M`` >= 1, arrivals per step (default 10, the paper's).
         max_staleness: optional staleness bound (see :class:`ServerOptimizer`);
@@ -79,7 +79,7 @@ class CA2FL(ServerOptimizer):
     PARAMS: ClassVar[tuple[Param, ...]] = (
         # A step per buffer of several updates: the tuned rate (10 nodes, seed 0,
         # docs/results/fashion_mnist_scale/tuned.toml) is larger than a per-arrival one.
-        server_lr(0.1),
+        server_learning_rate(0.1),
         Param(
             "buffer_size",
             10,
@@ -91,9 +91,9 @@ class CA2FL(ServerOptimizer):
     )
 
     def __init__(
-        self, weights: Sequence[np.ndarray], node_ids: Iterable[int], **params: Any
+        self, weights: Sequence[np.ndarray], partition_ids: Iterable[int], **params: Any
     ) -> None:
-        super().__init__(weights, node_ids, **params)
+        super().__init__(weights, partition_ids, **params)
         self._caches: dict[int, np.ndarray] = {}
         self._h = np.zeros(self._size, dtype=_F32)
         self._buf = np.zeros(self._size, dtype=_F32)
@@ -122,15 +122,15 @@ class CA2FL(ServerOptimizer):
 
     # ------------------------------------------------------------------------ rule
     def _on_valid(
-        self, node: int, parts: Parts, base_version: int, staleness: int, now: float
+        self, partition_id: int, parts: Parts, base_version: int, staleness: int, now: float
     ) -> Outcome:
         buf = self._buf
-        cache = self._caches.get(node)
+        cache = self._caches.get(partition_id)
         if cache is None:  # h_i = 0: the entry is Delta_i itself
             for lo, hi, g in chunks(parts):
                 bs = buf[lo:hi]
                 np.add(bs, g, out=bs)
-            self._caches[node] = self._copy_new(parts)
+            self._caches[partition_id] = self._copy_new(parts)
         else:
             a = self._scr_a
             for lo, hi, g in chunks(parts):
@@ -165,12 +165,12 @@ class CA2FL(ServerOptimizer):
         n = len(self._active)
         if n == 0 or not self._caches:
             return
-        for node in sorted(self._caches):
-            np.add(h, self._caches[node], out=h)
+        for partition_id in sorted(self._caches):
+            np.add(h, self._caches[partition_id], out=h)
         np.divide(h, n, out=h)
 
-    def _lost(self, node: int, now: float) -> None:
-        self._caches.pop(node, None)
+    def _lost(self, partition_id: int, now: float) -> None:
+        self._caches.pop(partition_id, None)
 
     # -------------------------------------------------------------- checkpointing
     def _extra_state(self) -> dict[str, Any]:
@@ -185,11 +185,11 @@ class CA2FL(ServerOptimizer):
     def _load_extra(self, state: dict[str, Any]) -> None:
         buf = self._flat_array(state["buffer_sum"], "buffer_sum")
         h = self._flat_array(state["cache_mean"], "cache_mean")
-        nodes = [int(n) for n in state["cache_nodes"]]
+        partition_ids = [int(n) for n in state["cache_nodes"]]
         values = [self._flat_array(v, "cache_values") for v in state["cache_values"]]
-        if len(nodes) != len(values):
+        if len(partition_ids) != len(values):
             raise ValueError("state cache_nodes and cache_values differ in length")
         self._buf[...] = buf
         self._h[...] = h
         self._count = int(state["buffer_count"])
-        self._caches = dict(zip(nodes, values))
+        self._caches = dict(zip(partition_ids, values))

@@ -19,10 +19,10 @@ from .backups import DispatchBackups
 from .base import Outcome, Parts, chunks
 from .params import Param
 
-__all__ = ["DCASGD"]
+__all__ = ["DCASGDRule"]
 
 
-class DCASGD(DispatchBackups):
+class DCASGDRule(DispatchBackups):
     """DC-ASGD: ``g~ = g + dc_lambda * g * g * (w_t - w_tau); w <- w - lr * g~``.
 
     ``w_tau`` is the copy of the weights sent to the node, recorded by
@@ -30,7 +30,7 @@ class DCASGD(DispatchBackups):
 
     Args:
         weights: initial weights, a sequence of numpy arrays (copied to float32).
-        node_ids: initially active node ids.
+        partition_ids: partition-ids of the initially active nodes.
         lr: server learning rate, > 0.
         dc_lambda: variance-control parameter lambda >= 0 (0 gives ASGD).
         max_staleness: optional staleness bound (see :class:`ServerOptimizer`).
@@ -53,10 +53,10 @@ class DCASGD(DispatchBackups):
     )
 
     def _on_valid(
-        self, node: int, parts: Parts, base_version: int, staleness: int, now: float
+        self, partition_id: int, parts: Parts, base_version: int, staleness: int, now: float
     ) -> Outcome:
         w, a = self._w, self._scr_a
-        backup = self._backups[node][0]
+        backup = self._backups[partition_id][0]
         lr, lam = self._lr, self._dc_lambda
         for lo, hi, g in chunks(parts):
             t = a[: hi - lo]

@@ -21,10 +21,10 @@ from typing import ClassVar
 from .base import Outcome, Parts, ServerOptimizer
 from .params import Param
 
-__all__ = ["DelayAdaptiveASGD"]
+__all__ = ["DelayAdaptiveASGDRule"]
 
 
-class DelayAdaptiveASGD(ServerOptimizer):
+class DelayAdaptiveASGDRule(ServerOptimizer):
     """Delay-adaptive ASGD: ``w <- w - lr * m / max(m, tau) * g_i`` for every arrival.
 
     ``tau = version - base_version`` is the update's staleness (versions, an int
@@ -38,7 +38,7 @@ class DelayAdaptiveASGD(ServerOptimizer):
 
     Args:
         weights: initial weights, a sequence of numpy arrays (copied to float32).
-        node_ids: initially active node ids.
+        partition_ids: partition-ids of the initially active nodes.
         lr: server learning rate, > 0 (the step of an update with ``tau <= m``).
         delay_threshold: ``m``, an int >= 1, or ``None`` (default) for the number
             of active nodes at each arrival (Mishchenko et al.'s choice).
@@ -79,7 +79,7 @@ class DelayAdaptiveASGD(ServerOptimizer):
         return max(1, len(self._active))
 
     def _on_valid(
-        self, node: int, parts: Parts, base_version: int, staleness: int, now: float
+        self, partition_id: int, parts: Parts, base_version: int, staleness: int, now: float
     ) -> Outcome:
         if staleness > self._threshold():
             self._counters["steps_shrunk"] += 1

@@ -22,10 +22,10 @@ from .backups import DispatchBackups
 from .base import Outcome, Parts, chunks
 from .params import Param
 
-__all__ = ["FedAsync"]
+__all__ = ["FedAsyncRule"]
 
 
-class FedAsync(DispatchBackups):
+class FedAsyncRule(DispatchBackups):
     """FedAsync: ``w_i = w_tau - lr * g; w <- (1 - a_s) * w + a_s * w_i``.
 
     ``a_s = alpha * (s + 1) ** (-poly_a)`` with staleness ``s = version -
@@ -33,7 +33,7 @@ class FedAsync(DispatchBackups):
 
     Args:
         weights: initial weights, a sequence of numpy arrays (copied to float32).
-        node_ids: initially active node ids.
+        partition_ids: partition-ids of the initially active nodes.
         lr: learning rate rebuilding the node model from its update, > 0 (set it to
             the clients' local learning rate in delta mode).
         alpha: mixing weight in (0, 1] of a fresh model.
@@ -71,10 +71,10 @@ class FedAsync(DispatchBackups):
         return self._alpha * float(staleness + 1) ** (-self._poly_a)
 
     def _on_valid(
-        self, node: int, parts: Parts, base_version: int, staleness: int, now: float
+        self, partition_id: int, parts: Parts, base_version: int, staleness: int, now: float
     ) -> Outcome:
         w, a, b = self._w, self._scr_a, self._scr_b
-        backup = self._backups[node][0]
+        backup = self._backups[partition_id][0]
         lr = self._lr
         mix = self.mixing_weight(staleness)
         keep = 1.0 - mix

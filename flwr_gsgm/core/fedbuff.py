@@ -18,12 +18,12 @@ from typing import Any, ClassVar
 import numpy as np
 
 from .base import Outcome, Parts, ServerOptimizer, chunks
-from .params import Param, server_lr
+from .params import Param, server_learning_rate
 
-__all__ = ["FedBuff"]
+__all__ = ["FedBuffRule"]
 
 
-class FedBuff(ServerOptimizer):
+class FedBuffRule(ServerOptimizer):
     """FedBuff: buffer K updates, then ``w <- w - lr * (sum of the K) / K``.
 
     The first K - 1 arrivals of a buffer are :attr:`Outcome.DEFERRED`, the K-th is
@@ -32,7 +32,7 @@ class FedBuff(ServerOptimizer):
 
     Args:
         weights: initial weights, a sequence of numpy arrays (copied to float32).
-        node_ids: initially active node ids.
+        partition_ids: partition-ids of the initially active nodes.
         lr: server learning rate, > 0.
         buffer_size: K >= 1 (1 gives ASGD up to rounding).
         max_staleness: optional staleness bound (see :class:`ServerOptimizer`).
@@ -48,14 +48,14 @@ class FedBuff(ServerOptimizer):
     PARAMS: ClassVar[tuple[Param, ...]] = (
         # A step per buffer of several updates: the tuned rate (10 nodes, seed 0,
         # docs/results/fashion_mnist_scale/tuned.toml) is larger than a per-arrival one.
-        server_lr(0.1),
+        server_learning_rate(0.1),
         Param("buffer_size", 5, "buffer size K", kind=int, low=1, run_config_key="fedbuff-k"),
     )
 
     def __init__(
-        self, weights: Sequence[np.ndarray], node_ids: Iterable[int], **params: Any
+        self, weights: Sequence[np.ndarray], partition_ids: Iterable[int], **params: Any
     ) -> None:
-        super().__init__(weights, node_ids, **params)
+        super().__init__(weights, partition_ids, **params)
         self._buf = np.zeros(self._size, dtype=np.float32)
         self._count = 0
 
@@ -70,7 +70,7 @@ class FedBuff(ServerOptimizer):
         return self._buf.copy()
 
     def _on_valid(
-        self, node: int, parts: Parts, base_version: int, staleness: int, now: float
+        self, partition_id: int, parts: Parts, base_version: int, staleness: int, now: float
     ) -> Outcome:
         buf = self._buf
         for lo, hi, g in chunks(parts):

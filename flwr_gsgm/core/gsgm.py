@@ -23,9 +23,9 @@ from typing import Any, ClassVar
 import numpy as np
 
 from .base import Outcome, Parts, ServerOptimizer, _state_int, _state_nodes, chunks
-from .params import BETA, Param, server_lr
+from .params import BETA, Param, server_learning_rate
 
-__all__ = ["GSGM"]
+__all__ = ["GSGMRule"]
 
 _F32 = np.dtype(np.float32)
 _FORMS = ("heavy-ball", "ema")
@@ -34,7 +34,7 @@ _APPLY = ("arrival", "cycle")
 _LR_SCALING = ("step", "cycle")
 
 
-class GSGM(ServerOptimizer):
+class GSGMRule(ServerOptimizer):
     r"""Gradient Scheduling with Global Momentum (the project's reconstruction).
 
     State: weights ``w``, version ``t``, global momentum ``M`` (starts at 0), the
@@ -112,7 +112,8 @@ class GSGM(ServerOptimizer):
 
     Args:
         weights: initial weights, a sequence of numpy arrays (copied to float32).
-        node_ids: initially active node ids; they form the first cycle's white list.
+        partition_ids: partition-ids of the initially active nodes; they form the first
+            cycle's white list.
         lr: server learning rate eta, > 0.
         beta: global momentum coefficient in [0, 1). ``beta = 0`` gives scheduled
             ASGD (ablation "scheduling only").
@@ -241,7 +242,7 @@ class GSGM(ServerOptimizer):
         ),
         # The tuned choice (docs/results/fashion_mnist_scale/tuned.toml): lr 0.1 per
         # cycle, which at 10 nodes and quorum 0.5 is the earlier default of 0.02 per step.
-        server_lr(0.1),
+        server_learning_rate(0.1),
         Param(
             "lr_scaling",
             "cycle",
@@ -273,9 +274,9 @@ class GSGM(ServerOptimizer):
     )
 
     def __init__(
-        self, weights: Sequence[np.ndarray], node_ids: Iterable[int], **params: Any
+        self, weights: Sequence[np.ndarray], partition_ids: Iterable[int], **params: Any
     ) -> None:
-        super().__init__(weights, node_ids, **params)
+        super().__init__(weights, partition_ids, **params)
         if self._table_max_age is not None and self._averaging != "table":
             raise ValueError(
                 f"table_max_age={self._table_max_age!r} needs averaging='table', got "
@@ -376,20 +377,20 @@ class GSGM(ServerOptimizer):
 
     # ------------------------------------------------------------------------ rule
     def _on_valid(
-        self, node: int, parts: Parts, base_version: int, staleness: int, now: float
+        self, partition_id: int, parts: Parts, base_version: int, staleness: int, now: float
     ) -> Outcome:
         self._cycle_arrivals += 1
         if self._table_max_age is not None and staleness > self._table_max_age:
             # Too old for the table: it could never enter a mean (rows only age).
             self._advance(now)
             return Outcome.STALE
-        self._arrival, self._arrival_cycle = node, None
+        self._arrival, self._arrival_cycle = partition_id, None
         try:
-            if not self._scheduling or node in self._white:
-                self._contribute(node, parts, base_version)
+            if not self._scheduling or partition_id in self._white:
+                self._contribute(partition_id, parts, base_version)
                 outcome = Outcome.APPLIED
             else:
-                self._fold(node, parts, base_version)
+                self._fold(partition_id, parts, base_version)
                 outcome = Outcome.DEFERRED
             self._advance(now)
         finally:
@@ -399,7 +400,7 @@ class GSGM(ServerOptimizer):
             joined = self._arrival_cycle
             stepped = joined is not None and self._cycle_index > joined
             return Outcome.APPLIED if stepped else Outcome.DEFERRED
-        if outcome is Outcome.DEFERRED and node not in self._slots:
+        if outcome is Outcome.DEFERRED and partition_id not in self._slots:
             outcome = Outcome.APPLIED  # its slot was applied when the cycle closed
         return outcome
 
@@ -407,21 +408,21 @@ class GSGM(ServerOptimizer):
         # A cycle whose time ran out before this event closes before it is handled.
         self._advance(now)
 
-    def _on_stale(self, node: int, now: float) -> Outcome:
+    def _on_stale(self, partition_id: int, now: float) -> Outcome:
         self._cycle_arrivals += 1
         self._advance(now)
         return Outcome.STALE
 
-    def _joined(self, node: int, now: float) -> None:
+    def _joined(self, partition_id: int, now: float) -> None:
         # Enters W at the next cycle; a cycle without members restarts at once.
         self._advance(now)
 
-    def _lost(self, node: int, now: float) -> None:
-        self._white.discard(node)
-        if self._slots.pop(node, None) is not None:
+    def _lost(self, partition_id: int, now: float) -> None:
+        self._white.discard(partition_id)
+        if self._slots.pop(partition_id, None) is not None:
             self._counters["slots_dropped"] += 1
-        if self._table_sum is not None and self._table.pop(node, None) is not None:
-            self._table_base.pop(node, None)
+        if self._table_sum is not None and self._table.pop(partition_id, None) is not None:
+            self._table_base.pop(partition_id, None)
             self._recompute_table_sum()
         self._advance(now)
 
@@ -483,9 +484,9 @@ class GSGM(ServerOptimizer):
             return
         self._white = set(self._active)
         while self._slots:
-            node = next(iter(self._slots))
-            buf, _count, base = self._slots.pop(node)
-            self._contribute(node, [(0, buf)], base)
+            partition_id = next(iter(self._slots))
+            buf, _count, base = self._slots.pop(partition_id)
+            self._contribute(partition_id, [(0, buf)], base)
             self._counters["slots_applied"] += 1
 
     def _cycle_step(self) -> None:
@@ -529,18 +530,18 @@ class GSGM(ServerOptimizer):
         self._refresh_m_step()
 
     # ------------------------------------------------------------------ the steps
-    def _contribute(self, node: int, parts: Parts, base: int) -> None:
-        """Apply ``u`` (``parts``) as ``node``'s contribution to the current cycle.
+    def _contribute(self, partition_id: int, parts: Parts, base: int) -> None:
+        """Apply ``u`` (``parts``) as ``partition_id``'s contribution to the current cycle.
 
         ``base`` is the base version of the contribution (of the newest update
         folded into it, for a slot): the age of its table row counts from it.
         """
         tsum = self._table_sum
         if tsum is not None:
-            self._table_put(node, parts, base)
+            self._table_put(partition_id, parts, base)
         if self._apply == "arrival":
             if tsum is not None:
-                self._expire_rows(keep=node)
+                self._expire_rows(keep=partition_id)
                 self._step([(0, tsum)], divisor=len(self._table))
             else:
                 self._step(parts, divisor=None)
@@ -551,9 +552,9 @@ class GSGM(ServerOptimizer):
                 ss = S[lo:hi]
                 np.add(ss, u, out=ss)
         self._k += 1
-        self._white.discard(node)
-        self._contributed.add(node)
-        if node == self._arrival:
+        self._white.discard(partition_id)
+        self._contributed.add(partition_id)
+        if partition_id == self._arrival:
             self._arrival_cycle = self._cycle_index
 
     def _step_lr(self) -> float:
@@ -611,11 +612,11 @@ class GSGM(ServerOptimizer):
         self._m_step_lr = self._step_lr()
         np.multiply(self._M, self._m_step_lr * self._beta, out=self._m_step)
 
-    def _fold(self, node: int, parts: Parts, base: int) -> None:
+    def _fold(self, partition_id: int, parts: Parts, base: int) -> None:
         """Fold ``g`` into the node's slot: ``P <- P + (g - P) / n``."""
-        slot = self._slots.get(node)
+        slot = self._slots.get(partition_id)
         if slot is None:
-            self._slots[node] = [self._copy_new(parts), 1, base]
+            self._slots[partition_id] = [self._copy_new(parts), 1, base]
             return
         slot[1] += 1
         slot[2] = max(slot[2], base)
@@ -628,12 +629,12 @@ class GSGM(ServerOptimizer):
             np.divide(t, count, out=t)
             np.add(p, t, out=p)
 
-    def _table_put(self, node: int, parts: Parts, base: int) -> None:
-        row = self._table.get(node)
+    def _table_put(self, partition_id: int, parts: Parts, base: int) -> None:
+        row = self._table.get(partition_id)
         tsum = self._table_sum
-        self._table_base[node] = base
+        self._table_base[partition_id] = base
         if row is None:
-            self._table[node] = self._copy_new(parts)
+            self._table[partition_id] = self._copy_new(parts)
             for lo, hi, u in chunks(parts):
                 ts = tsum[lo:hi]
                 np.add(ts, u, out=ts)
@@ -675,8 +676,8 @@ class GSGM(ServerOptimizer):
     def _recompute_table_sum(self) -> None:
         tsum = self._table_sum
         tsum.fill(0.0)
-        for node in sorted(self._table):
-            np.add(tsum, self._table[node], out=tsum)
+        for partition_id in sorted(self._table):
+            np.add(tsum, self._table[partition_id], out=tsum)
 
     # -------------------------------------------------------------- checkpointing
     def _extra_state(self) -> dict[str, Any]:
@@ -752,11 +753,11 @@ class GSGM(ServerOptimizer):
     def _load_extra(self, state: dict[str, Any]) -> None:
         M = self._flat_array(state["momentum"], "momentum")
         S = self._flat_array(state["cycle_sum"], "cycle_sum")
-        nodes = [int(n) for n in state["slot_nodes"]]
+        partition_ids = [int(n) for n in state["slot_nodes"]]
         counts = [int(c) for c in state["slot_counts"]]
         values = [self._flat_array(v, "slot_values") for v in state["slot_values"]]
         sversions = [int(v) for v in state["slot_versions"]]
-        if not len(nodes) == len(counts) == len(values) == len(sversions):
+        if not len(partition_ids) == len(counts) == len(values) == len(sversions):
             raise ValueError(
                 "state slot_nodes, slot_counts, slot_values, slot_versions differ in length"
             )
@@ -777,7 +778,7 @@ class GSGM(ServerOptimizer):
         self._cycle_index = int(state["cycle_index"])
         self._white = {int(n) for n in state["white_list"]}
         self._contributed = {int(n) for n in state["contributed"]}
-        self._slots = {n: [v, c, b] for n, c, v, b in zip(nodes, counts, values, sversions)}
+        self._slots = {n: [v, c, b] for n, c, v, b in zip(partition_ids, counts, values, sversions)}
         start = state["cycle_start"]
         self._cycle_start = None if start is None else float(start)
         self._cycle_arrivals = int(state["cycle_arrivals"])

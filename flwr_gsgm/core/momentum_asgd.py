@@ -19,15 +19,15 @@ import numpy as np
 from .base import Outcome, Parts, ServerOptimizer, chunks
 from .params import BETA, Param
 
-__all__ = ["MomentumASGD"]
+__all__ = ["MomentumASGDRule"]
 
 
-class MomentumASGD(ServerOptimizer):
+class MomentumASGDRule(ServerOptimizer):
     """Momentum ASGD: ``v <- beta * v + g_i; w <- w - lr * v`` for every arrival.
 
     Args:
         weights: initial weights, a sequence of numpy arrays (copied to float32).
-        node_ids: initially active node ids.
+        partition_ids: partition-ids of the initially active nodes.
         lr: server learning rate, > 0.
         beta: momentum coefficient in [0, 1); 0 gives ASGD.
         max_staleness: optional staleness bound (see :class:`ServerOptimizer`).
@@ -44,9 +44,9 @@ class MomentumASGD(ServerOptimizer):
     PARAMS: ClassVar[tuple[Param, ...]] = (BETA,)
 
     def __init__(
-        self, weights: Sequence[np.ndarray], node_ids: Iterable[int], **params: Any
+        self, weights: Sequence[np.ndarray], partition_ids: Iterable[int], **params: Any
     ) -> None:
-        super().__init__(weights, node_ids, **params)
+        super().__init__(weights, partition_ids, **params)
         self._v = np.zeros(self._size, dtype=np.float32)
 
     @property
@@ -55,7 +55,7 @@ class MomentumASGD(ServerOptimizer):
         return self._v.copy()
 
     def _on_valid(
-        self, node: int, parts: Parts, base_version: int, staleness: int, now: float
+        self, partition_id: int, parts: Parts, base_version: int, staleness: int, now: float
     ) -> Outcome:
         w, v, a = self._w, self._v, self._scr_a
         lr, beta = self._lr, self._beta

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["BETA", "Param", "resolve", "describe", "server_lr"]
+__all__ = ["BETA", "Param", "resolve", "describe", "server_learning_rate"]
 
 _KINDS = (float, int, bool, str)
 
@@ -164,7 +164,7 @@ def describe(params: Iterable[Param], rename: Mapping[str, str] | None = None) -
 
     Appended to the docstrings of the rule classes and of the strategies, so that
     the documented defaults are the declared ones. ``rename`` maps a parameter name
-    to the name the caller takes (the strategies' ``server_lr`` for ``lr``).
+    to the name the caller takes (the strategies' ``server_learning_rate`` for ``lr``).
     """
     rename = rename or {}
     lines = ["", "    Declared parameters (defaults)", "    ------------------------------"]
@@ -210,8 +210,11 @@ BETA = Param(
 )
 
 
-def server_lr(default: float) -> Param:
-    """The server learning rate ``lr`` with a rule's own default (run config ``server-lr``).
+def server_learning_rate(default: float) -> Param:
+    """The server learning rate ``lr`` with a rule's own default.
+
+    Strategies take it as ``server_learning_rate`` (as Flower's FedAvgM), the run
+    config as ``server-learning-rate``; inside the core it is ``lr`` (as torch.optim).
 
     Declared on the base (0.02, a step per arrival) and redeclared by the rules whose
     step has another scale (a step per buffer, GSGM's rate per cycle); the shared key
@@ -223,6 +226,6 @@ def server_lr(default: float) -> Param:
         "server learning rate eta",
         low=0.0,
         low_open=True,
-        run_config_key="server-lr",
+        run_config_key="server-learning-rate",
         rule_default=True,
     )

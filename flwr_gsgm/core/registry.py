@@ -63,7 +63,7 @@ def optimizer_params(name: str) -> tuple[str, ...]:
 def make_optimizer(
     name: str,
     weights: Sequence[np.ndarray],
-    node_ids: Iterable[int],
+    partition_ids: Iterable[int],
     **params: Any,
 ) -> ServerOptimizer:
     """Build the server optimizer registered as ``name``.
@@ -87,7 +87,7 @@ def make_optimizer(
         kwargs[k] = value
     if "lr" not in kwargs:
         raise ValueError(f"optimizer {cls.name!r} needs the parameter 'lr'")
-    return cls(weights, node_ids, **kwargs)
+    return cls(weights, partition_ids, **kwargs)
 
 
 def _lookup(name: str) -> type[ServerOptimizer]:

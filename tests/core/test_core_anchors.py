@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from core_testutil import assert_bits_equal, assert_state_equal, f32
 
-from flwr_gsgm.core import ACE, CA2FL, DelayAdaptiveASGD, Outcome, make_optimizer
+from flwr_gsgm.core import ACERule, CA2FLRule, DelayAdaptiveASGDRule, Outcome, make_optimizer
 
 
 def w_is(opt, *values):
@@ -21,7 +21,7 @@ def w_is(opt, *values):
 
 # ---------------------------------------------------------------------- CA2FL
 def test_ca2fl_hand_computed():
-    opt = CA2FL([f32(0, 0)], [1, 2, 3, 4], lr=0.5, buffer_size=2)
+    opt = CA2FLRule([f32(0, 0)], [1, 2, 3, 4], lr=0.5, buffer_size=2)
     # a1 node 1 [2,4]: no cache (0): entry [2,4]; B = [2,4]; h_1 = [2,4]; b = 1.
     assert opt.on_update(1, [f32(2, 4)], 0) is Outcome.DEFERRED
     assert_bits_equal(opt.buffer_sum, f32(2, 4))
@@ -65,7 +65,7 @@ def test_ca2fl_hand_computed():
 
 
 def test_ca2fl_default_buffer_and_stale_updates():
-    opt = CA2FL([f32(0, 0)], [1], lr=1.0, max_staleness=0)
+    opt = CA2FLRule([f32(0, 0)], [1], lr=1.0, max_staleness=0)
     assert opt.params["buffer_size"] == 10
     for _ in range(9):
         assert opt.on_update(1, [f32(1, 1)], 0) is Outcome.DEFERRED
@@ -81,7 +81,7 @@ def test_ca2fl_default_buffer_and_stale_updates():
 
 # ------------------------------------------------------------------------- ACE
 def test_ace_hand_computed():
-    opt = ACE([f32(0, 0)], [1, 2, 3], lr=0.5)
+    opt = ACERule([f32(0, 0)], [1, 2, 3], lr=0.5)
     # node 1 [2,4] (base 0): rows {1}; mean [2,4]; w = [-1,-2].
     assert opt.on_update(1, [f32(2, 4)], 0) is Outcome.APPLIED
     w_is(opt, -1, -2)
@@ -110,7 +110,7 @@ def test_ace_hand_computed():
 
 
 def test_aced_rows_older_than_max_row_age_leave_the_mean():
-    opt = ACE([f32(0, 0)], [1, 2, 3], lr=0.5, max_row_age=1)
+    opt = ACERule([f32(0, 0)], [1, 2, 3], lr=0.5, max_row_age=1)
     # a1 node 1 [2,4] base 0 (age 0): mean [2,4]; w = [-1,-2]; version 1.
     assert opt.on_update(1, [f32(2, 4)], 0) is Outcome.APPLIED
     # a2 node 2 [4,0] base 0 (age 1 <= 1): rows 1 (b0), 2 (b0); ages 1, 1;
@@ -148,7 +148,7 @@ def test_aced_rows_older_than_max_row_age_leave_the_mean():
 
 def test_ace_running_sum_is_resynced():
     # Every |U| row changes, Sigma is recomputed from the rows (counted).
-    opt = ACE([f32(0, 0)], [1, 2], lr=0.5)
+    opt = ACERule([f32(0, 0)], [1, 2], lr=0.5)
     opt.on_update(1, [f32(2, 4)], 0)  # 1 change >= 1 row: resync
     assert opt.counters["resyncs"] == 1
     opt.on_update(2, [f32(2, 4)], 1)  # 1 change < 2 rows
@@ -159,7 +159,7 @@ def test_ace_running_sum_is_resynced():
 
 # --------------------------------------------------------- delay-adaptive ASGD
 def test_delay_adaptive_asgd_hand_computed():
-    opt = DelayAdaptiveASGD([f32(0, 0)], [1, 2], lr=0.5)  # m = |A| = 2
+    opt = DelayAdaptiveASGDRule([f32(0, 0)], [1, 2], lr=0.5)  # m = |A| = 2
     # node 1 [2,4] s = 0: step 0.5 * 2 / max(2, 0) = 0.5: w = [-1,-2]; v1.
     assert opt.on_update(1, [f32(2, 4)], 0) is Outcome.APPLIED
     w_is(opt, -1, -2)
@@ -184,7 +184,7 @@ def test_delay_adaptive_asgd_hand_computed():
 
 
 def test_delay_adaptive_asgd_fixed_threshold():
-    opt = DelayAdaptiveASGD([f32(0, 0)], [1, 2, 3, 4], lr=0.5, delay_threshold=1)
+    opt = DelayAdaptiveASGDRule([f32(0, 0)], [1, 2, 3, 4], lr=0.5, delay_threshold=1)
     # s = 1 <= 1: 0.5; s = 2: 0.5 * 1 / 2 = 0.25; s = 4: 0.125 (|A| = 4 unused).
     assert [opt.step_size(s) for s in (0, 1, 2, 4)] == [0.5, 0.5, 0.25, 0.125]
     opt.on_update(1, [f32(4, 8)], 0)  # s = 0: w = [-2,-4]; v1
@@ -197,12 +197,12 @@ def test_delay_adaptive_asgd_fixed_threshold():
 @pytest.mark.parametrize(
     "cls,kw",
     [
-        (CA2FL, dict(buffer_size=0)),
-        (CA2FL, dict(buffer_size=2.5)),
-        (ACE, dict(max_row_age=-1)),
-        (ACE, dict(max_row_age=1.5)),
-        (DelayAdaptiveASGD, dict(delay_threshold=0)),
-        (DelayAdaptiveASGD, dict(delay_threshold=True)),
+        (CA2FLRule, dict(buffer_size=0)),
+        (CA2FLRule, dict(buffer_size=2.5)),
+        (ACERule, dict(max_row_age=-1)),
+        (ACERule, dict(max_row_age=1.5)),
+        (DelayAdaptiveASGDRule, dict(delay_threshold=0)),
+        (DelayAdaptiveASGDRule, dict(delay_threshold=True)),
     ],
 )
 def test_constructor_rejects_bad_parameters_naming_them(cls, kw):
@@ -212,7 +212,7 @@ def test_constructor_rejects_bad_parameters_naming_them(cls, kw):
     assert name in str(info.value) and repr(kw[name]) in str(info.value)
 
 
-@pytest.mark.parametrize("cls", [CA2FL, ACE, DelayAdaptiveASGD])
+@pytest.mark.parametrize("cls", [CA2FLRule, ACERule, DelayAdaptiveASGDRule])
 def test_docstrings_cite_and_document(cls):
     module_doc = sys.modules[cls.__module__].__doc__
     assert "Reference" in module_doc
@@ -222,7 +222,7 @@ def test_docstrings_cite_and_document(cls):
 
 def test_registry_builds_aced_and_run_config_keys():
     opt = make_optimizer("ace", [f32(0, 0)], [1], **{"lr": 0.1, "max-row-age": 50})
-    assert type(opt) is ACE and opt.params["max_row_age"] == 50
+    assert type(opt) is ACERule and opt.params["max_row_age"] == 50
     assert make_optimizer("ca2fl", [f32(0, 0)], [1], lr=0.1).params["buffer_size"] == 10
     assert make_optimizer("daasgd", [f32(0, 0)], [1], lr=0.1).params["delay_threshold"] is None
 

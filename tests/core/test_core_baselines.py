@@ -6,18 +6,18 @@ import pytest
 from core_testutil import assert_bits_equal, f32
 
 from flwr_gsgm.core import (
-    ASGD,
-    DCASGD,
-    FedAsync,
-    FedBuff,
-    MomentumASGD,
+    ASGDRule,
+    DCASGDRule,
+    FedAsyncRule,
+    FedBuffRule,
+    MomentumASGDRule,
     Outcome,
     UpdateRejected,
 )
 
 
 def test_asgd():
-    opt = ASGD([f32(1, 2)], [1, 2], lr=0.5)
+    opt = ASGDRule([f32(1, 2)], [1, 2], lr=0.5)
     # node 1 [2,4]: w = [1,2] - 0.5 [2,4] = [0,0].
     assert opt.on_update(1, [f32(2, 4)], 0) is Outcome.APPLIED
     assert_bits_equal(opt.weights[0], f32(0, 0))
@@ -28,7 +28,7 @@ def test_asgd():
 
 
 def test_asgd_staleness_bound():
-    opt = ASGD([f32(1, 2)], [1, 2], lr=0.5, max_staleness=0)
+    opt = ASGDRule([f32(1, 2)], [1, 2], lr=0.5, max_staleness=0)
     opt.on_update(1, [f32(2, 4)], 0)
     # staleness 1 > 0: dropped, w stays [0,0].
     assert opt.on_update(2, [f32(-2, 1)], 0) is Outcome.STALE
@@ -38,7 +38,7 @@ def test_asgd_staleness_bound():
 
 
 def test_momentum_asgd():
-    opt = MomentumASGD([f32(0, 0)], [1, 2], lr=0.5, beta=0.5)
+    opt = MomentumASGDRule([f32(0, 0)], [1, 2], lr=0.5, beta=0.5)
     # g [2,4]: v = [2,4]; w = -0.5 [2,4] = [-1,-2].
     opt.on_update(1, [f32(2, 4)], 0)
     assert_bits_equal(opt.velocity, f32(2, 4))
@@ -53,7 +53,7 @@ def test_momentum_asgd():
 
 
 def test_dcasgd():
-    opt = DCASGD([f32(0, 0)], [1, 2], lr=0.5, dc_lambda=0.5)
+    opt = DCASGDRule([f32(0, 0)], [1, 2], lr=0.5, dc_lambda=0.5)
     opt.on_dispatch(1)  # w_tau = [0,0] at version 0
     opt.on_dispatch(2)
     # node 1 [2,4] at version 0: w_t - w_tau = 0, g~ = g: w = [-1,-2].
@@ -69,7 +69,7 @@ def test_dcasgd():
 
 
 def test_dcasgd_needs_the_dispatch_of_the_base_version():
-    opt = DCASGD([f32(0, 0)], [1, 2], lr=0.5)
+    opt = DCASGDRule([f32(0, 0)], [1, 2], lr=0.5)
     with pytest.raises(UpdateRejected) as info:  # never dispatched
         opt.on_update(1, [f32(2, 4)], 0)
     assert info.value.reason == "base-version"
@@ -89,7 +89,7 @@ def test_dcasgd_needs_the_dispatch_of_the_base_version():
 
 
 def test_fedasync():
-    opt = FedAsync([f32(0, 0)], [1, 2], lr=0.5, alpha=0.5, poly_a=1.0)
+    opt = FedAsyncRule([f32(0, 0)], [1, 2], lr=0.5, alpha=0.5, poly_a=1.0)
     opt.on_dispatch(1)
     opt.on_dispatch(2)
     # node 1 [2,4], staleness 0: a = 0.5 * 1^-1 = 0.5; w_1 = [0,0] - 0.5 [2,4]
@@ -105,13 +105,13 @@ def test_fedasync():
 
 
 def test_fedasync_default_staleness_function():
-    opt = FedAsync([f32(0, 0)], [1], lr=0.1)  # alpha = 0.6, poly_a = 0.5
+    opt = FedAsyncRule([f32(0, 0)], [1], lr=0.1)  # alpha = 0.6, poly_a = 0.5
     assert opt.mixing_weight(0) == pytest.approx(0.6)
     assert opt.mixing_weight(3) == pytest.approx(0.6 / 2)
 
 
 def test_fedbuff():
-    opt = FedBuff([f32(0, 0)], [1, 2], lr=0.5, buffer_size=2)
+    opt = FedBuffRule([f32(0, 0)], [1, 2], lr=0.5, buffer_size=2)
     # [2,4]: buffered. [4,0]: K = 2 reached, mean [3,2]: w = -0.5 [3,2] = [-1.5,-1].
     assert opt.on_update(1, [f32(2, 4)], 0) is Outcome.DEFERRED
     assert_bits_equal(opt.weights[0], f32(0, 0))
@@ -128,7 +128,7 @@ def test_fedbuff():
 
 
 def test_fedbuff_default_buffer_and_stale_updates():
-    opt = FedBuff([f32(0, 0)], [1], lr=1.0, max_staleness=0)
+    opt = FedBuffRule([f32(0, 0)], [1], lr=1.0, max_staleness=0)
     for _ in range(4):
         assert opt.on_update(1, [f32(1, 1)], 0) is Outcome.DEFERRED
     assert opt.on_update(1, [f32(1, 1)], 0) is Outcome.APPLIED  # K = 5 by default
@@ -140,14 +140,14 @@ def test_fedbuff_default_buffer_and_stale_updates():
 @pytest.mark.parametrize(
     "cls,kw",
     [
-        (MomentumASGD, dict(beta=1.0)),
-        (DCASGD, dict(dc_lambda=-1.0)),
-        (FedAsync, dict(alpha=0.0)),
-        (FedAsync, dict(alpha=1.5)),
-        (FedAsync, dict(poly_a=-1.0)),
-        (FedBuff, dict(buffer_size=0)),
-        (ASGD, dict(lr=0)),
-        (ASGD, dict(max_staleness=1.5)),
+        (MomentumASGDRule, dict(beta=1.0)),
+        (DCASGDRule, dict(dc_lambda=-1.0)),
+        (FedAsyncRule, dict(alpha=0.0)),
+        (FedAsyncRule, dict(alpha=1.5)),
+        (FedAsyncRule, dict(poly_a=-1.0)),
+        (FedBuffRule, dict(buffer_size=0)),
+        (ASGDRule, dict(lr=0)),
+        (ASGDRule, dict(max_staleness=1.5)),
     ],
 )
 def test_constructor_rejects_bad_parameters_naming_them(cls, kw):
@@ -160,16 +160,16 @@ def test_constructor_rejects_bad_parameters_naming_them(cls, kw):
 
 def test_constructor_rejects_bad_weights():
     with pytest.raises(ValueError, match="at least one array"):
-        ASGD([], [1], lr=0.1)
+        ASGDRule([], [1], lr=0.1)
     with pytest.raises(TypeError, match="sequence"):
-        ASGD(f32(1, 2), [1], lr=0.1)
+        ASGDRule(f32(1, 2), [1], lr=0.1)
     with pytest.raises(ValueError, match="finite"):
-        ASGD([f32(1, float("nan"))], [1], lr=0.1)
-    with pytest.raises(ValueError, match="node id"):
-        ASGD([f32(1, 2)], ["a"], lr=0.1)
+        ASGDRule([f32(1, float("nan"))], [1], lr=0.1)
+    with pytest.raises(ValueError, match="partition-id must be an integer"):
+        ASGDRule([f32(1, 2)], ["a"], lr=0.1)
 
 
-@pytest.mark.parametrize("cls", [ASGD, MomentumASGD, DCASGD, FedAsync, FedBuff])
+@pytest.mark.parametrize("cls", [ASGDRule, MomentumASGDRule, DCASGDRule, FedAsyncRule, FedBuffRule])
 def test_docstrings_cite_and_document(cls):
     import sys
 

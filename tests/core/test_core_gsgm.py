@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 from core_testutil import GSGM_STRICT, Engine, assert_bits_equal, f32
 
-from flwr_gsgm.core import ASGD, GSGM, Outcome
+from flwr_gsgm.core import ASGDRule, GSGMRule, Outcome
 
 
 def make(nodes=(1, 2, 3), **kw):
     params = dict(GSGM_STRICT, lr=0.5, beta=0.5)
     params.update(kw)
-    return GSGM([f32(0, 0)], list(nodes), **params)
+    return GSGMRule([f32(0, 0)], list(nodes), **params)
 
 
 def check(opt, *, w, white, slots, momentum, k=None, S=None, version=None, cycle=None):
@@ -197,7 +197,7 @@ def test_cycle_closed_by_quorum():
 
 def test_quorum_count_is_robust_to_float_rounding():
     # 0.7 * 10 = 7.000000000000001 in floating point: the quorum is still 7 nodes.
-    opt = GSGM([f32(0, 0)], range(10), **{**GSGM_STRICT, "cycle_quorum": 0.7}, lr=0.5)
+    opt = GSGMRule([f32(0, 0)], range(10), **{**GSGM_STRICT, "cycle_quorum": 0.7}, lr=0.5)
     for n in range(6):
         opt.on_update(n, [f32(1, 1)], opt.version)
     assert opt.cycle_index == 0
@@ -355,7 +355,7 @@ def test_beta_zero_equals_scheduled_asgd(form, seed):
     nodes = [1, 2, 3, 4]
     weights, seq = random_arrivals(seed, nodes)
     ref = ScheduledASGD(weights, nodes, lr=0.1)
-    opt = GSGM(weights, nodes, **{**GSGM_STRICT, "momentum_form": form}, lr=0.1, beta=0.0)
+    opt = GSGMRule(weights, nodes, **{**GSGM_STRICT, "momentum_form": form}, lr=0.1, beta=0.0)
     for node, g in seq:
         opt.on_update(node, g, opt.version)
         ref.arrive(node, g)
@@ -369,10 +369,10 @@ def test_beta_zero_equals_scheduled_asgd(form, seed):
 def test_scheduling_off_beta_zero_equals_asgd(form, seed):
     nodes = [1, 2, 3]
     weights, seq = random_arrivals(seed, nodes)
-    gsgm = GSGM(
+    gsgm = GSGMRule(
         weights, nodes, **{**GSGM_STRICT, "momentum_form": form}, lr=0.1, beta=0.0, scheduling=False
     )
-    asgd = ASGD(weights, nodes, lr=0.1)
+    asgd = ASGDRule(weights, nodes, lr=0.1)
     for node, g in seq:
         assert gsgm.on_update(node, g, gsgm.version) is Outcome.APPLIED
         asgd.on_update(node, g, asgd.version)
@@ -389,7 +389,7 @@ def test_arrays_spanning_several_chunks_match_reference(monkeypatch):
     nodes = [1, 2, 3]
     weights, seq = random_arrivals(5, nodes, n=30, shapes=((7_001,), (3, 1_111), (5,)))
     ref = ScheduledASGD(weights, nodes, lr=0.1)
-    opt = GSGM(weights, nodes, **GSGM_STRICT, lr=0.1, beta=0.0)
+    opt = GSGMRule(weights, nodes, **GSGM_STRICT, lr=0.1, beta=0.0)
     assert opt._scr_a.size == 1000
     for node, g in seq:
         opt.on_update(node, g, opt.version)
@@ -401,7 +401,7 @@ def test_arrays_spanning_several_chunks_match_reference(monkeypatch):
     for chunk in (1000, 1 << 18):
         monkeypatch.setattr(base, "CHUNK", chunk)
         for kw in (dict(beta=0.5), dict(beta=0.9, momentum_form="ema", averaging="table")):
-            opt = GSGM(weights, nodes, **{**GSGM_STRICT, **kw}, lr=0.1)
+            opt = GSGMRule(weights, nodes, **{**GSGM_STRICT, **kw}, lr=0.1)
             for node, g in seq:
                 opt.on_update(node, g, opt.version)
             runs.append(opt.flat_weights.copy())
@@ -411,7 +411,7 @@ def test_arrays_spanning_several_chunks_match_reference(monkeypatch):
 
 def test_weights_are_views_of_one_flat_buffer():
     w = [np.ones((2, 3), np.float64), np.zeros(4, np.float32)]
-    opt = GSGM(w, [1], **GSGM_STRICT, lr=0.5)
+    opt = GSGMRule(w, [1], **GSGM_STRICT, lr=0.5)
     views = opt.weights
     assert [v.shape for v in views] == [(2, 3), (4,)]
     assert all(v.dtype == np.float32 for v in views)
@@ -423,7 +423,7 @@ def test_weights_are_views_of_one_flat_buffer():
 
 
 def test_memory_bound_is_documented():
-    doc = GSGM.__doc__
+    doc = GSGMRule.__doc__
     assert "Memory" in doc and "one slot" in doc and "|A| * size(w)" in doc
 
 
@@ -450,7 +450,7 @@ def test_constructor_rejects_bad_parameters_naming_them(kw):
     params = dict(lr=0.5)
     params.update(kw)
     with pytest.raises(ValueError) as info:
-        GSGM([f32(0, 0)], [1], **params)
+        GSGMRule([f32(0, 0)], [1], **params)
     assert next(iter(kw)) in str(info.value)
 
 

@@ -13,14 +13,14 @@ import pytest
 import test_core_gsgm
 from core_testutil import GSGM_STRICT, assert_bits_equal, assert_state_equal, f32
 
-from flwr_gsgm.core import GSGM, Outcome
+from flwr_gsgm.core import GSGMRule, Outcome
 
 
 def make(nodes=(1, 2, 3), **kw):
     # The hand-computed sequences start from strict GSGM (heavy-ball, quorum 1.0, slot).
     params = dict(lr=0.5, beta=0.5, **GSGM_STRICT)
     params.update(kw)
-    return GSGM([f32(0, 0)], list(nodes), **params)
+    return GSGMRule([f32(0, 0)], list(nodes), **params)
 
 
 def check(opt, *, w, M, S, k, version, white=None, slots=None):
@@ -255,7 +255,7 @@ def test_constructor_rejects_bad_options_naming_them(kw, name):
 
 
 def test_defaults_are_the_tuned_choice():
-    p = GSGM([f32(0, 0)], [1]).params
+    p = GSGMRule([f32(0, 0)], [1]).params
     assert (p["lr"], p["momentum_form"], p["beta"], p["cycle_quorum"]) == (0.1, "ema", 0.5, 0.5)
     # the tuned defaults: a step per arrival, lr per cycle, no table age bound
     assert (p["apply"], p["table_max_age"], p["lr_scaling"]) == ("arrival", None, "cycle")

@@ -18,7 +18,7 @@ from core_testutil import Engine, assert_state_equal, assert_unchanged_but_rejec
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from flwr_gsgm.core import GSGM, OPTIMIZERS, UpdateRejected, make_optimizer
+from flwr_gsgm.core import OPTIMIZERS, GSGMRule, UpdateRejected, make_optimizer
 
 NODES = [1, 2, 3, 4]
 SHAPES = [(3,), (2, 2)]
@@ -146,7 +146,7 @@ def run(opt, eng, evs, check=None):
             check(opt)
 
 
-class RecordingGSGM(GSGM):
+class RecordingGSGM(GSGMRule):
     """GSGM that asserts, at every contribution, that the node is new to the cycle."""
 
     def __init__(self, *args, **kwargs):
@@ -193,7 +193,7 @@ def test_gsgm_no_node_contributes_twice_per_cycle(params, evs):
 
 def pending(opt):
     """How much in-flight state the optimizer holds (slots, buffered updates)."""
-    if isinstance(opt, GSGM):
+    if isinstance(opt, GSGMRule):
         return len(opt.slots) + opt.cycle_count + opt.cycle_arrivals
     return getattr(opt, "buffer_count", 0)
 

@@ -16,8 +16,8 @@ from core_testutil import (
 )
 
 from flwr_gsgm.core import (
-    GSGM,
     OPTIMIZERS,
+    GSGMRule,
     Outcome,
     UpdateRejected,
     make_optimizer,
@@ -74,14 +74,14 @@ def test_unknown_node_and_base_version(name):
     opt, eng = busy(name)
     good = arrays(1, 1, 1, 1, 1, 1)
     cases = [
-        ("unknown-node", dict(node_id=99, base_version=0)),
-        ("unknown-node", dict(node_id="1", base_version=0)),
-        ("base-version", dict(node_id=2, base_version=opt.version + 1)),
-        ("base-version", dict(node_id=2, base_version=-1)),
-        ("base-version", dict(node_id=2, base_version=1.0)),
+        ("unknown-node", dict(partition_id=99, base_version=0)),
+        ("unknown-node", dict(partition_id="1", base_version=0)),
+        ("base-version", dict(partition_id=2, base_version=opt.version + 1)),
+        ("base-version", dict(partition_id=2, base_version=-1)),
+        ("base-version", dict(partition_id=2, base_version=1.0)),
     ]
     opt.on_node_lost(3)
-    cases.append(("unknown-node", dict(node_id=3, base_version=0)))
+    cases.append(("unknown-node", dict(partition_id=3, base_version=0)))
     for reason, kw in cases:
         before = opt.state_dict()
         with pytest.raises(UpdateRejected) as info:
@@ -92,7 +92,7 @@ def test_unknown_node_and_base_version(name):
 
 
 def test_rejection_messages_name_value_and_expectation():
-    opt = GSGM(arrays(0, 0, 0, 0, 0, 0), [1], lr=0.5, max_norm=1.0)
+    opt = GSGMRule(arrays(0, 0, 0, 0, 0, 0), [1], lr=0.5, max_norm=1.0)
     msgs = {}
     for reason, make_bad in BAD.items():
         with pytest.raises(UpdateRejected) as info:
@@ -110,7 +110,7 @@ def test_rejection_messages_name_value_and_expectation():
 
 
 def test_infinity_and_float32_overflow_of_the_norm():
-    opt = GSGM(arrays(0, 0, 0, 0, 0, 0), [1], lr=1e-30)
+    opt = GSGMRule(arrays(0, 0, 0, 0, 0, 0), [1], lr=1e-30)
     with pytest.raises(UpdateRejected) as info:
         opt.on_update(1, arrays(1, -np.inf, 1, 1, 1, 1), 0)
     assert info.value.reason == "non-finite" and "-inf" in str(info.value)
@@ -119,7 +119,7 @@ def test_infinity_and_float32_overflow_of_the_norm():
 
 
 def test_bad_now_is_a_caller_error_and_not_counted():
-    opt = GSGM(arrays(0, 0, 0, 0, 0, 0), [1], lr=0.5)
+    opt = GSGMRule(arrays(0, 0, 0, 0, 0, 0), [1], lr=0.5)
     with pytest.raises(ValueError, match="now"):
         opt.on_update(1, arrays(1, 1, 1, 1, 1, 1), 0, now=float("nan"))
     assert opt.counters["rejected"] == 0 and opt.counters["arrivals"] == 0
@@ -225,7 +225,7 @@ def test_load_state_dict_refuses_foreign_states_and_stays_unchanged():
     other, _ = busy("asgd")
     with pytest.raises(ValueError, match="asgd"):
         opt.load_state_dict(other.state_dict())
-    small = GSGM([f32(0, 0)], [1], lr=0.5)
+    small = GSGMRule([f32(0, 0)], [1], lr=0.5)
     with pytest.raises(ValueError, match="shapes"):
         opt.load_state_dict(small.state_dict())
     broken = opt.state_dict()
@@ -283,29 +283,29 @@ def test_registry_accepts_run_config_keys():
 # ------------------------------------------------ float32 input checks (issue 12 C)
 def test_weights_an_exact_float32_copy_would_change_are_refused_by_name():
     with pytest.raises(ValueError) as info:
-        GSGM([f32(0, 0), np.array([3, 2**24 + 1], np.int64)], [1])
+        GSGMRule([f32(0, 0), np.array([3, 2**24 + 1], np.int64)], [1])
     assert str(info.value) == (
         "weights[1] holds 16777217 (int64) at flat index 1: not exactly representable "
         "in float32 (it would become 16777216.0)"
     )
     with pytest.raises(ValueError) as info:
-        GSGM([np.array([[0.5], [1e39]])], [1])
+        GSGMRule([np.array([[0.5], [1e39]])], [1])
     assert str(info.value) == (
         "weights[0] holds 1e+39 (float64) at flat index 1: out of float32 range "
         "(|x| <= 3.4028235e+38)"
     )
     with pytest.raises(ValueError) as info:
-        GSGM([f32(0, 0), f32(1, np.nan)], [1])
+        GSGMRule([f32(0, 0), f32(1, np.nan)], [1])
     assert "weights[1] holds nan at flat index 1" in str(info.value)
     assert "must be finite" in str(info.value)
     # What float32 holds exactly is taken as is; a float64 in range is rounded.
-    opt = GSGM([np.array([2**24, -3, 2**60], np.int64), np.array([0.1, 1e38])], [1])
+    opt = GSGMRule([np.array([2**24, -3, 2**60], np.int64), np.array([0.1, 1e38])], [1])
     assert_bits_equal(opt.weights[0], f32(2**24, -3, 2**60))
     assert_bits_equal(opt.weights[1], f32(0.1, 1e38))
 
 
 def test_a_float64_update_out_of_float32_range_names_the_real_reason():
-    opt = GSGM(arrays(0, 0, 0, 0, 0, 0), [1], lr=0.5)
+    opt = GSGMRule(arrays(0, 0, 0, 0, 0, 0), [1], lr=0.5)
     before = opt.state_dict()
     with pytest.raises(UpdateRejected) as info:
         opt.on_update(1, [np.array([0.0, 1e39]), np.ones((2, 2), np.float32)], 0)
@@ -320,7 +320,7 @@ def test_a_float64_update_out_of_float32_range_names_the_real_reason():
 
 def test_an_update_viewing_the_weights_is_copied_before_the_gsgm_step():
     # Strict GSGM (heavy-ball, slots, lr per step), lr 0.5, beta 0.5, w = (1, 2).
-    opt = GSGM([f32(1, 2)], [1, 2], lr=0.5, beta=0.5, **GSGM_STRICT)
+    opt = GSGMRule([f32(1, 2)], [1, 2], lr=0.5, beta=0.5, **GSGM_STRICT)
     view = opt.weights[0]  # shares memory with w
     assert opt.on_update(1, [view], 0) is Outcome.APPLIED
     # u = (1, 2) as sent: w <- w - 0.5 * u = (0.5, 1); S <- S + u = (1, 2), not the

@@ -31,7 +31,9 @@ def weights(result) -> dict[str, np.ndarray]:
 
 
 def test_asgd_converges_to_mean_target_and_counts_every_update():
-    result, _ = run(ASGD(server_lr=0.1, virtual_clock=CLOCK), num_nodes=3, max_updates=300)
+    result, _ = run(
+        ASGD(server_learning_rate=0.1, virtual_clock=CLOCK), num_nodes=3, max_updates=300
+    )
     rep = result.report
     assert rep.counters["updates_received"] == 300
     assert rep.counters["updates_applied"] == 300
@@ -47,7 +49,7 @@ def test_asgd_converges_to_mean_target_and_counts_every_update():
 def test_replies_are_applied_in_virtual_finish_order():
     calls: list[tuple[int, int]] = []
     run(
-        ASGD(server_lr=0.1, virtual_clock=CLOCK),
+        ASGD(server_learning_rate=0.1, virtual_clock=CLOCK),
         num_nodes=4,
         max_updates=40,
         app=make_app(calls=calls),
@@ -63,7 +65,7 @@ def test_replies_are_applied_in_virtual_finish_order():
 
 def test_same_seed_gives_identical_rows_and_weights():
     a, _ = run(
-        GSGM(server_lr=0.1, beta=0.5, virtual_clock=CLOCK),
+        GSGM(server_learning_rate=0.1, beta=0.5, virtual_clock=CLOCK),
         max_updates=90,
         eval_every=10,
         evaluate_fn=lambda step, arr: MetricRecord(
@@ -71,7 +73,7 @@ def test_same_seed_gives_identical_rows_and_weights():
         ),
     )
     b, _ = run(
-        GSGM(server_lr=0.1, beta=0.5, virtual_clock=CLOCK),
+        GSGM(server_learning_rate=0.1, beta=0.5, virtual_clock=CLOCK),
         max_updates=90,
         eval_every=10,
         evaluate_fn=lambda step, arr: MetricRecord(
@@ -88,7 +90,7 @@ def test_same_seed_gives_identical_rows_and_weights():
 def test_gsgm_applies_fewer_steps_than_updates_received_with_a_slow_node():
     # strict cycles with slot averaging: a fast node's extra updates wait in its slot
     strategy = GSGM(
-        server_lr=0.1, beta=0.5, cycle_quorum=1.0, averaging="slot", virtual_clock=CLOCK
+        server_learning_rate=0.1, beta=0.5, cycle_quorum=1.0, averaging="slot", virtual_clock=CLOCK
     )
     result, _ = run(strategy, num_nodes=4, max_updates=80)
     c = result.report.counters
@@ -99,7 +101,9 @@ def test_gsgm_applies_fewer_steps_than_updates_received_with_a_slow_node():
 
 def test_error_replies_lose_the_node_and_the_run_finishes_with_the_others():
     app = make_app(raise_for={1})
-    result, _ = run(ASGD(server_lr=0.1, virtual_clock=CLOCK), num_nodes=3, max_updates=50, app=app)
+    result, _ = run(
+        ASGD(server_learning_rate=0.1, virtual_clock=CLOCK), num_nodes=3, max_updates=50, app=app
+    )
     c = result.report.counters
     assert c["error_replies"] == 3  # EngineSettings.max_consecutive_errors
     assert c["nodes_lost"] == 1
@@ -109,7 +113,7 @@ def test_error_replies_lose_the_node_and_the_run_finishes_with_the_others():
 def test_a_node_that_vanishes_is_lost_after_reply_timeout():
     grid = InProcessGrid(make_app(), 3, run_config={})
     strategy = ASGD(
-        server_lr=0.1,
+        server_learning_rate=0.1,
         virtual_clock=None,
         engine=EngineSettings(reply_timeout=0.3, poll_interval=0.001),
     )
@@ -155,7 +159,7 @@ def test_rejected_replies_are_counted_and_never_touch_the_model(bad, reason):
     # Same run twice: node 2 misbehaving vs node 2 ... also misbehaving but in a way we
     # can compare: its rejected updates must leave w as if it had sent nothing.
     result, _ = run(
-        ASGD(server_lr=0.1, virtual_clock=CLOCK),
+        ASGD(server_learning_rate=0.1, virtual_clock=CLOCK),
         num_nodes=3,
         max_updates=30,
         app=make_app(misbehave={2: bad}),
@@ -172,7 +176,10 @@ def test_rejected_replies_are_counted_and_never_touch_the_model(bad, reason):
 
 def test_time_budget_in_virtual_seconds():
     result, _ = run(
-        ASGD(server_lr=0.1, virtual_clock=CLOCK), num_nodes=3, max_updates=10_000, max_seconds=20.0
+        ASGD(server_learning_rate=0.1, virtual_clock=CLOCK),
+        num_nodes=3,
+        max_updates=10_000,
+        max_seconds=20.0,
     )
     assert result.report.virtual_seconds <= 20.0
     # Two fast nodes (about 1 s each) and one 4x slower: about 2*20 + 20/4 = 45 updates.
@@ -183,7 +190,7 @@ def test_a_restarted_node_rejoins_under_its_partition_id_and_contributes_again()
     calls: list[tuple[int, int]] = []
     grid = InProcessGrid(make_app(calls=calls), 3, run_config={})
     strategy = GSGM(
-        server_lr=0.1,
+        server_learning_rate=0.1,
         virtual_clock=None,
         cycle_quorum=0.5,
         engine=EngineSettings(reply_timeout=0.3, poll_interval=0.001, node_refresh_interval=0.0),
@@ -214,7 +221,7 @@ def test_a_restarted_node_rejoins_under_its_partition_id_and_contributes_again()
 def test_two_nodes_claiming_one_partition_at_start_keep_the_first():
     grid = InProcessGrid(make_app(), 3, run_config={})
     grid.add_node({"partition-id": 1, "num-partitions": 3})  # node 4 claims partition 1 too
-    result, _ = run(ASGD(server_lr=0.1, virtual_clock=CLOCK), grid=grid, max_updates=30)
+    result, _ = run(ASGD(server_learning_rate=0.1, virtual_clock=CLOCK), grid=grid, max_updates=30)
     assert result.report.counters["nodes_refused"] == 1
     assert result.report.counters["updates_received"] == 30
 
@@ -222,7 +229,10 @@ def test_two_nodes_claiming_one_partition_at_start_keep_the_first():
 def test_an_evaluate_fn_without_loss_or_returning_none_is_not_divergence():
     for fn in (lambda step, arrays: None, lambda step, arrays: MetricRecord({"accuracy": 0.5})):
         result, _ = run(
-            ASGD(server_lr=0.1, virtual_clock=CLOCK), max_updates=30, evaluate_fn=fn, eval_every=10
+            ASGD(server_learning_rate=0.1, virtual_clock=CLOCK),
+            max_updates=30,
+            evaluate_fn=fn,
+            eval_every=10,
         )
         assert result.report.counters["updates_received"] == 30
         assert result.report.counters["diverged"] == 0
@@ -233,7 +243,7 @@ def test_a_node_back_under_its_old_node_id_rejoins():
     calls: list[tuple[int, int]] = []
     grid = InProcessGrid(make_app(calls=calls), 3, run_config={})
     strategy = ASGD(
-        server_lr=0.1,
+        server_learning_rate=0.1,
         virtual_clock=None,
         engine=EngineSettings(reply_timeout=0.2, poll_interval=0.001, node_refresh_interval=0.0),
     )
@@ -266,9 +276,11 @@ def test_with_worker_threads_the_engine_waits_for_replies_instead_of_sleeping(mo
     monkeypatch.setattr(time, "sleep", lambda s: slept.append(s) if s >= 3600 else real_sleep(s))
     hourly = EngineSettings(poll_interval=3600.0)
     with InProcessGrid(make_app(), 3, run_config={}, workers=2) as grid:
-        threaded, _ = run(ASGD(server_lr=0.1, virtual_clock=CLOCK, engine=hourly), grid=grid)
+        threaded, _ = run(
+            ASGD(server_learning_rate=0.1, virtual_clock=CLOCK, engine=hourly), grid=grid
+        )
     assert slept == []
-    on_pull, _ = run(ASGD(server_lr=0.1, virtual_clock=CLOCK))
+    on_pull, _ = run(ASGD(server_learning_rate=0.1, virtual_clock=CLOCK))
     assert threaded.report.counters["updates_received"] == 60
     for key, value in weights(on_pull).items():
         np.testing.assert_array_equal(weights(threaded)[key], value)

@@ -63,7 +63,7 @@ def engine_log(monkeypatch):
 def run(strategy_cls=ASGD, num_nodes=8, max_updates=200, app=None, seed=3, clock=CLOCK, **engine):
     grid = RecordingGrid(app or make_app(), num_nodes, run_config={})
     strategy = strategy_cls(
-        server_lr=0.1, virtual_clock=clock, seed=seed, engine=EngineSettings(**engine)
+        server_learning_rate=0.1, virtual_clock=clock, seed=seed, engine=EngineSettings(**engine)
     )
     result = strategy.start(
         grid,
@@ -184,7 +184,7 @@ def test_a_vanished_node_is_lost_under_the_limit_and_frees_its_slot(engine_log):
     # it until reply-timeout, loses it and goes on with the other three.
     grid = RecordingGrid(make_app(), 4, run_config={})
     strategy = ASGD(
-        server_lr=0.1,
+        server_learning_rate=0.1,
         virtual_clock=None,
         engine=EngineSettings(
             reply_timeout=0.3, poll_interval=0.001, max_in_flight=1, dispatch="scheduled"
@@ -224,7 +224,7 @@ def test_resume_under_the_limit_equals_the_uninterrupted_run(tmp_path, dispatch)
 
     path = tmp_path / "run.pt"
     strategy = GSGM(
-        server_lr=0.1,
+        server_learning_rate=0.1,
         virtual_clock=CLOCK,
         seed=3,
         engine=EngineSettings(checkpoint_path=path, **settings),

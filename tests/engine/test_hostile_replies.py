@@ -120,7 +120,7 @@ class ReplayingGrid(InProcessGrid):
 def run(grid):
     # Keep the hostile node (never evict it) so that it sends every kind of bad reply.
     strategy = ASGD(
-        server_lr=0.1,
+        server_learning_rate=0.1,
         virtual_clock=CLOCK,
         max_norm=MAX_NORM,
         engine=EngineSettings(max_consecutive_rejections=0),
@@ -163,7 +163,9 @@ def test_the_same_bytes_for_a_new_dispatch_are_accepted():
     g = {"w": np.array([1.0, -2.0], np.float32), "b": np.array([0.5], np.float32)}
     constant = lambda pid, grad, m: ({k: v.copy() for k, v in g.items()}, m)  # noqa: E731
     grid = InProcessGrid(make_app(misbehave={0: constant}), 1, run_config={})
-    result = ASGD(server_lr=0.1, virtual_clock=CLOCK).start(grid, initial_arrays(), max_updates=20)
+    result = ASGD(server_learning_rate=0.1, virtual_clock=CLOCK).start(
+        grid, initial_arrays(), max_updates=20
+    )
     assert result.report.rejections == {}
     assert result.report.counters["updates_applied"] == 20
     for key, w in initial_arrays().items():
@@ -177,7 +179,9 @@ def test_the_same_bytes_for_a_new_dispatch_are_accepted():
 def test_a_node_of_another_partitioning_is_refused():
     grid = InProcessGrid(make_app(), 3, run_config={})
     grid.add_node({"partition-id": 7, "num-partitions": 8})  # not one of 3 partitions
-    result = ASGD(server_lr=0.1, virtual_clock=CLOCK).start(grid, initial_arrays(), max_updates=30)
+    result = ASGD(server_learning_rate=0.1, virtual_clock=CLOCK).start(
+        grid, initial_arrays(), max_updates=30
+    )
     assert result.report.counters["nodes_refused"] == 1
     assert result.report.counters["updates_received"] == 30
 
@@ -188,7 +192,7 @@ def test_a_node_sending_only_garbage_is_evicted_and_does_not_stall_gsgm():
     grid = InProcessGrid(
         make_app(misbehave={HOSTILE: lambda pid, g, m: _nan(g, m)}), 4, run_config={}
     )
-    result = GSGM(server_lr=0.1, virtual_clock=CLOCK, cycle_quorum=1.0).start(
+    result = GSGM(server_learning_rate=0.1, virtual_clock=CLOCK, cycle_quorum=1.0).start(
         grid, initial_arrays(), max_updates=200
     )
     c = result.report.counters
@@ -203,7 +207,9 @@ def test_a_node_sending_only_garbage_is_evicted_and_does_not_stall_gsgm():
 def test_an_all_zero_update_may_recur():
     zero = lambda pid, g, m: ({k: np.zeros_like(v) for k, v in g.items()}, m)  # noqa: E731
     grid = InProcessGrid(make_app(misbehave={0: zero}), 2, run_config={})
-    result = ASGD(server_lr=0.1, virtual_clock=CLOCK).start(grid, initial_arrays(), max_updates=20)
+    result = ASGD(server_learning_rate=0.1, virtual_clock=CLOCK).start(
+        grid, initial_arrays(), max_updates=20
+    )
     assert result.report.rejections == {}
 
 
@@ -237,7 +243,9 @@ class SuperLinkErrorGrid(InProcessGrid):
 
 def test_an_error_reply_from_the_superlink_answers_its_message():
     grid = SuperLinkErrorGrid(make_app(), 4, run_config={})
-    result = ASGD(server_lr=0.1, virtual_clock=CLOCK).start(grid, initial_arrays(), max_updates=40)
+    result = ASGD(server_learning_rate=0.1, virtual_clock=CLOCK).start(
+        grid, initial_arrays(), max_updates=40
+    )
     assert grid.sent == 1
     assert "duplicate" not in result.report.rejections  # taken as the answer, once
     assert result.report.counters["error_replies"] == 1

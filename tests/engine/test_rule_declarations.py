@@ -52,7 +52,7 @@ def test_defaults_agree_in_every_layer(name):
         assert strategy.optimizer_name == name
         assert strategy.optimizer_params == defaults
         assert strategy._build_optimizer(DUMMY, [0]).params == defaults
-        assert strategy.server_lr == defaults["lr"]
+        assert strategy.server_learning_rate == defaults["lr"]
     # (c) run config: an empty run config naming the rule builds the same optimizer
     cfg = parse_run_config({"strategy": name})
     assert build_strategy(cfg).optimizer_params == defaults
@@ -60,9 +60,14 @@ def test_defaults_agree_in_every_layer(name):
         if p.run_config_key is not None and not p.rule_default:
             shown = RUN_CONFIG[p.run_config_key].default
             assert (None if p.optional and shown == 0 else shown) == p.default, p.name
-    # server-lr: 0 in the run config = the rule's own declared default
-    assert RUN_CONFIG["server-lr"].default == 0.0
-    assert build_strategy(parse_run_config({"strategy": name, "server-lr": 0.3})).server_lr == 0.3
+    # server-learning-rate: 0 in the run config = the rule's own declared default
+    assert RUN_CONFIG["server-learning-rate"].default == 0.0
+    assert (
+        build_strategy(
+            parse_run_config({"strategy": name, "server-learning-rate": 0.3})
+        ).server_learning_rate
+        == 0.3
+    )
 
 
 def test_registry_strategies_and_run_config_list_the_same_rules():
@@ -81,10 +86,11 @@ def test_public_strategy_names_and_readme_call_still_work():
         "fedasync",
         "fedbuff",
     ]
-    strategy = GSGM(server_lr=0.05, beta=0.9, momentum_form="heavy-ball")
+    strategy = GSGM(server_learning_rate=0.05, beta=0.9, momentum_form="heavy-ball")
     assert strategy.optimizer_params["lr"] == 0.05 and strategy.optimizer_params["beta"] == 0.9
     assert (
-        "cycle_quorum : float = 0.5" in GSGM.__doc__ and "server_lr : float = 0.1" in GSGM.__doc__
+        "cycle_quorum : float = 0.5" in GSGM.__doc__
+        and "server_learning_rate : float = 0.1" in GSGM.__doc__
     )  # docstring from the declaration
 
 
@@ -104,7 +110,7 @@ def test_run_config_zero_means_none_and_values_reach_the_rule():
             "cycle-max-updates": 7,
             "max-norm": 0.0,
             "momentum-form": "heavy-ball",
-            "server-lr": 0.1,
+            "server-learning-rate": 0.1,
         }
     )
     params = optimizer_params_from(cfg, "gsgm")
@@ -122,9 +128,17 @@ def test_run_config_zero_means_none_and_values_reach_the_rule():
 
 
 def test_strategy_keys():
-    assert strategy_keys("asgd") == {"server-lr", "max-staleness", "max-norm"}
-    assert strategy_keys("fedbuff") == {"server-lr", "max-staleness", "max-norm", "fedbuff-k"}
-    assert strategy_keys("fedavgm") == {"server-lr", "beta"} and strategy_keys("fedavg") == set()
+    assert strategy_keys("asgd") == {"server-learning-rate", "max-staleness", "max-norm"}
+    assert strategy_keys("fedbuff") == {
+        "server-learning-rate",
+        "max-staleness",
+        "max-norm",
+        "fedbuff-k",
+    }
+    assert (
+        strategy_keys("fedavgm") == {"server-learning-rate", "beta"}
+        and strategy_keys("fedavg") == set()
+    )
     assert {"beta", "fedbuff-k", "cycle-quorum"} <= OPTIMIZER_KEYS
 
 
@@ -188,7 +202,7 @@ class ScaledSGD(ServerOptimizer):
     name: ClassVar[str] = "zz-scaled"
     PARAMS: ClassVar[tuple[Param, ...]] = (
         Param("lr", 0.3, "server learning rate eta", low=0.0, low_open=True,
-              run_config_key="server-lr", rule_default=True),
+              run_config_key="server-learning-rate", rule_default=True),
         Param("scale", 0.5, "step scale", low=0.0, low_open=True, run_config_key="zz-scale"),
         Param("warm", None, "warm-up updates", kind=int, low=1, optional=True,
               run_config_key="zz-warm"),
@@ -214,10 +228,10 @@ CHECK_NEW_RULE = textwrap.dedent(
     assert (RUN_CONFIG["zz-scale"].default, RUN_CONFIG["zz-warm"].default) == (0.5, 0)
     assert RUN_CONFIG["zz-warm"].expected == "an integer >= 0 (0 = none)"
     assert "zz-scaled" in RUN_CONFIG["strategy"].expected
-    assert strategy_keys("zz-scaled") >= {"zz-scale", "server-lr"}
-    # its own learning rate default, through the shared server-lr key (0 = the rule's)
-    assert build_strategy(parse_run_config({"strategy": "zz-scaled"})).server_lr == 0.3
-    assert build_strategy(parse_run_config({"strategy": "asgd"})).server_lr == 0.02
+    assert strategy_keys("zz-scaled") >= {"zz-scale", "server-learning-rate"}
+    # its own learning rate default, through the shared server-learning-rate key (0 = the rule's)
+    assert build_strategy(parse_run_config({"strategy": "zz-scaled"})).server_learning_rate == 0.3
+    assert build_strategy(parse_run_config({"strategy": "asgd"})).server_learning_rate == 0.02
     cfg = parse_run_config({"strategy": "zz-scaled", "zz-scale": 0.25, "zz-warm": 3})
     params = build_strategy(cfg).optimizer_params
     assert (params["scale"], params["warm"]) == (0.25, 3), params

@@ -34,9 +34,9 @@ def test_defaults_parse_to_the_main_job():
     [
         ("strategy", "sgd", "run config strategy='sgd': expected one of gsgm, asgd"),
         (
-            "server-lr",
+            "server-learning-rate",
             -0.1,
-            "run config server-lr=-0.1: expected 0 (the strategy's default) or > 0",
+            "run config server-learning-rate=-0.1: expected 0 (the strategy's default) or > 0",
         ),
         ("local-lr", 0, "run config local-lr=0.0: expected > 0"),
         ("classes-per-node", 11, "run config classes-per-node=11: expected an integer in [1, 10]"),
@@ -73,7 +73,7 @@ def test_unknown_key_is_named():
     "bad",
     [
         {"strategy": "sgd"},
-        {"server-lr": -1.0},
+        {"server-learning-rate": -1.0},
         {"classes-per-node": 11},
         {"beta": 1.0},
         {"max-in-flight": -1},

@@ -208,8 +208,8 @@ nodes = [3]
             "[methods.b] config: 'cycle-quorum' is not a parameter of strategy 'asgd'",
         ),
         (
-            BASE.replace('strategy = "asgd"', 'strategy = "fedavg", server-lr = 1.0'),
-            "'server-lr' is not a parameter of strategy 'fedavg'",
+            BASE.replace('strategy = "asgd"', 'strategy = "fedavg", server-learning-rate = 1.0'),
+            "'server-learning-rate' is not a parameter of strategy 'fedavg'",
         ),
         (
             BASE.replace(
@@ -243,7 +243,8 @@ def test_labels():
     assert partition_label({"partitioner": "dirichlet", "dirichlet-alpha": 1.0}) == "dir1"
     assert partition_label({"partitioner": "iid"}) == "iid"
     assert (
-        grid_label({"server-lr": 0.02, "scheduling": False}) == "server-lr=0.02__scheduling=false"
+        grid_label({"server-learning-rate": 0.02, "scheduling": False})
+        == "server-learning-rate=0.02__scheduling=false"
     )
     assert grid_label({}) == "default"
 

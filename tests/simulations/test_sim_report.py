@@ -262,3 +262,28 @@ def test_a_table_per_nodes_and_max_in_flight_and_a_runs_csv_beside_the_page(tmp_
         (20, 5),
         (20, 20),
     ]
+
+
+def test_a_sweep_written_before_the_rename_is_reported_under_the_current_names(tmp_path):
+    """runs.csv with ``server_lr`` and tuned.toml with ``server-lr`` (the names before
+    issue 10) are read as ``server_learning_rate`` / ``server-learning-rate``."""
+    out = make_sweep(tmp_path / "sweep")
+    csv_path = out / "runs.csv"
+    header, *lines = csv_path.read_text().splitlines()
+    assert "server_learning_rate" in header.split(",")
+    old_header = header.replace("server_learning_rate", "server_lr")
+    body = [ln.split(",") for ln in lines]
+    col = header.split(",").index("server_learning_rate")
+    for cells in body:
+        cells[col] = "0.05"
+    csv_path.write_text("\n".join([old_header, *(",".join(c) for c in body)]) + "\n")
+    (out / "tuned.toml").write_text(
+        '[methods."gsgm"]\n"strategy" = "gsgm"\n"server-lr" = 0.1\n\n'
+        '[selection."gsgm"]\n"final-accuracy" = 0.8\n"masd" = 0.01\n"candidates" = 4\n'
+        '"diverged" = 0\n'
+    )
+    rows = read_csv(csv_path)
+    assert "server_lr" not in rows[0] and rows[0]["server_learning_rate"] == 0.05
+    text = write_report(out, tmp_path / "docs" / "RESULTS.md").read_text()
+    assert '| gsgm | `strategy="gsgm"`, `server-learning-rate=0.1` | 80.0 | 1.00 | 4 | 0 |' in text
+    assert "server-lr" not in text

@@ -67,20 +67,24 @@ def test_smoke_tuning_ran_on_seed_0_and_its_choice_is_used(smoke):
     out, _ = smoke
     tune = list(csv.DictReader((out / "tune.csv").open()))
     assert [(t["method"], t["seed"], t["grid_point"]) for t in tune] == [
-        ("asgd", "0", "server-lr=0.05"),
-        ("asgd", "0", "server-lr=0.1"),
+        ("asgd", "0", "server-learning-rate=0.05"),
+        ("asgd", "0", "server-learning-rate=0.1"),
     ]
     assert sum(t["chosen"] == "true" for t in tune) == 1
     chosen = next(t for t in tune if t["chosen"] == "true")
     import tomllib
 
     tuned = tomllib.loads((out / "tuned.toml").read_text())
-    assert tuned["methods"]["asgd"]["server-lr"] == float(chosen["server_lr"])
-    assert tuned["methods"]["gsgm"] == {"strategy": "gsgm", "server-lr": 0.05, "beta": 0.5}
+    assert tuned["methods"]["asgd"]["server-learning-rate"] == float(chosen["server_learning_rate"])
+    assert tuned["methods"]["gsgm"] == {
+        "strategy": "gsgm",
+        "server-learning-rate": 0.05,
+        "beta": 0.5,
+    }
     asgd = next(r for r in read_csv(out / "runs.csv") if r["method"] == "asgd")
-    assert json.loads((Path(asgd["run_dir"]) / "config.json").read_text())["server-lr"] == float(
-        chosen["server_lr"]
-    )
+    assert json.loads((Path(asgd["run_dir"]) / "config.json").read_text())[
+        "server-learning-rate"
+    ] == float(chosen["server_learning_rate"])
 
 
 def test_resume_runs_nothing_the_second_time(smoke):
@@ -135,9 +139,9 @@ def test_a_failing_run_is_recorded_and_the_sweep_goes_on(tmp_path):
     preset = tmp_path / "p.toml"
     preset.write_text(
         SMOKE.read_text()
-        .replace("grid = { server-lr = [0.05, 0.1] }", "")
+        .replace("grid = { server-learning-rate = [0.05, 0.1] }", "")
         .replace(
-            'config = { strategy = "gsgm", server-lr = 0.05, beta = 0.5 }',
+            'config = { strategy = "gsgm", server-learning-rate = 0.05, beta = 0.5 }',
             'config = { strategy = "gsgm", data-root = "/nonexistent/fmnist" }',
         )
         .replace("max-updates = 60", "max-updates = 20")

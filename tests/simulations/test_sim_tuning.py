@@ -72,13 +72,13 @@ nodes = 4
 partition = { partitioner = "pathological", classes-per-node = 2 }
 [methods.gsgm]
 config = { strategy = "gsgm" }
-grid = { server-lr = [0.01, 0.1], beta = [0.5, 0.9] }
+grid = { server-learning-rate = [0.01, 0.1], beta = [0.5, 0.9] }
 [methods.gsgm-beta0]
 inherit = "gsgm"
 config = { beta = 0.0 }
-grid = { server-lr = [0.01, 0.1] }
+grid = { server-learning-rate = [0.01, 0.1] }
 [methods.asgd]
-config = { strategy = "asgd", server-lr = 0.03 }
+config = { strategy = "asgd", server-learning-rate = 0.03 }
 [questions.q]
 nodes = [4, 8]
 partitions = [{ partitioner = "iid" }]
@@ -86,16 +86,20 @@ partitions = [{ partitioner = "iid" }]
 
 # (final accuracy, MASD, non-finite loss?) of each fake tuning run
 FAKE = {
-    "tune/gsgm/server-lr=0.01__beta=0.5": (0.70, 0.020, False),
-    "tune/gsgm/server-lr=0.01__beta=0.9": (0.80, 0.030, False),
-    "tune/gsgm/server-lr=0.1__beta=0.5": (
+    "tune/gsgm/server-learning-rate=0.01__beta=0.5": (0.70, 0.020, False),
+    "tune/gsgm/server-learning-rate=0.01__beta=0.9": (0.80, 0.030, False),
+    "tune/gsgm/server-learning-rate=0.1__beta=0.5": (
         0.80,
         0.010,
         False,
     ),  # ties on accuracy, lower MASD: chosen
-    "tune/gsgm/server-lr=0.1__beta=0.9": (0.95, 0.001, True),  # best but diverged (NaN loss)
-    "tune/gsgm-beta0/server-lr=0.01": (0.60, 0.01, False),
-    "tune/gsgm-beta0/server-lr=0.1": (0.65, 0.02, False),
+    "tune/gsgm/server-learning-rate=0.1__beta=0.9": (
+        0.95,
+        0.001,
+        True,
+    ),  # best but diverged (NaN loss)
+    "tune/gsgm-beta0/server-learning-rate=0.01": (0.60, 0.01, False),
+    "tune/gsgm-beta0/server-learning-rate=0.1": (0.65, 0.02, False),
 }
 
 
@@ -132,7 +136,7 @@ def test_tune_stage_picks_by_the_rule_and_writes_tuned_toml(tmp_path):
         fake_run(
             out / spec.run_id, {"run_config": spec.run_config, "nodes": spec.nodes}, acc, masd, nan
         )
-    chosen_gsgm = {"strategy": "gsgm", "server-lr": 0.1, "beta": 0.5}
+    chosen_gsgm = {"strategy": "gsgm", "server-learning-rate": 0.1, "beta": 0.5}
     for spec in tune_runs(preset, "gsgm-beta0", {"gsgm": chosen_gsgm}):
         assert spec.run_config["beta"] == 0.0 and spec.run_config["seed"] == 0
         acc, masd, nan = FAKE[spec.run_id]
@@ -145,13 +149,13 @@ def test_tune_stage_picks_by_the_rule_and_writes_tuned_toml(tmp_path):
     assert stats == {"skipped": 6}  # nothing ran
     assert tuned == {
         "gsgm": chosen_gsgm,
-        "gsgm-beta0": {"strategy": "gsgm", "server-lr": 0.1, "beta": 0.0},
-        "asgd": {"strategy": "asgd", "server-lr": 0.03},
+        "gsgm-beta0": {"strategy": "gsgm", "server-learning-rate": 0.1, "beta": 0.0},
+        "asgd": {"strategy": "asgd", "server-learning-rate": 0.03},
     }
     data = tomllib.loads((out / "tuned.toml").read_text())
     assert data["methods"] == tuned
     sel = data["selection"]["gsgm"]
-    assert sel["grid-point"] == "server-lr=0.1__beta=0.5"
+    assert sel["grid-point"] == "server-learning-rate=0.1__beta=0.5"
     assert (sel["final-accuracy"], sel["masd"], sel["candidates"], sel["diverged"]) == (
         0.8,
         0.01,
@@ -169,7 +173,7 @@ def test_tune_stage_picks_by_the_rule_and_writes_tuned_toml(tmp_path):
     assert len(runs) == 3 * 2 * 2  # methods x nodes x seeds
     assert {r.seed for r in runs} == {1, 2}
     g = next(r for r in runs if r.method == "gsgm")
-    assert g.run_config["server-lr"] == 0.1 and g.run_config["beta"] == 0.5
+    assert g.run_config["server-learning-rate"] == 0.1 and g.run_config["beta"] == 0.5
     assert g.run_config["partitioner"] == "iid"
 
 
@@ -180,7 +184,7 @@ def test_a_run_folder_of_another_config_stops_the_sweep(tmp_path):
     spec = tune_runs(preset, "gsgm", {})[0]
     fake_run(
         preset.out / spec.run_id,
-        {"run_config": {**spec.run_config, "server-lr": 0.5}, "nodes": 4},
+        {"run_config": {**spec.run_config, "server-learning-rate": 0.5}, "nodes": 4},
         0.5,
         0.01,
         False,
