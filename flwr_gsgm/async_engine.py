@@ -28,7 +28,7 @@ replies are applied in arrival order and the clock is wall time since the start.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from logging import INFO, WARNING
 from typing import Any
@@ -47,6 +47,8 @@ from flwr_gsgm.evaluation import EvaluateFn, Evaluator, wall_since, weights_reco
 from flwr_gsgm.in_flight import Dispatch, InFlight
 from flwr_gsgm.ledger import Ledger
 from flwr_gsgm.membership import Membership, Node
+from flwr_gsgm.model_layout import ModelLayout
+from flwr_gsgm.model_optimizer import ModelOptimizer
 from flwr_gsgm.reply_intake import ReplyIntake
 
 __all__ = ["EngineSettings", "AsyncEngine", "EngineReport", "EvaluateFn", "OptimizerFactory"]
@@ -81,11 +83,12 @@ class AsyncEngine:
     grid : flwr.serverapp.Grid
         The grid to push train/query messages to and pull replies from.
     initial_arrays : ArrayRecord
-        Initial global model; every array must be float32. Its keys and their order
-        define the model layout the optimizer works on.
+        Initial global model (e.g. ``ArrayRecord(model.state_dict())``): its keys,
+        in order, are the model's; trainable arrays must be float32, buffers may have
+        any dtype (a 0-d int64 ``num_batches_tracked`` is kept as is).
     optimizer_factory : callable
         ``(weights: list[np.ndarray float32], partition_ids: list[int]) -> ServerOptimizer``,
-        called once the nodes are known.
+        called once the nodes are known with the trainable arrays only.
     train_config : ConfigRecord
         Sent in every train message; the engine adds ``model-version``, ``seed`` and,
         under the virtual clock, ``virtual-duration``.
@@ -94,11 +97,16 @@ class AsyncEngine:
         ``(updates_received: int, arrays: ArrayRecord) -> MetricRecord | None`` with
         keys ``accuracy`` and ``loss``; called at 0, every ``eval_every`` updates and
         at the end.
+    trainable_keys : iterable of str, optional
+        The arrays the server rule trains (:mod:`flwr_gsgm.model_layout`); default:
+        the floating arrays whose names do not look like buffers. The others are
+        buffers (:mod:`flwr_gsgm.model_buffers`).
 
     Raises
     ------
     ValueError
-        If an initial array is not float32.
+        If a trainable array is not float32, none is, or ``trainable_keys`` names a
+        key the model does not have.
     RuntimeError
         If fewer than ``min_nodes`` nodes answer the start-up query in time.
     """
@@ -111,15 +119,13 @@ class AsyncEngine:
         train_config: ConfigRecord,
         settings: EngineSettings,
         evaluate_fn: EvaluateFn | None = None,
+        trainable_keys: Iterable[str] | None = None,
     ) -> None:
-        self.keys = list(initial_arrays.keys())
-        self.initial = initial_arrays.to_numpy_ndarrays()
-        for key, arr in zip(self.keys, self.initial):
-            if arr.dtype != np.float32:
-                raise ValueError(f"initial array {key!r} has dtype {arr.dtype}, expected float32")
+        self.layout, self.initial = ModelLayout.from_record(initial_arrays, trainable_keys)
+        self.keys = self.layout.keys
         self.make_optimizer = optimizer_factory
         self.settings = settings
-        self.optimizer: ServerOptimizer | None = None
+        self.optimizer: ModelOptimizer | None = None
         self.ledger = Ledger()
         self.in_flight = InFlight(
             grid,
@@ -129,7 +135,7 @@ class AsyncEngine:
             on_replay=self._on_replay,
         )
         self.members = Membership(grid, self.in_flight, settings, self.ledger)
-        self.intake = ReplyIntake(self.keys)
+        self.intake = ReplyIntake(self.layout)
         self.evaluator = Evaluator(self.keys, evaluate_fn, settings.max_updates)
         self.dispatcher = Dispatcher(settings, train_config, self.members, self.in_flight)
         self.policy = self.dispatcher.policy
@@ -173,7 +179,7 @@ class AsyncEngine:
     def _start(self) -> None:
         """Discover the nodes, build the optimizer, then resume or send the first work."""
         pids = self.members.discover(self._lose)
-        self.optimizer = self.make_optimizer([a.copy() for a in self.initial], pids)
+        self.optimizer = ModelOptimizer(self.layout, self.initial, self.make_optimizer, pids)
         self.members.started = True
         slow = [p for p in pids if self.members.nodes[p].speed > 1.0]
         log(INFO, "[async] %d nodes (partition-ids %s); slow: %s", len(pids), pids, slow)

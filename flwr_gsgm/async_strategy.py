@@ -18,6 +18,7 @@ Use it in your own ServerApp::
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from logging import INFO
 from typing import Any
@@ -46,6 +47,7 @@ _STRATEGY_KEYWORDS = (
     "virtual_clock",
     "engine",
     "seed",
+    "trainable_keys",
 )
 
 
@@ -90,6 +92,14 @@ class AsyncStrategy:
         Engine parameters except budgets, clock and seed, which ``start`` sets.
     seed : int
         Run seed for per-dispatch client seeds and the virtual clock.
+    trainable_keys : iterable of str | None
+        The model arrays the server rule trains, e.g. ``[n for n, _ in
+        model.named_parameters()]``; None (default): every floating-point array
+        whose name's last dotted part is not ``running_mean``, ``running_var`` or
+        ``num_batches_tracked``. The other arrays are buffers: never stepped,
+        floating ones averaged over the nodes' latest reports, integer ones taken
+        from the latest report (:mod:`flwr_gsgm.model_buffers`). Replies are matched
+        to the model by array name.
     **optimizer_params
         The optimizer's declared parameters (``PARAMS`` of its class in
         :mod:`flwr_gsgm.core`), e.g. ``beta`` for GSGM; every rule takes
@@ -123,6 +133,7 @@ class AsyncStrategy:
         virtual_clock: VirtualClock | None = None,
         engine: EngineSettings | None = None,
         seed: int = 0,
+        trainable_keys: Iterable[str] | None = None,
         **optimizer_params: Any,
     ) -> None:
         if optimizer not in OPTIMIZERS:
@@ -157,6 +168,11 @@ class AsyncStrategy:
         self.virtual_clock = virtual_clock
         self.engine = engine or EngineSettings()
         self.seed = int(seed)
+        if isinstance(trainable_keys, str):
+            raise ValueError(
+                f"trainable_keys must be a list of array names, got the string {trainable_keys!r}"
+            )
+        self.trainable_keys = None if trainable_keys is None else list(trainable_keys)
         # Fail now, not after the nodes answered: build the optimizer on a dummy model.
         self._build_optimizer([np.zeros(2, np.float32)], [0])
 
@@ -224,7 +240,8 @@ class AsyncStrategy:
         grid : Grid
             The Grid instance used to send/receive Messages.
         initial_arrays : ArrayRecord
-            Initial model (float32 arrays).
+            Initial model, e.g. ``ArrayRecord(model.state_dict())``: float32
+            trainable arrays, buffers of any dtype (see ``trainable_keys``).
         max_updates : int | None
             Budget in client updates received (client computations); None (default)
             keeps the engine settings' (the run config default, 4000).
@@ -259,7 +276,13 @@ class AsyncStrategy:
             dispatch=self.dispatch_policy,
         )
         engine = AsyncEngine(
-            grid, initial_arrays, self._build_optimizer, config, settings, evaluate_fn
+            grid,
+            initial_arrays,
+            self._build_optimizer,
+            config,
+            settings,
+            evaluate_fn,
+            trainable_keys=self.trainable_keys,
         )
         report = engine.run()
         result = AsyncResult(arrays=report.arrays, rows=report.rows, report=report)

@@ -12,11 +12,11 @@ from __future__ import annotations
 import numpy as np
 from flwr.app import ConfigRecord
 
-from flwr_gsgm.core import ServerOptimizer
 from flwr_gsgm.dispatch import make_dispatch_policy
 from flwr_gsgm.engine_settings import EngineSettings
 from flwr_gsgm.in_flight import Dispatch, InFlight
 from flwr_gsgm.membership import Membership
+from flwr_gsgm.model_optimizer import ModelOptimizer
 from flwr_gsgm.virtual_clock import derive_seed
 
 __all__ = ["Dispatcher"]
@@ -51,7 +51,7 @@ class Dispatcher:
         time_left = self.settings.max_seconds is None or clock_now < self.settings.max_seconds
         return budget_left and time_left
 
-    def top_up(self, optimizer: ServerOptimizer, received: int, clock_now: float) -> None:
+    def top_up(self, optimizer: ModelOptimizer, received: int, clock_now: float) -> None:
         """Give idle active nodes the work the budgets and the in-flight limit allow.
 
         Called whenever a slot may have freed: at start, after a reply, an error
@@ -73,7 +73,7 @@ class Dispatcher:
             idle.remove(pid)
             self.dispatch(optimizer, pid, clock_now)
 
-    def dispatch(self, optimizer: ServerOptimizer, pid: int, clock_now: float) -> None:
+    def dispatch(self, optimizer: ModelOptimizer, pid: int, clock_now: float) -> None:
         """Send the current weights to partition ``pid``; ``clock_now`` is the engine clock (s)."""
         node = self.members.nodes[pid]
         index = node.dispatches

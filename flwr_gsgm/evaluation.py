@@ -16,8 +16,8 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, MetricRecord
 from flwr.common.logger import log
 
-from flwr_gsgm.core import ServerOptimizer
 from flwr_gsgm.ledger import Ledger
+from flwr_gsgm.model_optimizer import ModelOptimizer
 
 __all__ = ["EvaluateFn", "Evaluator", "weights_record"]
 
@@ -50,7 +50,7 @@ class Evaluator:
     def row(
         self,
         received: int,
-        optimizer: ServerOptimizer,
+        optimizer: ModelOptimizer,
         ledger: Ledger,
         clock_now: float,
         wall: float,
@@ -85,7 +85,7 @@ class Evaluator:
 
     @staticmethod
     def _diverged(
-        received: int, optimizer: ServerOptimizer, row: dict[str, float], loss_known: bool
+        received: int, optimizer: ModelOptimizer, row: dict[str, float], loss_known: bool
     ) -> bool:
         """True once the model is non-finite: every later update would be rejected."""
         weights_finite = all(bool(np.isfinite(w).all()) for w in optimizer.weights)

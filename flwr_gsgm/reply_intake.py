@@ -1,11 +1,11 @@
 """Reply intake: unpack a train reply and check its envelope before the optimizer sees it.
 
-A reply must carry an ``ArrayRecord`` under ``"arrays"`` whose keys are the model's,
-in order, and a ``MetricRecord`` under ``"metrics"`` with the partition-id and model
-version of the message it answers (see ``clients/client_app.py`` for the protocol).
-A reply that fails raises :class:`ReplyRejected`, whose reason is one of
-:data:`flwr_gsgm.core.INTAKE_REASONS` (part of the run's one list,
-:data:`flwr_gsgm.core.REASONS`).
+A reply must carry an ``ArrayRecord`` under ``"arrays"`` whose arrays match the
+model's by name (:meth:`flwr_gsgm.model_layout.ModelLayout.match`), and a
+``MetricRecord`` under ``"metrics"`` with the partition-id and model version of the
+message it answers (see ``clients/client_app.py`` for the protocol). A reply that
+fails raises :class:`~flwr_gsgm.core.UpdateRejected` (:class:`ReplyRejected` for the
+envelope) whose reason is one of the run's one list, :data:`flwr_gsgm.core.REASONS`.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from flwr.app import ArrayRecord, Message, MetricRecord
 
 from flwr_gsgm.core import INTAKE_REASONS, UpdateRejected
 from flwr_gsgm.in_flight import Dispatch
+from flwr_gsgm.model_layout import ModelLayout, ModelUpdate
 
 __all__ = ["REQUIRED_REPLY_METRICS", "ReplyIntake", "ReplyRejected", "metadata_int"]
 
@@ -75,40 +76,32 @@ class ReplyRejected(UpdateRejected):
 
 
 class ReplyIntake:
-    """Unpacks train replies for a model with array keys ``keys`` (in order).
+    """Unpacks train replies for a model of layout ``layout``, matching arrays by name.
 
     Replays are caught before, by the message a reply answers, not by its content
     (:meth:`flwr_gsgm.in_flight.InFlight.pull`): a deterministic client may send the
     same bytes for other weights (a constant gradient), and they are accepted.
     """
 
-    def __init__(self, keys: list[str]) -> None:
-        self.keys = keys
+    def __init__(self, layout: ModelLayout) -> None:
+        self.layout = layout
 
-    def unpack(self, dispatch: Dispatch, reply: Message) -> list[np.ndarray]:
-        """Return the update's arrays (model order) from ``reply`` to ``dispatch``.
+    def unpack(self, dispatch: Dispatch, reply: Message) -> ModelUpdate:
+        """Return the update in ``reply`` to ``dispatch``, matched to the model by name.
 
         Raises
         ------
-        ReplyRejected
+        UpdateRejected
             On a missing record or metric, malformed metadata (``"metadata"``: a
             partition-id, model-version or num-examples that is not an integer >= 0,
             a train-loss that is not a number), a partition-id or model-version other than
-            the message's, other array keys or undecodable arrays.
+            the message's, or arrays that do not match the model by name
+            (:meth:`ModelLayout.match`: ``"array-keys"``, ``"array-format"``,
+            ``"dtype"``, ``"shape"``, ``"non-finite"``, naming the key).
         """
         arrays, metrics = self._records(reply)
         self._check_metrics(dispatch, metrics)
-        if list(arrays.keys()) != self.keys:
-            raise ReplyRejected(
-                "array-keys",
-                f"reply array keys {list(arrays.keys())} differ from the model's {self.keys} "
-                "(same keys, same order expected)",
-            )
-        try:
-            update = arrays.to_numpy_ndarrays()
-        except Exception as err:  # a corrupt payload must not stop the run
-            raise ReplyRejected("array-format", f"arrays cannot be decoded: {err}") from err
-        return update
+        return self.layout.match(arrays)
 
     @staticmethod
     def _records(reply: Message) -> tuple[ArrayRecord, MetricRecord]:
