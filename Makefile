@@ -8,6 +8,9 @@ STAMP := $(VENV)/.installed
 DATA_DIR ?= /usr/share/datasets/fashion-mnist
 NUM_NODES ?= 10
 RUN_CONFIG ?=
+# Passed to the recipe through the environment: written into the recipe, the shell
+# would strip the quotes of TOML strings (strategy="asgd" would become strategy=asgd).
+export RUN_CONFIG
 
 .PHONY: setup data run test lint bench clean
 
@@ -32,7 +35,7 @@ data:
 	fi
 
 run: setup
-	PATH="$(CURDIR)/$(BIN):$$PATH" bash scripts/run_simulation.sh $(NUM_NODES) $(RUN_CONFIG)
+	PATH="$(abspath $(BIN)):$$PATH" bash scripts/run_simulation.sh $(NUM_NODES) $${RUN_CONFIG:+"$$RUN_CONFIG"}
 
 test: setup lint
 	$(BIN)/python -m pytest -q

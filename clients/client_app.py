@@ -102,10 +102,10 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 import torch
+from cachetools.func import lru_cache
 from flwr.app import (
     Array,
     ArrayRecord,

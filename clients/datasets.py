@@ -34,10 +34,12 @@ Adding a dataset (for example an ImageFolder tree) means writing one
 ``loader(root) -> (train, test)`` function and one :class:`DatasetInfo` entry in
 :data:`DATASETS` (and a model in :mod:`clients.models`); nothing else changes.
 
-Loading is cached per process (:func:`functools.lru_cache` keyed on name and root):
+Loading is cached per process (``cachetools.func.lru_cache`` keyed on name and root):
 a Flower simulation calls the ClientApp many times in the same worker process, and
 every call after the first gets the same tensors back. Callers must therefore treat
-the returned tensors as read-only.
+the returned tensors as read-only. The cache is thread-safe and builds each entry
+once: threads that ask for an entry being loaded wait for it (the in-process grid
+calls the ClientApp from several threads at once).
 """
 
 from __future__ import annotations
@@ -49,11 +51,11 @@ import sys
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 import torch
+from cachetools.func import lru_cache
 
 __all__ = [
     "DATASETS",

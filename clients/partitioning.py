@@ -37,10 +37,10 @@ import math
 import os
 import warnings
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 import torch
+from cachetools.func import lru_cache
 
 from clients.datasets import load_dataset
 
@@ -292,7 +292,13 @@ def all_partition_indices(
 @lru_cache(maxsize=8)
 def _cached_partitioner(dataset: str, root: str, config: PartitionConfig):
     train, _ = load_dataset(dataset, root)
-    return _build_partitioner(train.labels.numpy(), train.num_classes, config)
+    partitioner = _build_partitioner(train.labels.numpy(), train.num_classes, config)
+    # The row assignment is computed lazily on first use; do it here, once, so the
+    # threads that share this cached partitioner only ever read it.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"Classes: .* will NOT be used")
+        _ = partitioner.num_partitions
+    return partitioner
 
 
 @lru_cache(maxsize=1024)

@@ -29,12 +29,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 from flwr.serverapp import Grid
@@ -44,6 +44,7 @@ from flwr_gsgm.core import Outcome, ServerOptimizer, UpdateRejected
 from flwr_gsgm.dispatcher import Dispatcher
 from flwr_gsgm.engine_settings import EngineSettings
 from flwr_gsgm.evaluation import EvaluateFn, Evaluator, wall_since, weights_record
+from flwr_gsgm.federated_evaluation import FederatedEvaluator
 from flwr_gsgm.in_flight import Dispatch, InFlight
 from flwr_gsgm.ledger import Ledger
 from flwr_gsgm.membership import Membership, Node
@@ -62,7 +63,8 @@ class EngineReport:
 
     ``counters`` uses the names of ``summary.json`` (:class:`~flwr_gsgm.ledger.Ledger`);
     ``rejections`` is keyed by :data:`flwr_gsgm.core.REASONS`; staleness in
-    versions, times in seconds.
+    versions, times in seconds. ``federated`` maps the updates received at each
+    federated evaluation point to the nodes' aggregated metrics.
     """
 
     arrays: ArrayRecord
@@ -73,6 +75,7 @@ class EngineReport:
     staleness_max: int
     virtual_seconds: float
     wall_seconds: float
+    federated: dict[int, MetricRecord] = field(default_factory=dict)
 
 
 class AsyncEngine:
@@ -137,6 +140,7 @@ class AsyncEngine:
         self.members = Membership(grid, self.in_flight, settings, self.ledger)
         self.intake = ReplyIntake(self.layout)
         self.evaluator = Evaluator(self.keys, evaluate_fn, settings.max_updates)
+        self.federated = FederatedEvaluator(grid, self.keys, settings, self.ledger)
         self.dispatcher = Dispatcher(settings, train_config, self.members, self.in_flight)
         self.policy = self.dispatcher.policy
         self.rows: list[dict[str, float]] = []
@@ -166,6 +170,7 @@ class AsyncEngine:
         ):
             while not self._finished():
                 self.in_flight.pull()
+                self.federated.poll(self.rows)
                 progressed = self._apply_ready()
                 self._expire_timeouts()
                 self._refresh_nodes()
@@ -174,6 +179,7 @@ class AsyncEngine:
                     self.in_flight.idle(self.settings.poll_interval)
         if not self.diverged and (not self.rows or self.rows[-1]["updates"] != self.received):
             self._evaluate()
+        self.federated.finish(self.rows, self.settings.poll_interval)
         return self._report()
 
     def _start(self) -> None:
@@ -256,6 +262,8 @@ class AsyncEngine:
         self._top_up()
         if self.received % self.settings.eval_every == 0:
             self._evaluate()
+        if not self.diverged:  # federated evaluation at its points, beside training
+            self.federated.maybe_send(self.received, self.optimizer, self.members.nodes)
         if self.settings.checkpoint_every and self.received % self.settings.checkpoint_every == 0:
             self._save_checkpoint()
 
@@ -408,4 +416,5 @@ class AsyncEngine:
             staleness_max=worst,
             virtual_seconds=self.clock_now,
             wall_seconds=wall_since(self.t0),
+            federated=dict(self.federated.results),
         )

@@ -31,6 +31,7 @@ from flwr.serverapp.strategy import Result
 
 from flwr_gsgm.async_engine import AsyncEngine, EngineReport, EngineSettings, EvaluateFn
 from flwr_gsgm.core import OPTIMIZERS, ServerOptimizer, declared_params, make_optimizer
+from flwr_gsgm.federated_evaluation import FederatedEvaluation
 from flwr_gsgm.virtual_clock import VirtualClock
 
 __all__ = ["AsyncStrategy", "AsyncResult", "CLIENT_MODES"]
@@ -48,6 +49,7 @@ _STRATEGY_KEYWORDS = (
     "engine",
     "seed",
     "trainable_keys",
+    "federated_evaluation",
 )
 
 
@@ -55,10 +57,11 @@ _STRATEGY_KEYWORDS = (
 class AsyncResult(Result):
     """Flower ``Result`` plus what an asynchronous run measured.
 
-    ``evaluate_metrics_serverapp`` and ``train_metrics_clientapp`` are keyed by the
-    number of client updates received at the evaluation point (where Flower keys
-    by round). ``rows`` holds one dict per evaluation (see ``metrics.csv``) and
-    ``report`` the engine's counters.
+    ``evaluate_metrics_serverapp``, ``evaluate_metrics_clientapp`` (federated
+    evaluation) and ``train_metrics_clientapp`` are keyed by the number of client
+    updates received at the evaluation point (where Flower keys by round).
+    ``rows`` holds one dict per evaluation (see ``metrics.csv``) and ``report`` the
+    engine's counters.
     """
 
     rows: list[dict[str, float]] = field(default_factory=list)
@@ -100,6 +103,11 @@ class AsyncStrategy:
         floating ones averaged over the nodes' latest reports, integer ones taken
         from the latest report (:mod:`flwr_gsgm.model_buffers`). Replies are matched
         to the model by array name.
+    federated_evaluation : FederatedEvaluation | None
+        Evaluation on the nodes (their ClientApp's ``@app.evaluate()``) every
+        ``every`` updates, on a fraction of them, aggregated as Flower's FedAvg does,
+        without pausing training; None: none [``federated-eval-every``,
+        ``fraction-evaluate``]. See :mod:`flwr_gsgm.federated_evaluation`.
     **optimizer_params
         The optimizer's declared parameters (``PARAMS`` of its class in
         :mod:`flwr_gsgm.core`), e.g. ``beta`` for GSGM; every rule takes
@@ -134,6 +142,7 @@ class AsyncStrategy:
         engine: EngineSettings | None = None,
         seed: int = 0,
         trainable_keys: Iterable[str] | None = None,
+        federated_evaluation: FederatedEvaluation | None = None,
         **optimizer_params: Any,
     ) -> None:
         if optimizer not in OPTIMIZERS:
@@ -173,6 +182,7 @@ class AsyncStrategy:
                 f"trainable_keys must be a list of array names, got the string {trainable_keys!r}"
             )
         self.trainable_keys = None if trainable_keys is None else list(trainable_keys)
+        self.federated_evaluation = federated_evaluation
         # Fail now, not after the nodes answered: build the optimizer on a dummy model.
         self._build_optimizer([np.zeros(2, np.float32)], [0])
 
@@ -221,6 +231,7 @@ class AsyncStrategy:
         """Log the strategy's configuration."""
         log(INFO, "\t├── Server optimizer: %s %s", self.optimizer_name, self.optimizer_params)
         log(INFO, "\t├── Client work: mode=%s %s", self.client_mode, self.client_work)
+        log(INFO, "\t├── Federated evaluation: %s", self.federated_evaluation)
         log(INFO, "\t└── Virtual clock: %s", self.virtual_clock)
 
     def start(
@@ -232,6 +243,7 @@ class AsyncStrategy:
         train_config: ConfigRecord | None = None,
         evaluate_fn: EvaluateFn | None = None,
         eval_every: int | None = None,
+        evaluate_config: ConfigRecord | None = None,
     ) -> AsyncResult:
         """Train asynchronously until ``max_updates`` client updates were received.
 
@@ -256,6 +268,9 @@ class AsyncStrategy:
             ``loss``; centralized evaluation.
         eval_every : int | None
             Evaluate every this many updates received (default: the engine's).
+        evaluate_config : ConfigRecord | None
+            Keys sent in every federated evaluate message (with
+            ``federated_evaluation``; the engine adds ``model-version``).
 
         Returns
         -------
@@ -274,6 +289,8 @@ class AsyncStrategy:
             virtual_clock=self.virtual_clock,
             seed=self.seed,
             dispatch=self.dispatch_policy,
+            federated_evaluation=self.federated_evaluation
+            and self.federated_evaluation.with_config(evaluate_config),
         )
         engine = AsyncEngine(
             grid,
@@ -286,6 +303,7 @@ class AsyncStrategy:
         )
         report = engine.run()
         result = AsyncResult(arrays=report.arrays, rows=report.rows, report=report)
+        result.evaluate_metrics_clientapp.update(report.federated)
         for row in report.rows:
             step = int(row["updates"])
             result.evaluate_metrics_serverapp[step] = MetricRecord(

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from flwr_gsgm.dispatch import DISPATCH_POLICIES
+from flwr_gsgm.federated_evaluation import FederatedEvaluation
 from flwr_gsgm.run_config import RUN_CONFIG
 from flwr_gsgm.virtual_clock import VirtualClock
 
@@ -75,6 +76,11 @@ class EngineSettings:
         :mod:`flwr_gsgm.dispatch`. Without a limit the node that replied is the only
         idle one, so the policy is not consulted and idle nodes are filled in
         partition-id order, as before the limit existed.
+    federated_evaluation : FederatedEvaluation | None
+        Evaluation on the nodes every ``federated_evaluation.every`` updates (a
+        multiple of ``eval_every``), without pausing training
+        [``federated-eval-every``, ``fraction-evaluate``]; None (default) = none.
+        See :mod:`flwr_gsgm.federated_evaluation`.
 
     Raises
     ------
@@ -99,6 +105,7 @@ class EngineSettings:
     seed: int = 0
     max_in_flight: int | None = _run_default("max-in-flight") or None
     dispatch: str = _run_default("dispatch")
+    federated_evaluation: FederatedEvaluation | None = None
 
     def __post_init__(self) -> None:
         checks = {
@@ -126,6 +133,12 @@ class EngineSettings:
             raise ValueError(
                 "max-in-flight must be an integer >= 0 (0 = all nodes) or None, got "
                 f"{self.max_in_flight!r}"
+            )
+        fed = self.federated_evaluation
+        if fed is not None and fed.every % self.eval_every:
+            raise ValueError(
+                f"federated-eval-every={fed.every} must be a multiple of "
+                f"eval-every={self.eval_every} (each point goes into an evaluation row)"
             )
         if self.dispatch not in ("auto", *DISPATCH_POLICIES):
             raise ValueError(

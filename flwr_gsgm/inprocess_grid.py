@@ -14,6 +14,18 @@ as Flower's grids do. Either way every reply depends only on its message, so res
 are the same. A ClientApp exception becomes an error reply, as in Flower.
 ``remove_node`` makes a node vanish (its messages are never answered); ``add_node``
 lets a new node join.
+
+Thread-safety contract. With ``workers >= 1`` the ClientApp is called from up to
+``workers`` threads at once: for different nodes, and for two messages to the same
+node (a train and an evaluate message). Flower's simulation engine runs ClientApps
+in separate worker processes instead, so a ClientApp that works there may race
+here. A ClientApp run with worker threads must be thread-safe: a module-level cache
+must build each entry under a lock and never hand a half-built entry to another
+thread (this repository's ``clients/`` use ``cachetools.func.lru_cache``, which
+builds each key once while the other threads wait for it;
+``tests/clients/test_client_thread_safety.py``), and process-wide settings such as
+``torch.set_num_threads`` are shared by all nodes. With ``workers=0`` every call runs
+in the caller's thread, one at a time: use it for a ClientApp that is not thread-safe.
 """
 
 from __future__ import annotations
@@ -54,6 +66,7 @@ class InProcessGrid(Grid):
     workers : int
         Threads computing replies ahead of pulls (0 = compute on pull, in the caller's
         thread). Call :meth:`close` (or use the grid as a context manager) to stop them.
+        With threads, the ClientApp must be thread-safe (see the module docstring).
     """
 
     def __init__(

@@ -23,7 +23,18 @@ from flwr_gsgm.core import REASONS
 __all__ = ["ENGINE_COUNTERS", "Ledger", "Window"]
 
 #: Events the engine counts itself (the optimizer counts the outcomes of updates).
-ENGINE_COUNTERS = ("error_replies", "nodes_lost", "lost_in_flight", "nodes_refused", "nodes_joined")
+ENGINE_COUNTERS = (
+    "error_replies",
+    "nodes_lost",
+    "lost_in_flight",
+    "nodes_refused",
+    "nodes_joined",
+    # federated evaluation (flwr_gsgm.federated_evaluation): evaluate messages sent,
+    # replies aggregated, replies left out (error, invalid, too late)
+    "federated_eval_sent",
+    "federated_eval_replies",
+    "federated_eval_failed",
+)
 
 
 class Window:

@@ -234,6 +234,18 @@ RUN_CONFIG: dict[str, RunConfigKey] = {
         "an integer > 0",
         "threads of the server evaluation (same accuracy; loss up to float rounding)",
     ),
+    "federated-eval-every": _key(
+        0,
+        _non_negative,
+        "an integer >= 0 (0 = none), a multiple of eval-every",
+        "federated evaluation (the ClientApp's evaluate) every N client updates received",
+    ),
+    "fraction-evaluate": _key(
+        1.0,
+        lambda v: 0 < v <= 1,
+        "in (0, 1]",
+        "federated evaluation: fraction of the active nodes asked",
+    ),
     "seed": _key(
         0, _non_negative, "an integer >= 0", "seed of partitioning, clock and client sampling"
     ),
@@ -251,7 +263,7 @@ RUN_CONFIG: dict[str, RunConfigKey] = {
         1000,
         _positive,
         "an integer > 0",
-        "ClientApp evaluate handler (FedAvg's federated evaluation): test images per node",
+        "ClientApp evaluate handler (federated evaluation): test images per node",
     ),
     "client-threads": _key(1, _positive, "an integer > 0", "torch threads per ClientApp"),
     # data
@@ -358,9 +370,10 @@ def parse_run_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
     Raises
     ------
     ValueError
-        For an unknown key, a value of the wrong type or out of range, or
-        ``classes-per-node`` above the data set's number of classes; the message
-        names the key, the value and what was expected.
+        For an unknown key, a value of the wrong type or out of range,
+        ``classes-per-node`` above the data set's number of classes, or a
+        ``federated-eval-every`` that is not a multiple of ``eval-every``; the
+        message names the key, the value and what was expected.
     """
     unknown = sorted(set(run_config) - set(RUN_CONFIG))
     if unknown:
@@ -371,6 +384,11 @@ def parse_run_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
         if not spec.check(value):
             raise ValueError(f"run config {key}={value!r}: expected {spec.expected}")
         cfg[key] = value
+    if cfg["federated-eval-every"] % cfg["eval-every"]:
+        raise ValueError(
+            f"run config federated-eval-every={cfg['federated-eval-every']}: expected a "
+            f"multiple of eval-every={cfg['eval-every']} (each point goes into an evaluation row)"
+        )
     if cfg["resume"] and not cfg["run-name"]:
         raise ValueError(
             "run config resume=true: expected a run-name naming the run folder to resume"

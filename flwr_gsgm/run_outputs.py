@@ -1,7 +1,8 @@
 """Files a run writes to ``outputs/<run-name>/``.
 
 - ``config.json``: the resolved run config (every key, defaults filled in);
-- ``metrics.csv``: one row per evaluation (columns :data:`METRIC_COLUMNS`);
+- ``metrics.csv``: one row per evaluation (columns :data:`METRIC_COLUMNS`, then the
+  federated evaluation's ``federated_*`` columns when it ran);
 - ``summary.json``: final accuracy, MASD and std of accuracy over the second half,
   counters, staleness, wall seconds (:func:`summarize`);
 - ``accuracy.png``: test accuracy against client updates and against virtual time;
@@ -14,6 +15,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,8 @@ from flwr_gsgm.atomic import atomic_write, atomic_write_text
 
 __all__ = [
     "METRIC_COLUMNS",
+    "metric_columns",
+    "run_dir_for",
     "write_config",
     "write_model",
     "write_metrics",
@@ -47,6 +51,13 @@ METRIC_COLUMNS = (
 )
 
 
+def run_dir_for(cfg: Mapping[str, Any]) -> Path:
+    """``<output-dir>/<run-name>`` of a run config, absolute; an empty ``run-name``
+    becomes ``<strategy>-<UTC time>`` (e.g. ``gsgm-20261130-184527``)."""
+    name = cfg["run-name"] or f"{cfg['strategy']}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
+    return Path(cfg["output-dir"]).expanduser().resolve() / name
+
+
 def write_config(run_dir: Path, cfg: Mapping[str, Any]) -> Path:
     """Write ``config.json`` (sorted keys) and return its path."""
     path = run_dir / "config.json"
@@ -69,14 +80,26 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+def metric_columns(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """:data:`METRIC_COLUMNS`, then the federated evaluation's columns the rows hold
+    (``federated_nodes``, then ``federated_<metric>`` sorted), if any."""
+    extra = sorted({k for r in rows for k in r if k.startswith("federated_")})
+    if "federated_nodes" in extra:
+        extra.remove("federated_nodes")
+        extra.insert(0, "federated_nodes")
+    return [*METRIC_COLUMNS, *extra]
+
+
 def write_metrics(run_dir: Path, rows: Sequence[Mapping[str, Any]]) -> Path:
-    """Write ``metrics.csv`` with :data:`METRIC_COLUMNS`; floats in shortest round-trip form."""
+    """Write ``metrics.csv`` with :func:`metric_columns`; floats in shortest round-trip
+    form; a federated column is empty in a row without a federated evaluation."""
+    columns = metric_columns(rows)
 
     def write(fh: Any) -> None:
         writer = csv.writer(fh, lineterminator="\n")
-        writer.writerow(METRIC_COLUMNS)
+        writer.writerow(columns)
         for row in rows:
-            writer.writerow([_fmt(row.get(col, "")) for col in METRIC_COLUMNS])
+            writer.writerow([_fmt(row.get(col, "")) for col in columns])
 
     return atomic_write(run_dir / "metrics.csv", write, newline="")
 
@@ -111,6 +134,11 @@ def summarize(
         "rejected_by_reason": dict(sorted(rejections.items())),
         "dropped": int(counters.get("dropped", 0)),
         "error_replies": int(counters.get("error_replies", 0)),
+        # a dict: runs.csv (simulations/results.py) takes the scalar figures only
+        "federated_evaluation": {
+            key: int(counters.get(key, 0))
+            for key in ("federated_eval_sent", "federated_eval_replies", "federated_eval_failed")
+        },
         "nodes_lost": int(counters.get("nodes_lost", 0)),
         "staleness_mean": float(staleness_mean),
         "staleness_max": int(staleness_max),

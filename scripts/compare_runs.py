@@ -49,9 +49,9 @@ def _without(text: str, column: str) -> str:
 def run(name: str) -> str:
     """Run ``RUNS[name]``; return its metrics.csv (no wall_time) and summary (no wall_seconds)."""
     from clients.client_app import app
-    from flwr_gsgm.experiment import run_experiment
     from flwr_gsgm.inprocess_grid import InProcessGrid
     from flwr_gsgm.run_config import parse_run_config
+    from serverapp.experiment import run_experiment
 
     cfg = parse_run_config({**COMMON, **RUNS[name]})
     with tempfile.TemporaryDirectory() as tmp:

@@ -2,7 +2,7 @@
 ``python -m simulations.worker --serve REPLY_FD`` (several runs, one after another).
 
 Reads ``RUN_DIR/spec.json`` (``{"nodes": int, "run_config": {...}}``), validates the
-run config, and runs :func:`flwr_gsgm.experiment.run_experiment` on an
+run config, and runs :func:`serverapp.experiment.run_experiment` on an
 :class:`~flwr_gsgm.inprocess_grid.InProcessGrid` of the project's ClientApp, which
 writes ``config.json``, ``metrics.csv``, ``summary.json`` and ``accuracy.png`` into
 ``RUN_DIR``. On an exception it writes ``error.txt`` (the traceback) and exits 1, so
@@ -33,9 +33,9 @@ __all__ = ["run_one", "serve", "main"]
 def run_one(run_dir: Path) -> dict:
     """Run the experiment described by ``run_dir/spec.json``; return its summary."""
     from clients.client_app import app
-    from flwr_gsgm.experiment import run_experiment
     from flwr_gsgm.inprocess_grid import InProcessGrid
     from flwr_gsgm.run_config import parse_run_config
+    from serverapp.experiment import run_experiment
 
     spec = json.loads((run_dir / "spec.json").read_text())
     cfg = parse_run_config(spec["run_config"])

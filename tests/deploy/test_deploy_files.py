@@ -107,7 +107,7 @@ def test_supernode_requirements_and_unit_template():
     requirements = (DEPLOY / "requirements-supernode.txt").read_text()
     lines = [line.split("#")[0].strip() for line in requirements.splitlines()]
     names = {line.split("[")[0].split(">")[0].split("=")[0].split("<")[0] for line in lines if line}
-    assert names == {"flwr", "numpy", "torch", "torchvision", "flwr-datasets"}
+    assert names == {"flwr", "numpy", "cachetools", "torch", "torchvision", "flwr-datasets"}
     assert "simulation" not in "".join(lines)
     unit = (DEPLOY / "flwr-supernode.service").read_text()
     for needle in (

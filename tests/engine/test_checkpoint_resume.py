@@ -15,9 +15,9 @@ from pathlib import Path
 import torch
 
 from clients.client_app import app as client_app
-from flwr_gsgm.experiment import run_experiment
 from flwr_gsgm.inprocess_grid import InProcessGrid
 from flwr_gsgm.run_config import parse_run_config
+from serverapp.experiment import run_experiment
 from tests.simulation_engine.test_flower_simulation import without_wall_time
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,7 +34,7 @@ CONFIG = {
 CHILD = """
 import json, sys
 from clients.client_app import app
-from flwr_gsgm.experiment import run_experiment
+from serverapp.experiment import run_experiment
 from flwr_gsgm.inprocess_grid import InProcessGrid
 from flwr_gsgm.run_config import parse_run_config
 from pathlib import Path

@@ -7,9 +7,10 @@ from __future__ import annotations
 import csv
 
 from clients.client_app import app as client_app
-from flwr_gsgm.experiment import run_experiment, virtual_clock_from
 from flwr_gsgm.inprocess_grid import InProcessGrid
 from flwr_gsgm.run_config import parse_run_config
+from flwr_gsgm.strategy_from_config import virtual_clock_from
+from serverapp.experiment import run_experiment
 
 
 class SamplingGrid(InProcessGrid):

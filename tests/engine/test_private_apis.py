@@ -97,3 +97,28 @@ def test_flwr_datasets_partitioner_exposes_its_row_assignment():
     for pid in range(3):
         expected = partitioner.load_partition(pid)["index"]
         assert np.asarray(mapping[pid]).tolist() == list(expected), why
+
+
+def test_flwr_fedavg_metric_aggregation_is_a_weighted_mean():
+    """flwr_gsgm/federated_evaluation.py aggregates with FedAvg's own default
+    (``strategy_utils.aggregate_metricrecords``, not exported by ``flwr.serverapp.strategy``)."""
+    from flwr.app import MetricRecord, RecordDict
+    from flwr.serverapp.strategy import FedAvg
+
+    why = _why(
+        "flwr.serverapp.strategy.strategy_utils.aggregate_metricrecords",
+        "flwr",
+        FLWR_PINNED,
+        "flwr_gsgm/federated_evaluation.py",
+    )
+    try:
+        from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
+    except ImportError as err:
+        raise AssertionError(why) from err
+    assert FedAvg().evaluate_metrics_aggr_fn is aggregate_metricrecords, why
+    contents = [
+        RecordDict({"m": MetricRecord({"num-examples": 1, "acc": 0.2})}),
+        RecordDict({"m": MetricRecord({"num-examples": 3, "acc": 0.6})}),
+    ]
+    out = aggregate_metricrecords(contents, "num-examples")
+    assert dict(out) == pytest.approx({"acc": (0.2 + 3 * 0.6) / 4}), why

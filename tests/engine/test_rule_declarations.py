@@ -22,7 +22,6 @@ import pytest
 from flwr_gsgm.async_engine import EngineSettings
 from flwr_gsgm.async_strategy import AsyncStrategy
 from flwr_gsgm.core import OPTIMIZERS, Param, ServerOptimizer, declared_params, make_optimizer
-from flwr_gsgm.experiment import build_strategy
 from flwr_gsgm.run_config import (
     ASYNC_STRATEGIES,
     OPTIMIZER_KEYS,
@@ -33,6 +32,7 @@ from flwr_gsgm.run_config import (
     strategy_keys,
 )
 from flwr_gsgm.strategies import STRATEGIES
+from flwr_gsgm.strategy_from_config import build_strategy
 
 REPO = Path(__file__).resolve().parents[2]
 DUMMY = [np.zeros(3, np.float32)]
@@ -217,7 +217,7 @@ class ScaledSGD(ServerOptimizer):
 CHECK_NEW_RULE = textwrap.dedent(
     """
     from flwr_gsgm.core import OPTIMIZERS
-    from flwr_gsgm.experiment import build_strategy
+    from flwr_gsgm.strategy_from_config import build_strategy
     from flwr_gsgm.run_config import RUN_CONFIG, parse_run_config, strategy_keys
     from flwr_gsgm.strategies import STRATEGIES
     import flwr_gsgm.strategies as strategies

@@ -9,7 +9,7 @@ import pytest
 
 from flwr_gsgm.inprocess_grid import InProcessGrid
 from flwr_gsgm.run_config import RUN_CONFIG, parse_run_config
-from flwr_gsgm.server_app import main
+from serverapp.server_app import main
 from tests.engine.quadratic_app import make_app
 
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
@@ -102,3 +102,21 @@ def test_readme_documents_every_key_with_its_default():
             else (f'"{v}"' if isinstance(v, str) else repr(v))
         )
         assert f"| `{key}` | `{shown}` |" in readme, key
+
+
+def test_readme_tables_are_the_generated_ones():
+    """README's run config and strategy argument tables equal what the script writes."""
+    import importlib.util
+
+    path = PYPROJECT.parent / "scripts" / "readme_run_config.py"
+    spec = importlib.util.spec_from_file_location("readme_run_config", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    readme = (PYPROJECT.parent / "README.md").read_text()
+    for header, make in module.TABLES.items():
+        lines = make()
+        assert lines[0] == header and len(lines) > 10
+        assert "\n".join(lines) + "\n" in readme, f"run: python {path.name} --write README.md"
+    names = [line.split("`")[1] for line in module.strategy_table()[2:]]
+    for argument in ("client_mode", "local_steps", "reply_timeout", "max_staleness", "max_norm"):
+        assert argument in names

@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 from clients.client_app import app as client_app
-from flwr_gsgm.experiment import run_experiment
 from flwr_gsgm.inprocess_grid import InProcessGrid
+from serverapp.experiment import run_experiment
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,15 +1,18 @@
 """One experiment from a validated run config: strategy, model, evaluation, outputs.
 
-The Flower ServerApp (:mod:`flwr_gsgm.server_app`) and any other driver (tests, the
-sweep runner) call :func:`run_experiment` with their grid, so every way of running
-uses the same code.
+The app layer (not part of the ``flwr-gsgm`` wheel): the project's ServerApp
+(:mod:`serverapp.server_app`) and every other driver (tests, the sweep runner)
+call :func:`run_experiment` with their grid, so every way of running uses the same
+code. It wires the library (:func:`flwr_gsgm.strategy_from_config.build_strategy`,
+:mod:`flwr_gsgm.run_outputs`) to the project's model and data (``clients/``), and
+runs Flower's own FedAvg / FedAvgM for the synchronous baselines.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from logging import INFO
 from pathlib import Path
 from typing import Any
@@ -24,73 +27,16 @@ from clients.datasets import load_dataset
 from clients.models import build_model
 from clients.training import evaluate
 from flwr_gsgm import run_outputs
-from flwr_gsgm.async_engine import EngineSettings
-from flwr_gsgm.async_strategy import AsyncStrategy
-from flwr_gsgm.run_config import SYNC_STRATEGIES, optimizer_params_from
-from flwr_gsgm.strategies import STRATEGIES
-from flwr_gsgm.virtual_clock import VirtualClock
+from flwr_gsgm.federated_evaluation import column_name
+from flwr_gsgm.run_config import SYNC_STRATEGIES
+from flwr_gsgm.run_outputs import run_dir_for
+from flwr_gsgm.strategy_from_config import build_strategy, virtual_clock_from
 
-__all__ = ["build_strategy", "make_evaluate_fn", "run_experiment", "run_dir_for"]
+__all__ = ["make_evaluate_fn", "run_experiment"]
 
 
 def _none_if_zero(value: float) -> float | None:
     return value if value else None
-
-
-def virtual_clock_from(cfg: Mapping[str, Any]) -> VirtualClock:
-    """The run's :class:`VirtualClock` from its run config."""
-    return VirtualClock(
-        seed=cfg["seed"],
-        base_duration=cfg["base-duration"],
-        slow_fraction=cfg["slow-fraction"],
-        slow_factor=cfg["slow-factor"],
-        jitter=cfg["jitter"],
-    )
-
-
-def build_strategy(cfg: Mapping[str, Any], run_dir: Path | None = None) -> AsyncStrategy:
-    """Build the asynchronous strategy a validated run config asks for.
-
-    Checkpoints (``checkpoint-every``, ``resume``) go to ``run_dir/checkpoint.pt``.
-
-    Raises
-    ------
-    ValueError
-        If ``cfg["strategy"]`` is not an asynchronous strategy.
-    """
-    name = cfg["strategy"]
-    if name not in STRATEGIES:
-        raise ValueError(
-            f"strategy {name!r} is not asynchronous; expected one of {sorted(STRATEGIES)}"
-        )
-    engine = EngineSettings(
-        message_ttl=cfg["message-ttl"],
-        reply_timeout=cfg["reply-timeout"],
-        poll_interval=cfg["poll-interval"],
-        min_nodes=cfg["min-nodes"],
-        max_consecutive_rejections=cfg["max-consecutive-rejections"],
-        checkpoint_every=cfg["checkpoint-every"],
-        checkpoint_path=(run_dir / "checkpoint.pt") if run_dir is not None else None,
-        resume=cfg["resume"],
-        max_in_flight=cfg["max-in-flight"] or None,
-        dispatch=cfg["dispatch"],
-    )
-    # The rule's declared parameters, from their run config keys (0 = none -> None).
-    params = optimizer_params_from(cfg, name)
-    return STRATEGIES[name](
-        server_learning_rate=params.pop(
-            "lr", None
-        ),  # absent: server-learning-rate = 0, the rule's default
-        client_mode=cfg["client-mode"],
-        batch_size=cfg["batch-size"],
-        local_batches=cfg["local-batches"],
-        local_steps=cfg["local-steps"],
-        local_lr=cfg["local-lr"],
-        virtual_clock=virtual_clock_from(cfg) if cfg["virtual-clock"] else None,
-        engine=engine,
-        seed=cfg["seed"],
-        **params,
-    )
 
 
 def make_evaluate_fn(cfg: Mapping[str, Any]):
@@ -113,12 +59,6 @@ def make_evaluate_fn(cfg: Mapping[str, Any]):
         return MetricRecord({"accuracy": float(accuracy), "loss": float(loss)})
 
     return evaluate_fn
-
-
-def run_dir_for(cfg: Mapping[str, Any]) -> Path:
-    """``<output-dir>/<run-name>``; an empty run-name becomes ``<strategy>-<UTC time>``."""
-    name = cfg["run-name"] or f"{cfg['strategy']}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
-    return Path(cfg["output-dir"]).expanduser().resolve() / name
 
 
 def _initial_arrays(cfg: Mapping[str, Any]) -> ArrayRecord:
@@ -207,10 +147,28 @@ def _title(cfg: Mapping[str, Any], summary: Mapping[str, Any], num_nodes: int) -
     )
 
 
-def _recording_sampled(cls: type, sampled: dict[int, list[int]]) -> type:
-    """``cls`` (FedAvg or FedAvgM) noting each round's partition-ids from its train replies."""
+def _recording_sampled(
+    cls: type,
+    sampled: dict[int, list[int]],
+    federated_due: Callable[[int], bool],
+    federated_nodes: dict[int, int],
+) -> type:
+    """``cls`` (FedAvg or FedAvgM) noting each round's partition-ids from its train
+    replies, with its federated evaluation only in the rounds ``federated_due`` names
+    (each such round's count of evaluate replies without error in ``federated_nodes``)."""
 
     class Recording(cls):  # type: ignore[misc, valid-type]
+        def configure_evaluate(self, server_round, arrays, config, grid):
+            if not federated_due(server_round):
+                return []
+            return super().configure_evaluate(server_round, arrays, config, grid)
+
+        def aggregate_evaluate(self, server_round, replies):
+            replies = list(replies)
+            if replies:
+                federated_nodes[server_round] = sum(not r.has_error() for r in replies)
+            return super().aggregate_evaluate(server_round, replies)
+
         def aggregate_train(self, server_round, replies):
             replies = list(replies)
             sampled[server_round] = sorted(
@@ -245,9 +203,13 @@ def _run_synchronous(grid: Grid, cfg: Mapping[str, Any], initial: ArrayRecord, e
     per_round = limit if 0 < limit < num_nodes else num_nodes
     rounds = max(1, cfg["max-updates"] // per_round)
     sampled: dict[int, list[int]] = {}
+    federated_nodes: dict[int, int] = {}
     common = {
         "fraction_train": per_round / num_nodes,
-        "fraction_evaluate": 0.0,
+        # Flower's own federated evaluation, in the rounds that cross a multiple of
+        # federated-eval-every (0: none).
+        "fraction_evaluate": cfg["fraction-evaluate"] if cfg["federated-eval-every"] else 0.0,
+        "min_evaluate_nodes": 1,
         "min_available_nodes": num_nodes,
     }
     if per_round < num_nodes:
@@ -255,7 +217,18 @@ def _run_synchronous(grid: Grid, cfg: Mapping[str, Any], initial: ArrayRecord, e
         # and int() of the float product may round m down.
         common["min_train_nodes"] = per_round
     fedavgm = cfg["strategy"] == "fedavgm"
-    cls = _recording_sampled(FedAvgM if fedavgm else FedAvg, sampled)
+
+    def crossed(server_round: int, every: int) -> bool:
+        """The round's client computations cross a multiple of ``every``."""
+        return (server_round * per_round) // every != ((server_round - 1) * per_round) // every
+
+    def federated_due(server_round: int) -> bool:
+        every = cfg["federated-eval-every"]
+        return bool(every) and crossed(server_round, every)
+
+    cls = _recording_sampled(
+        FedAvgM if fedavgm else FedAvg, sampled, federated_due, federated_nodes
+    )
     if fedavgm:
         # server-learning-rate 0 = the strategy's default: Flower's FedAvgM default.
         lr = (
@@ -291,9 +264,7 @@ def _run_synchronous(grid: Grid, cfg: Mapping[str, Any], initial: ArrayRecord, e
 
     def due(server_round: int) -> bool:
         # Evaluate where the count of client computations crosses a multiple of eval-every.
-        every = cfg["eval-every"]
-        crossed = (server_round * per_round) // every != ((server_round - 1) * per_round) // every
-        return server_round in (0, rounds) or crossed
+        return server_round in (0, rounds) or crossed(server_round, cfg["eval-every"])
 
     def eval_and_record(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
         vt = virtual_time(server_round)  # every round, so no sampled round is missed
@@ -318,7 +289,7 @@ def _run_synchronous(grid: Grid, cfg: Mapping[str, Any], initial: ArrayRecord, e
         )
         return res
 
-    strategy.start(
+    result = strategy.start(
         grid,
         initial,
         num_rounds=rounds,
@@ -326,4 +297,9 @@ def _run_synchronous(grid: Grid, cfg: Mapping[str, Any], initial: ArrayRecord, e
         evaluate_fn=eval_and_record,
         timeout=cfg["reply-timeout"],
     )
+    for row in rows:  # the federated columns of the async runs (run_outputs.metric_columns)
+        metrics = result.evaluate_metrics_clientapp.get(row["version"])
+        if metrics is not None:
+            row["federated_nodes"] = federated_nodes.get(row["version"], 0)
+            row.update({column_name(k): v for k, v in metrics.items() if not isinstance(v, list)})
     return rows, {"updates_received": rounds * per_round, "steps_applied": rounds}

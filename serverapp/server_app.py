@@ -1,6 +1,8 @@
-"""The flwr-gsgm ServerApp: run config -> strategy -> asynchronous run -> outputs.
+"""The project's ServerApp: run config -> strategy -> asynchronous run -> outputs.
 
-``flwr run .`` starts it (``[tool.flwr.app.components] serverapp``). A bad run config
+``flwr run .`` starts it (``[tool.flwr.app.components] serverapp =
+"serverapp.server_app:app"``). It belongs to the app layer, like ``clients/``: the
+``flwr-gsgm`` wheel ships only the library ``flwr_gsgm``. A bad run config
 raises ``ValueError`` naming the key before any message is sent.
 """
 
@@ -9,8 +11,8 @@ from __future__ import annotations
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from flwr_gsgm.experiment import run_experiment
 from flwr_gsgm.run_config import parse_run_config
+from serverapp.experiment import run_experiment
 
 app = ServerApp()
 

@@ -1,0 +1,8 @@
+"""The project's Flower ServerApp (the app layer, not part of the ``flwr-gsgm`` wheel).
+
+- :mod:`serverapp.server_app`: the ``ServerApp`` that ``flwr run .`` starts
+  (``[tool.flwr.app.components] serverapp``);
+- :mod:`serverapp.experiment`: one experiment from a run config (model and data
+  from ``clients/``, strategy from :mod:`flwr_gsgm`, outputs), shared by the
+  ServerApp, the in-process runs and the sweep runner.
+"""
