@@ -6,8 +6,9 @@
 #   KEY_DIR      SuperNode key pairs from make_node_keys.sh (default deploy/keys, git-ignored)
 #   CONNECTION   name of the SuperLink connection in $FLWR_HOME/config.toml (default gsgm-local)
 #   FLWR_HOME    Flower CLI home holding config.toml (default $RUN_DIR/flwr-home)
-#   VENV         virtualenv whose bin/ has flwr, flower-superlink, flower-supernode
-#                (default: the repo's .venv if it exists, else whatever is on PATH)
+#   VENV         virtualenv whose bin/ has flwr, flower-superlink, flower-supernode and
+#                flwr-gsgm-supernode (default: the repo's .venv if it exists, else PATH)
+#   CLIENTAPP_MODE  warm (default) or per-message: see below
 
 DEPLOY_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_DIR="$(cd "$DEPLOY_DIR/.." && pwd)"
@@ -23,6 +24,17 @@ FLWR_HOME="$(realpath -m "${FLWR_HOME:-$RUN_DIR/flwr-home}")"
 export FLWR_HOME
 # Never let a Flower process install app dependencies at run time (offline boards, CI).
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
+# No telemetry and no update checks from any Flower process (offline boards, privacy).
+export FLWR_TELEMETRY_ENABLED="${FLWR_TELEMETRY_ENABLED:-0}"
+export FLWR_DISABLE_UPDATE_CHECK="${FLWR_DISABLE_UPDATE_CHECK:-1}"
+# Per-message mode only: Flower's SuperExec asks for a new task every 0.1 s instead of 1 s
+# (0.01 costs ~30% of a core per idle SuperNode).
+export FLWR_SUPEREXEC_TASK_POLL_INTERVAL="${FLWR_SUPEREXEC_TASK_POLL_INTERVAL:-0.1}"
+# How a SuperNode runs its ClientApp (start_supernode.sh):
+#   warm         flwr-gsgm-supernode --warm-executor: one long-lived flwr-gsgm-executor
+#                serves every message, the ClientApp imported once (the default);
+#   per-message  stock flower-supernode: a new flwr-clientapp process per message.
+CLIENTAPP_MODE="${CLIENTAPP_MODE:-warm}"
 
 if [[ -n "${VENV:-}" ]]; then
   PATH="$VENV/bin:$PATH"
@@ -103,4 +115,14 @@ superlink.setdefault("default", name)
 path.parent.mkdir(parents=True, exist_ok=True)
 path.write_text(tomli_w.dumps(config))
 PY
+}
+
+# supernode_command: print the command (one word per line) that starts a SuperNode in
+# $CLIENTAPP_MODE, before flower-supernode's own flags.
+supernode_command() {
+  case "$CLIENTAPP_MODE" in
+    warm) printf '%s\n' flwr-gsgm-supernode --warm-executor ;;
+    per-message) printf '%s\n' flower-supernode ;;
+    *) die "CLIENTAPP_MODE must be warm or per-message, got '$CLIENTAPP_MODE'" ;;
+  esac
 }

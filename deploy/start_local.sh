@@ -5,7 +5,8 @@
 #
 # Usage: deploy/start_local.sh N
 # Environment (optional): PORT (SuperLink port, default: a free one), RUN_DIR,
-#   CERT_DIR, KEY_DIR, CONNECTION, FLWR_HOME, VENV (see lib.sh),
+#   CERT_DIR, KEY_DIR, CONNECTION, FLWR_HOME, VENV, CLIENTAPP_MODE (see lib.sh: warm,
+#   the default, or per-message),
 #   NODE_CONFIG_EXTRA (appended to every --node-config, e.g. "device='cpu'"),
 #   START_TIMEOUT (seconds to wait for the SuperLink, default 60).
 #

@@ -8,7 +8,8 @@
 #                 partition that already ran simulates a re-provisioned board: a new
 #                 node id with the same partition-id.
 # Environment: as start_local.sh; REGISTER=0 skips registering the key (the SuperLink
-#   then refuses the SuperNode: for tests), NODE_CONFIG_EXTRA.
+#   then refuses the SuperNode: for tests), NODE_CONFIG_EXTRA, CLIENTAPP_MODE (warm:
+#   flwr-gsgm-supernode --warm-executor, the default; per-message: flower-supernode).
 # Writes $RUN_DIR/pids/supernode-<KEY_NAME>.pid and $RUN_DIR/logs/supernode-<KEY_NAME>.log.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -18,7 +19,10 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 source "$RUN_DIR/state.env"
 pid_id="$1"
 name="${2:-node-$pid_id}"
-need flower-supernode setsid
+need setsid
+words="$(supernode_command)"  # dies on a bad CLIENTAPP_MODE
+mapfile -t command <<<"$words"
+need "${command[0]}"
 (( pid_id < NUM_PARTITIONS )) || die "partition-id $pid_id >= num-partitions $NUM_PARTITIONS"
 if [[ -f "$RUN_DIR/pids/supernode-$name.pid" ]] && kill -0 "$(cat "$RUN_DIR/pids/supernode-$name.pid")" 2>/dev/null; then
   die "SuperNode $name already runs (PID $(cat "$RUN_DIR/pids/supernode-$name.pid"))"
@@ -34,11 +38,11 @@ mkdir -p "$home/cache"
 node_config="partition-id=$pid_id num-partitions=$NUM_PARTITIONS cache-dir='$home/cache'"
 node_config+="${NODE_CONFIG_EXTRA:+ $NODE_CONFIG_EXTRA}"
 FLWR_HOME="$home" start_daemon "supernode-$name" "$RUN_DIR/logs/supernode-$name.log" \
-  flower-supernode \
+  "${command[@]}" \
   --superlink "$ADDRESS" \
   --root-certificates "$CERT_DIR/ca.crt" \
   --auth-supernode-private-key "$KEY_DIR/$name" \
   --node-config "$node_config" \
   --host 127.0.0.1 --port "$(free_port)"
 node_id="$(cat "$RUN_DIR/nodes/$name.node-id" 2>/dev/null || echo unregistered)"
-echo "SuperNode $name: partition-id $pid_id, node id $node_id (PID $(cat "$RUN_DIR/pids/supernode-$name.pid"), log $RUN_DIR/logs/supernode-$name.log)"
+echo "SuperNode $name ($CLIENTAPP_MODE): partition-id $pid_id, node id $node_id (PID $(cat "$RUN_DIR/pids/supernode-$name.pid"), log $RUN_DIR/logs/supernode-$name.log)"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Stop the processes that start_local.sh / start_supernode.sh started (by their PID
-# files in $RUN_DIR/pids), with their children (SuperExec, ServerApp, ClientApp).
+# files in $RUN_DIR/pids), with their children (executor or SuperExec, ServerApp,
+# ClientApp).
 #
 # Usage: deploy/stop_local.sh [NAME...]   (NAME: superlink, supernode-node-0, ...;
 #                                          default: all)
@@ -22,7 +23,8 @@ for file in "${files[@]}"; do
   [[ -f "$file" ]] || { echo "no $file" >&2; continue; }
   pid="$(cat "$file")"
   # Only a Flower process: never a process that reused a stale PID.
-  if kill -0 "$pid" 2>/dev/null && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q "flower-super"; then
+  if kill -0 "$pid" 2>/dev/null && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null \
+    | grep -Eq "flower-super|flwr-gsgm-supernode"; then
     # The whole tree, collected before anything dies (orphans lose their parent link).
     mapfile -t tree < <(descendants "$pid")
     pids+=("${tree[@]}")

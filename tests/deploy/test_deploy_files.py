@@ -111,7 +111,12 @@ def test_supernode_requirements_and_unit_template():
     assert "simulation" not in "".join(lines)
     unit = (DEPLOY / "flwr-supernode.service").read_text()
     for needle in (
-        "ExecStart=/opt/flwr/venv/bin/flower-supernode",
+        "ExecStart=/opt/flwr/venv/bin/flwr-gsgm-supernode $CLIENTAPP_FLAGS",
+        "Environment=CLIENTAPP_FLAGS=--warm-executor",  # the warm executor by default
+        "Environment=FLWR_TELEMETRY_ENABLED=0",
+        "Environment=FLWR_DISABLE_UPDATE_CHECK=1",
+        "Environment=FLWR_SUPEREXEC_TASK_POLL_INTERVAL=0.1",
+        "--port 9094",
         "--root-certificates",
         "--auth-supernode-private-key",
         "partition-id=${PARTITION_ID}",
@@ -121,3 +126,41 @@ def test_supernode_requirements_and_unit_template():
         "WantedBy=multi-user.target",
     ):
         assert needle in unit
+
+
+def test_start_supernode_refuses_an_unknown_clientapp_mode(tmp_path):
+    """CLIENTAPP_MODE picks the SuperNode command: warm (default) or per-message."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "state.env").write_text("NUM_PARTITIONS=2\nADDRESS=127.0.0.1:1\n")
+    done = subprocess.run(
+        ["bash", str(DEPLOY / "start_supernode.sh"), "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={
+            **os.environ,
+            "RUN_DIR": str(tmp_path / "run"),
+            "KEY_DIR": str(tmp_path / "keys"),
+            "CLIENTAPP_MODE": "threads",
+            "REGISTER": "0",
+        },
+    )
+    assert done.returncode != 0
+    assert "CLIENTAPP_MODE must be warm or per-message, got 'threads'" in done.stderr
+    assert not (tmp_path / "run" / "pids").exists()  # nothing was started
+
+
+def test_supernode_command_by_mode():
+    def command(mode: str) -> list[str]:
+        done = subprocess.run(
+            ["bash", "-c", f'source "{DEPLOY}/lib.sh" && supernode_command'],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "CLIENTAPP_MODE": mode},
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout.split()
+
+    assert command("warm") == ["flwr-gsgm-supernode", "--warm-executor"]
+    assert command("per-message") == ["flower-supernode"]

@@ -122,3 +122,109 @@ def test_flwr_fedavg_metric_aggregation_is_a_weighted_mean():
     ]
     out = aggregate_metricrecords(contents, "num-examples")
     assert dict(out) == pytest.approx({"acc": (0.2 + 3 * 0.6) / 4}), why
+
+
+# ---------------------------------------------------------------- flwr_gsgm/deploy
+def test_flwr_supernode_and_grid_waits_replaced_by_flwr_gsgm_are_there():
+    """flwr_gsgm/deploy/flower_waits.py replaces the SuperNode's time.sleep(3) idle wait,
+    its time.sleep(0.5) reply poll and the object pull back-off of SuperNode and
+    ServerApp (private code of flwr.supernode.start_client_internal and
+    flwr.superlink.grid.http_grid)."""
+    from flwr_gsgm.deploy.flower_waits import check_grid_pull, check_supernode_waits
+
+    for check in (check_supernode_waits, check_grid_pull):
+        try:
+            check()
+        except RuntimeError as err:
+            pytest.fail(f"flwr_gsgm/deploy/flower_waits.py: {err}")
+
+
+# (module, attribute, parameter names the deploy code passes) of flwr internals.
+_DEPLOY_CALLS = [
+    ("flwr.supernode.runtime.run_clientapp", "pull_task_input", ["client"]),
+    ("flwr.supernode.runtime.run_clientapp", "push_message", ["client", "message", "context"]),
+    (
+        "flwr.supernode.runtime.run_clientapp",
+        "push_task_output",
+        ["client", "context", "sub_status", "details"],
+    ),
+    ("flwr.supercore.heartbeat", "HeartbeatSender", ["heartbeat_fn"]),
+    (
+        "flwr.supercore.runtime",
+        "RuntimeHttpClient.from_server_address",
+        ["server_address", "insecure", "root_certificates", "interceptors", "retry_invoker"],
+    ),
+    ("flwr.supercore.interceptors", "RuntimeTokenHttpInterceptor", ["token"]),
+    ("flwr.supercore.interceptors", "RuntimeVersionHttpInterceptor", ["component_name"]),
+    (
+        "flwr.supercore.interceptors",
+        "SuperExecAuthHttpInterceptor",
+        ["master_secret", "protected_methods"],
+    ),
+    (
+        "flwr.supercore.retry",
+        "RetryInvoker",
+        ["wait_gen_factory", "recoverable_exceptions", "max_tries", "max_time", "should_giveup"],
+    ),
+    ("flwr.supercore.retry", "exponential", ["base_delay", "max_delay"]),
+    (
+        "flwr.clientapp.utils",
+        "get_load_client_app_fn",
+        ["default_app_ref", "app_path", "multi_app"],
+    ),
+    ("flwr.cli.install", "install_from_fab", ["fab_file", "skip_prompt"]),
+    ("flwr.common.config", "get_project_dir", ["fab_id", "fab_version", "fab_hash"]),
+    ("flwr.supercore.app_utils", "start_parent_process_monitor", ["parent_pid"]),
+    ("flwr.supercore.auth", "load_superexec_auth_secret", ["secret_file"]),
+    (
+        "flwr.supercore.tls",
+        "validate_and_resolve_root_certificates",
+        ["root_cert_path", "insecure"],
+    ),
+    ("flwr.supercore.exit", "add_exit_handler", ["exit_handler"]),
+    ("flwr.supernode.cli.flower_supernode", "flower_supernode", []),
+]
+
+
+@pytest.mark.parametrize("module, attr, params", _DEPLOY_CALLS, ids=lambda v: str(v))
+def test_flwr_runtime_functions_of_the_warm_executor_and_launcher(module, attr, params):
+    """flwr_gsgm/deploy/executor.py, app_cache.py and supernode.py build on these."""
+    import importlib
+    import inspect
+
+    why = _why(f"{module}.{attr}", "flwr", FLWR_PINNED, "flwr_gsgm/deploy/")
+    try:
+        obj = importlib.import_module(module)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as err:
+        pytest.fail(f"{why}: {err}")
+    names = set(inspect.signature(obj).parameters)
+    assert set(params) <= names, f"{why}: parameters {sorted(names)}, expected {params}"
+
+
+def test_flwr_runtime_protocol_facts_the_executor_relies_on():
+    """Task type, error codes, the SuperNode's answer to a crashed ClientApp (the
+    executor killed mid-task) and the Runtime API calls of the executor."""
+    from flwr.common.constant import HEARTBEAT_DEFAULT_INTERVAL, HEARTBEAT_PATIENCE, ErrorCode
+    from flwr.proto.runtime_pb2 import AcquireTaskRequest
+    from flwr.supercore.constant import TaskType
+    from flwr.supercore.fab import Fab
+    from flwr.supercore.runtime import RuntimeHttpClient
+    from flwr.supernode.nodestate.in_memory_nodestate import CLIENT_APP_CRASHED_ERROR
+
+    why = _why("the SuperNode Runtime API", "flwr", FLWR_PINNED, "flwr_gsgm/deploy/executor.py")
+    assert TaskType.CLIENT_APP == "flwr-clientapp", why
+    assert "supported_task_types" in AcquireTaskRequest.DESCRIPTOR.fields_by_name, why
+    for call in ("AcquireTask", "SendTaskHeartbeat", "PullTaskInput", "PushTaskOutput"):
+        assert callable(getattr(RuntimeHttpClient, call, None)), f"{why}: {call}"
+    assert (
+        ErrorCode.LOAD_CLIENT_APP_EXCEPTION,
+        ErrorCode.CLIENT_APP_RAISED_EXCEPTION,
+        ErrorCode.CLIENT_APP_CRASHED,
+    ) == (1, 2, 8), why
+    assert CLIENT_APP_CRASHED_ERROR.code == ErrorCode.CLIENT_APP_CRASHED, why
+    assert CLIENT_APP_CRASHED_ERROR.reason == "ClientApp stopped responding.", why
+    # docs/DEPLOYMENT.md: an executor killed mid-task is answered for after 60 s.
+    assert HEARTBEAT_PATIENCE * HEARTBEAT_DEFAULT_INTERVAL == 60, why
+    assert {"hash_str", "content"} <= set(Fab.__dataclass_fields__), why
