@@ -121,7 +121,12 @@ PY
 # $CLIENTAPP_MODE, before flower-supernode's own flags.
 supernode_command() {
   case "$CLIENTAPP_MODE" in
-    warm) printf '%s\n' flwr-gsgm-supernode --warm-executor ;;
+    warm)
+      if command -v flwr-gsgm-supernode >/dev/null; then
+        printf '%s\n' flwr-gsgm-supernode --warm-executor --preload torch
+      else  # a source checkout whose scripts are not installed
+        printf '%s\n' "$PYTHON" -m flwr_gsgm.deploy.supernode --warm-executor --preload torch
+      fi ;;
     per-message) printf '%s\n' flower-supernode ;;
     *) die "CLIENTAPP_MODE must be warm or per-message, got '$CLIENTAPP_MODE'" ;;
   esac

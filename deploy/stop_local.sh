@@ -24,7 +24,7 @@ for file in "${files[@]}"; do
   pid="$(cat "$file")"
   # Only a Flower process: never a process that reused a stale PID.
   if kill -0 "$pid" 2>/dev/null && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null \
-    | grep -Eq "flower-super|flwr-gsgm-supernode"; then
+    | grep -Eq "flower-super|flwr-gsgm-supernode|flwr_gsgm\.deploy\.supernode"; then
     # The whole tree, collected before anything dies (orphans lose their parent link).
     mapfile -t tree < <(descendants "$pid")
     pids+=("${tree[@]}")

@@ -205,6 +205,8 @@ class AsyncEngine:
         if limit is None or limit >= len(self.members.nodes):
             for pid in sorted(self.members.nodes):  # every node, as before the limit existed
                 self.dispatcher.dispatch(self.optimizer, pid, self.clock_now)
+            if self.settings.prefetch:
+                self._top_up()  # the second message of every node
         else:
             self._top_up()
 

@@ -31,6 +31,7 @@ from flwr.serverapp.strategy import Result
 
 from flwr_gsgm.async_engine import AsyncEngine, EngineReport, EngineSettings, EvaluateFn
 from flwr_gsgm.core import OPTIMIZERS, ServerOptimizer, declared_params, make_optimizer
+from flwr_gsgm.core.backups import DispatchBackups
 from flwr_gsgm.federated_evaluation import FederatedEvaluation
 from flwr_gsgm.virtual_clock import VirtualClock
 
@@ -176,6 +177,14 @@ class AsyncStrategy:
         }
         self.virtual_clock = virtual_clock
         self.engine = engine or EngineSettings()
+        if self.engine.prefetch:  # fails now if the clock rules it out (EngineSettings)
+            replace(self.engine, virtual_clock=virtual_clock)
+        if self.engine.prefetch and issubclass(OPTIMIZERS[optimizer], DispatchBackups):
+            # Its one copy per node of the weights sent would belong to the second message.
+            raise ValueError(
+                f"prefetch: strategy {optimizer!r} keeps the weights sent to each node for "
+                "one message in flight per node; expected prefetch = false"
+            )
         self.seed = int(seed)
         if isinstance(trainable_keys, str):
             raise ValueError(

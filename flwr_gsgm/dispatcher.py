@@ -59,13 +59,15 @@ class Dispatcher:
         room for every idle node, every idle active node is dispatched in
         partition-id order, so a limit at or above the number of nodes changes
         nothing. Otherwise the dispatch policy picks among the idle active nodes
-        until ``max_in_flight`` nodes are busy.
+        until ``max_in_flight`` nodes are busy. With ``prefetch`` every active node
+        is topped up to two dispatches.
         """
-        idle = self.members.idle_active()
+        depth = self.settings.dispatches_per_node  # 2 with prefetch (no limit then)
+        idle = self.members.idle_active(depth)
         limit = self.settings.in_flight_limit
         if limit is None or len(self.in_flight) + len(idle) <= limit:
             for pid in idle:
-                if self.may_dispatch(received, clock_now):
+                while self.in_flight.count(pid) < depth and self.may_dispatch(received, clock_now):
                     self.dispatch(optimizer, pid, clock_now)
             return
         while idle and len(self.in_flight) < limit and self.may_dispatch(received, clock_now):

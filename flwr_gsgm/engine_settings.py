@@ -81,6 +81,13 @@ class EngineSettings:
         multiple of ``eval_every``), without pausing training
         [``federated-eval-every``, ``fraction-evaluate``]; None (default) = none.
         See :mod:`flwr_gsgm.federated_evaluation`.
+    prefetch : bool
+        Deployment only: keep two train dispatches per node in flight instead of one
+        [``prefetch``], so that the next message already waits on the SuperLink when
+        the node asks for work after its reply (no idle poll between updates), at the
+        cost of one more model version of staleness per update. Needs real arrival
+        order (no virtual clock) and no ``max_in_flight``; ``reply_timeout`` then
+        covers two round trips.
 
     Raises
     ------
@@ -106,6 +113,7 @@ class EngineSettings:
     max_in_flight: int | None = _run_default("max-in-flight") or None
     dispatch: str = _run_default("dispatch")
     federated_evaluation: FederatedEvaluation | None = None
+    prefetch: bool = _run_default("prefetch")
 
     def __post_init__(self) -> None:
         checks = {
@@ -145,6 +153,18 @@ class EngineSettings:
                 f"dispatch must be one of auto, {', '.join(DISPATCH_POLICIES)}, "
                 f"got {self.dispatch!r}"
             )
+
+        if self.prefetch and (self.virtual_clock is not None or self.in_flight_limit):
+            raise ValueError(
+                "prefetch needs virtual-clock = false and max-in-flight = 0, got "
+                f"virtual-clock = {self.virtual_clock is not None}, "
+                f"max-in-flight = {self.max_in_flight or 0}"
+            )
+
+    @property
+    def dispatches_per_node(self) -> int:
+        """Train dispatches a node may have in flight: 2 with ``prefetch``, else 1."""
+        return 2 if self.prefetch else 1
 
     @property
     def in_flight_limit(self) -> int | None:

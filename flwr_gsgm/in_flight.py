@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import heapq
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +21,8 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
+
+from flwr_gsgm.deploy.flower_waits import shorten_reply_pull_backoff
 
 __all__ = ["Dispatch", "InFlight"]
 
@@ -85,14 +88,23 @@ class InFlight:
         self.heap: list[Dispatch] = []
         self.arrived: dict[str, Message] = {}
         self.arrival_order: list[str] = []
+        if type(grid).__module__ == "flwr.superlink.grid.http_grid":
+            # A deployment: a reply pulled while its node still uploads it would wait
+            # Flower's 1 s object back-off (the in-process grid has no such wait).
+            shorten_reply_pull_backoff()
 
     def __len__(self) -> int:
         """Number of train dispatches in flight."""
         return len(self.dispatches)
 
-    def busy_partitions(self) -> set[int]:
-        """Partition-ids with a train dispatch in flight."""
-        return {d.partition_id for d in self.dispatches.values()}
+    def busy_partitions(self, depth: int = 1) -> set[int]:
+        """Partition-ids with at least ``depth`` train dispatches in flight."""
+        counts = Counter(d.partition_id for d in self.dispatches.values())
+        return {pid for pid, n in counts.items() if n >= depth}
+
+    def count(self, partition_id: int) -> int:
+        """Train dispatches in flight to ``partition_id``."""
+        return sum(d.partition_id == partition_id for d in self.dispatches.values())
 
     # ------------------------------------------------------------------ push
     def push_train(self, dispatch: Dispatch, node_id: int, weights: list[np.ndarray]) -> None:

@@ -77,9 +77,10 @@ class Membership:
         self.last_refresh = -math.inf
         self.started = False
 
-    def idle_active(self) -> list[int]:
-        """Partition-ids of the active nodes without a dispatch in flight, in order."""
-        busy = self.in_flight.busy_partitions()
+    def idle_active(self, depth: int = 1) -> list[int]:
+        """Partition-ids of the active nodes with fewer than ``depth`` dispatches in
+        flight (1: none), in order."""
+        busy = self.in_flight.busy_partitions(depth)
         return [pid for pid in sorted(self.nodes) if self.nodes[pid].active and pid not in busy]
 
     # ------------------------------------------------------------- discovery

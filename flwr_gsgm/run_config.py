@@ -313,6 +313,12 @@ RUN_CONFIG: dict[str, RunConfigKey] = {
         "an integer >= 0 (0 = all nodes)",
         "nodes training at once (FedAvg/FedAvgM: nodes sampled per round)",
     ),
+    "prefetch": _key(
+        False,
+        _ANY,
+        "true or false",
+        "deployment: a second train message queued per node, waiting when it polls",
+    ),
     "dispatch": _key(
         "auto",
         _one_of("auto", "random", "scheduled"),

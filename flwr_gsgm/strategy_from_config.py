@@ -65,6 +65,7 @@ def engine_settings_from(cfg: Mapping[str, Any], run_dir: Path | None = None) ->
         resume=cfg["resume"],
         max_in_flight=cfg["max-in-flight"] or None,
         dispatch=cfg["dispatch"],
+        prefetch=cfg["prefetch"],
     )
 
 

@@ -21,12 +21,14 @@ heartbeats stop and the SuperNode answers the message with Flower's error reply
 SIGTERM/SIGINT mid-task, it answers with an error reply itself before exiting.
 
 Command: ``flwr-gsgm-executor --runtime-api-address HOST:PORT [--insecure |
---root-certificates CA] [--parent-pid PID]`` (``python -m flwr_gsgm.deploy.executor``).
+--root-certificates CA] [--parent-pid PID] [--preload torch]``
+(``python -m flwr_gsgm.deploy.executor``).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import signal
 import threading
 import time
@@ -277,6 +279,15 @@ def _heartbeat_fn(client: RuntimeHttpClient, task_id: int):
     return send
 
 
+def _preload(modules: str) -> None:
+    """Import ``modules`` (comma-separated) now; one that fails is logged and skipped."""
+    for name in filter(None, (m.strip() for m in modules.split(","))):
+        try:
+            importlib.import_module(name)
+        except Exception as err:  # noqa: BLE001 - a missing optional module is no reason to stop
+            log(WARNING, "[executor] could not preload %s: %s", name, err)
+
+
 def _retry_invoker(max_time: float | None) -> RetryInvoker:
     """Retry transport errors and 502/503/504 for up to ``max_time`` seconds (None: for
     ever); give up at once on any other HTTP error (Flower's default invoker raises
@@ -316,6 +327,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--parent-pid", type=int, help="exit when this process (the SuperNode) exits"
     )
+    parser.add_argument(
+        "--preload",
+        default="",
+        metavar="MODULES",
+        help="comma-separated modules to import before the first task (e.g. torch): the "
+        "first message then pays only for the app's own imports",
+    )
     default = WarmExecutor.default_poll()
     parser.add_argument("--poll-interval", type=float, default=default.fast, metavar="S")
     parser.add_argument("--fast-poll-window", type=float, default=default.window, metavar="S")
@@ -352,6 +370,7 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGINT, on_signal)  # also what the parent monitor raises
     if args.parent_pid is not None:
         start_parent_process_monitor(args.parent_pid)
+    _preload(args.preload)
     log(INFO, "[executor] serving ClientApp tasks of the SuperNode at %s", args.runtime_api_address)
     try:
         executor.serve(stop)

@@ -101,6 +101,9 @@ def _own_parser() -> argparse.ArgumentParser:
         help="--isolation process, served by a supervised flwr-gsgm-executor",
     )
     parser.add_argument("--executor-restart-delay", type=float, default=1.0, metavar="S")
+    parser.add_argument(
+        "--preload", default="", metavar="MODULES", help="the executor's --preload (e.g. torch)"
+    )
     parser.add_argument("--fast-poll-interval", type=float, default=0.1, metavar="S")
     parser.add_argument("--fast-poll-window", type=float, default=5.0, metavar="S")
     parser.add_argument("--idle-poll-interval", type=float, default=3.0, metavar="S")
@@ -124,7 +127,7 @@ def _runtime_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def executor_command(flower_args: list[str], parent_pid: int) -> list[str]:
+def executor_command(flower_args: list[str], parent_pid: int, preload: str = "") -> list[str]:
     """The ``flwr-gsgm-executor`` command line for a SuperNode started with
     ``flower_args``.
 
@@ -150,6 +153,8 @@ def executor_command(flower_args: list[str], parent_pid: int) -> list[str]:
         command += ["--root-certificates", runtime.ssl_ca_certfile]
     if runtime.superexec_auth_secret_file:
         command += ["--superexec-auth-secret-file", runtime.superexec_auth_secret_file]
+    if preload:
+        command += ["--preload", preload]
     return command + ["--parent-pid", str(parent_pid)]
 
 
@@ -175,7 +180,7 @@ def main(argv: list[str] | None = None) -> None:
     from flwr.supernode.cli.flower_supernode import flower_supernode
 
     if own.warm_executor:
-        command = executor_command(flower_args, os.getpid())
+        command = executor_command(flower_args, os.getpid(), own.preload)
         if _runtime_parser().parse_known_args(flower_args)[0].isolation is None:
             flower_args = [*flower_args, "--isolation", "process"]
         supervisor = ExecutorSupervisor(command, own.executor_restart_delay)

@@ -112,7 +112,7 @@ def test_supernode_requirements_and_unit_template():
     unit = (DEPLOY / "flwr-supernode.service").read_text()
     for needle in (
         "ExecStart=/opt/flwr/venv/bin/flwr-gsgm-supernode $CLIENTAPP_FLAGS",
-        "Environment=CLIENTAPP_FLAGS=--warm-executor",  # the warm executor by default
+        'Environment="CLIENTAPP_FLAGS=--warm-executor --preload torch"',  # warm by default
         "Environment=FLWR_TELEMETRY_ENABLED=0",
         "Environment=FLWR_DISABLE_UPDATE_CHECK=1",
         "Environment=FLWR_SUPEREXEC_TASK_POLL_INTERVAL=0.1",
@@ -162,5 +162,7 @@ def test_supernode_command_by_mode():
         assert done.returncode == 0, done.stderr
         return done.stdout.split()
 
-    assert command("warm") == ["flwr-gsgm-supernode", "--warm-executor"]
+    warm = command("warm")
+    assert warm[-3:] == ["--warm-executor", "--preload", "torch"]
+    assert warm[:1] == ["flwr-gsgm-supernode"] or warm[1:3] == ["-m", "flwr_gsgm.deploy.supernode"]
     assert command("per-message") == ["flower-supernode"]

@@ -1,12 +1,18 @@
 """A real deployment on 127.0.0.1: SuperLink + three SuperNodes as separate processes,
-TLS and SuperNode authentication, started by the deploy/ scripts; GSGM runs with
-``flwr run``.
+TLS and SuperNode authentication, started by the deploy/ scripts, each SuperNode
+``flwr-gsgm-supernode --warm-executor`` (the deploy default: its ClientApp served by
+one warm ``flwr-gsgm-executor``); GSGM runs with ``flwr run``.
 
 - A SuperNode without a registered key (or without any key) is refused.
 - A SuperNode killed with SIGKILL mid-run is noted as lost by the engine, the run goes
   on with the others; a SuperNode restarted for the same partition-id (a new key,
   hence a new node id: a re-provisioned board) rejoins and contributes again; the run
   reaches its budget and ends (no hang).
+- A ClientApp that raises gets an error reply and its executor goes on (same process);
+  a new version of the app (another FAB) is loaded by the same executor.
+- The executor killed with SIGKILL mid-task: its SuperNode survives, the message comes
+  back as Flower's error reply (once the task's heartbeat expires, 60 s), the engine
+  counts it, and the node trains again with the restarted executor.
 
 Every wait has a deadline; every process started here (and all their children) is
 stopped at the end, also on failure. Takes a few minutes: deselect with
@@ -35,12 +41,18 @@ BIN = Path(sys.executable).parent
 NUM_NODES = 3
 KILLED = 2  # partition-id whose SuperNode is killed and replaced
 MAX_UPDATES = 60
-REPLY_TIMEOUT = 45.0
+# Above the cold first message of three SuperNodes on a loaded 2-core machine.
+REPLY_TIMEOUT = 90.0
+# 40 mini-batches per update (~1 s of compute here): a kill lands while a node computes.
 RUN_CONFIG = (
     f"virtual-clock=false max-updates={MAX_UPDATES} eval-every=30 eval-examples=500 "
-    f"min-nodes={NUM_NODES} reply-timeout={REPLY_TIMEOUT} poll-interval=0.1 "
-    'run-name="deploy-test"'
+    f"min-nodes={NUM_NODES} reply-timeout={REPLY_TIMEOUT} poll-interval=0.05 "
+    'local-batches=40 run-name="deploy-test"'
 )
+# The executor-kill run: a reply-timeout above the 60 s after which the SuperNode
+# answers for a ClientApp that stopped responding.
+EXECUTOR_KILL_TIMEOUT = 150.0
+KILL_RUN_UPDATES = 200
 
 # Runs by default (CI included); no skip: without flower-superlink next to this
 # python, openssl, setsid or Fashion-MNIST the deployment fails and says why.
@@ -94,6 +106,33 @@ def process_tree(pid: int) -> list[int]:
         tree.append(current)
         todo.extend(children.get(current, []))
     return tree
+
+
+def computing(log: Path) -> bool:
+    """The SuperNode's ClientApp is computing a train reply (received, not sending)."""
+    events = re.findall(
+        r"Receiving: train message|Received successfully|Sending: train message|"
+        r"Sent successfully",
+        text(log),
+    )
+    return events[-2:] == ["Receiving: train message", "Received successfully"]
+
+
+def train_replies(log: Path) -> int:
+    return text(log).count("Sending: train message")
+
+
+def executor_pids(supernode_pid: int) -> list[int]:
+    """The warm executor process(es) under a SuperNode launcher."""
+    found = []
+    for pid in process_tree(supernode_pid)[1:]:
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue
+        if b"flwr_gsgm.deploy.executor" in cmdline:
+            found.append(pid)
+    return found
 
 
 def free_port() -> int:
@@ -240,6 +279,12 @@ def deployment(tmp_path_factory) -> Iterator[Deployment]:
                 60,
                 lambda i=i: tail(dep.log(f"supernode-node-{i}")),
             )
+            wait_for(  # ... and runs its ClientApp in a warm executor (the deploy default)
+                f"the executor of node-{i}",
+                lambda i=i: executor_pids(dep.pid(f"supernode-node-{i}")),
+                60,
+                lambda i=i: tail(dep.log(f"supernode-node-{i}")),
+            )
         print(
             f"\n[deploy] SuperLink + {NUM_NODES} SuperNodes up in {time.monotonic() - started:.1f} s"
         )
@@ -332,21 +377,9 @@ def test_gsgm_survives_a_killed_supernode_and_its_replacement_rejoins(deployment
         ]
         return tail(stream, 60) + "\n" + "\n".join(tail(dep.log(n), 15) for n in names)
 
-    def train_replies(log: Path) -> int:
-        return text(log).count("Sending: train message")
-
     def run_alive() -> None:
         if run.poll() is not None:
             pytest.fail(f"flwr run ended early (exit {run.returncode})\n{logs()}")
-
-    def computing(log: Path) -> bool:
-        """The SuperNode's ClientApp is computing a train reply (not sending one)."""
-        events = re.findall(
-            r"Receiving: train message|Start `flwr-clientapp` process|"
-            r"Sending: train message|Sent successfully",
-            text(log),
-        )
-        return events[-2:] == ["Receiving: train message", "Start `flwr-clientapp` process"]
 
     # 1. Training runs on all three SuperNodes.
     wait_for(
@@ -442,4 +475,221 @@ def test_gsgm_survives_a_killed_supernode_and_its_replacement_rejoins(deployment
     print(
         f"[deploy] summary: updates {summary['updates_received']}, lost {summary['nodes_lost']}, "
         f"wall {summary['wall_seconds']:.0f} s, final accuracy {summary['final_accuracy']:.3f}"
+    )
+
+
+PROBE_SERVER = '''"""Probe ServerApp: train messages with the given configs to one node, in turn."""
+
+import json
+import time
+
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.serverapp import Grid, ServerApp
+
+from clients.models import build_model
+
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    cfg = context.run_config
+    node = int(cfg["node-id"])
+    arrays = ArrayRecord(build_model("fashion-mnist", seed=0).state_dict())
+    rows = []
+    for i, batch_size in enumerate(int(b) for b in str(cfg["batch-sizes"]).split(",")):
+        config = ConfigRecord({"mode": "gradient", "batch-size": batch_size, "seed": i,
+                               "model-version": i})
+        message = Message(RecordDict({"arrays": arrays, "config": config}), node, "train")
+        (mid,) = list(grid.push_messages([message]))
+        deadline = time.monotonic() + 300
+        while not (replies := list(grid.pull_messages([mid]))):
+            if time.monotonic() > deadline:
+                raise RuntimeError("no reply within 300 s")
+            time.sleep(0.05)
+        reply = replies[0]
+        rows.append({"error": reply.error.code if reply.has_error() else None,
+                     "reason": reply.error.reason if reply.has_error() else "",
+                     "metrics": {} if reply.has_error() else dict(reply.content["metrics"])})
+    with open(cfg["out"], "w") as fh:
+        json.dump(rows, fh)
+'''
+
+PROBE_PYPROJECT = """[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+
+[project]
+name = "gsgm-deploy-probe"
+version = "{version}"
+dependencies = []
+
+[tool.hatch.build.targets.wheel]
+packages = ["clients"]
+
+[tool.flwr.app]
+publisher = "flwr-gsgm"
+
+[tool.flwr.app.components]
+serverapp = "probe_server:app"
+clientapp = "clients.client_app:app"
+
+[tool.flwr.app.config]
+node-id = 0
+batch-sizes = "32"
+out = ""
+dataset = "fashion-mnist"
+data-root = "/usr/share/datasets/fashion-mnist"
+partitioner = "pathological"
+classes-per-node = 2
+seed = 0
+client-threads = 1
+"""
+
+
+def _probe_app(folder: Path, version: str) -> Path:
+    """A small Flower App: the project's ClientApp, a probe ServerApp (version differs)."""
+    (folder / "clients").mkdir(parents=True)
+    for source in (REPO / "clients").glob("*.py"):
+        (folder / "clients" / source.name).write_bytes(source.read_bytes())
+    (folder / "probe_server.py").write_text(PROBE_SERVER)
+    (folder / "pyproject.toml").write_text(PROBE_PYPROJECT.format(version=version))
+    return folder
+
+
+def test_a_raising_clientapp_and_a_new_app_version_keep_the_same_executor(
+    deployment: Deployment,
+):
+    dep = deployment
+    log = dep.log("supernode-node-0")
+    (executor,) = executor_pids(dep.pid("supernode-node-0"))
+    node = dep.node_id("node-0")
+    results = []
+    for version, batch_sizes in (("1.0.0", "32,0,32"), ("2.0.0", "16")):
+        app = _probe_app(dep.base / f"probe-{version}", version)
+        out = dep.base / f"probe-{version}.json"
+        run = dep.popen(
+            [
+                str(BIN / "flwr"),
+                "run",
+                str(app),
+                "gsgm-local",
+                "--stream",
+                "--run-config",
+                f'node-id={node} batch-sizes="{batch_sizes}" out="{out}"',
+            ],
+            dep.base / f"probe-{version}.log",
+        )
+        try:
+            run.wait(timeout=600)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"probe {version} did not end\n{tail(dep.base / f'probe-{version}.log')}")
+        assert out.is_file(), tail(dep.base / f"probe-{version}.log") + tail(log)
+        results.append(json.loads(out.read_text()))
+    v1, v2 = results
+    # batch-size 32, 0 (the ClientApp raises: an error reply), 32 again, then v2's 16
+    assert [r["error"] for r in v1] == [None, 2, None]  # 2: CLIENT_APP_RAISED_EXCEPTION
+    assert "batch-size" in v1[1]["reason"] and "ValueError" in v1[1]["reason"]
+    assert [r["metrics"]["num-examples"] for r in (v1[0], v1[2], v2[0])] == [32, 32, 16]
+    # One executor process served all of it; it imported the app once per version.
+    assert executor_pids(dep.pid("supernode-node-0")) == [executor]
+    loads = re.findall(r"\[executor\] loaded the ClientApp of (\S+) (\S+)", text(log))
+    assert loads[-2:] == [
+        ("flwr-gsgm/gsgm-deploy-probe", "1.0.0"),
+        ("flwr-gsgm/gsgm-deploy-probe", "2.0.0"),
+    ]
+    print(f"[deploy] executor {executor}: an error reply, then app 1.0.0 -> 2.0.0, same process")
+
+
+def test_executor_killed_mid_task_comes_back_as_an_error_reply(deployment: Deployment):
+    dep = deployment
+    t0 = time.monotonic()
+    marks: dict[str, float] = {}
+    stream = dep.base / "flwr-run-executor-kill.log"
+    outputs = dep.base / "outputs-executor-kill"
+    config = RUN_CONFIG.replace(
+        f"reply-timeout={REPLY_TIMEOUT}", f"reply-timeout={EXECUTOR_KILL_TIMEOUT}"
+    )
+    config = config.replace('run-name="deploy-test"', 'run-name="executor-kill"')
+    # Long enough that node-0 trains again after the 60 s its SuperNode waits.
+    config = config.replace(f"max-updates={MAX_UPDATES}", f"max-updates={KILL_RUN_UPDATES}")
+    run = dep.popen(
+        [
+            str(BIN / "flwr"),
+            "run",
+            str(REPO),
+            "gsgm-local",
+            "--stream",
+            "--run-config",
+            f'{config} output-dir="{outputs}"',
+        ],
+        stream,
+    )
+    nodes = ["node-0", "node-1", "node-2b"]  # node-2 was replaced by node-2b above
+    log = dep.log("supernode-node-0")
+    supernode = dep.pid("supernode-node-0")
+
+    def logs() -> str:
+        return (
+            tail(stream, 60) + "\n" + "\n".join(tail(dep.log(f"supernode-{n}"), 20) for n in nodes)
+        )
+
+    def run_alive() -> None:
+        if run.poll() is not None:
+            pytest.fail(f"flwr run ended early (exit {run.returncode})\n{logs()}")
+
+    before = train_replies(log)
+    wait_for("an update from node-0", lambda: run_alive() or train_replies(log) > before, 300, logs)
+    wait_for(
+        "node-0 to compute an update",
+        lambda: run_alive() or computing(log),
+        120,
+        logs,
+        interval=0.05,
+    )
+    (executor,) = executor_pids(supernode)
+    os.kill(executor, signal.SIGKILL)
+    killed_replies = train_replies(log)
+    marks["executor killed"] = time.monotonic() - t0
+
+    # The SuperNode survives; the supervisor starts a new executor.
+    restarted = wait_for(
+        "a new executor", lambda: [p for p in executor_pids(supernode) if p != executor], 60, logs
+    )
+    marks["executor restarted"] = time.monotonic() - t0
+    # The SuperNode answers the message for the dead ClientApp; the engine counts it.
+    error = wait_for(
+        "the engine to get the error reply",
+        lambda: (
+            run_alive()
+            or re.search(r"\[async\] error reply from partition 0 \(code 8\): (.*)", text(stream))
+        ),
+        EXECUTOR_KILL_TIMEOUT,
+        logs,
+    )
+    assert error.group(1).strip() == "ClientApp stopped responding."
+    marks["error reply"] = time.monotonic() - t0
+    # ... and node-0 trains again, served by the new executor.
+    wait_for(
+        "node-0 to train again",
+        lambda: train_replies(log) >= killed_replies + 3 or run.poll() is not None,
+        300,
+        logs,
+    )
+    assert train_replies(log) >= killed_replies + 3, logs()
+    assert os.path.exists(f"/proc/{supernode}")
+    assert executor_pids(supernode) == restarted
+    marks["node-0 trained again"] = time.monotonic() - t0
+    try:
+        run.wait(timeout=600)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"flwr run did not end\n{logs()}")
+    assert run.returncode == 0, logs()
+    summary = json.loads((outputs / "executor-kill" / "summary.json").read_text())
+    assert summary["updates_received"] == KILL_RUN_UPDATES
+    assert summary["error_replies"] == 1
+    assert summary["nodes_lost"] == 0 and summary["rejected"] == 0
+    print(
+        "[deploy] executor kill timeline (s since flwr run): "
+        + ", ".join(f"{k} {v:.0f}" for k, v in marks.items())
     )

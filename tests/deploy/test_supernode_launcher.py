@@ -173,3 +173,8 @@ def test_the_deploy_commands_import_neither_clients_nor_simulations():
                 names = [node.module]
             for name in names:
                 assert name.split(".")[0] not in ("clients", "simulations"), f"{path.name}: {name}"
+
+
+def test_executor_command_forwards_preload():
+    command = executor_command(["--port", "9100"], parent_pid=7, preload="torch,numpy")
+    assert command[-4:] == ["--preload", "torch,numpy", "--parent-pid", "7"]

@@ -311,3 +311,68 @@ def test_auto_dispatch_schedules_gsgm_and_draws_at_random_for_the_others():
     assert GSGM(scheduling=False).dispatch_policy == "random"
     assert ASGD().dispatch_policy == "random"
     assert GSGM(engine=EngineSettings(dispatch="random")).dispatch_policy == "random"
+
+
+def test_prefetch_keeps_two_messages_per_node_in_flight(engine_log):
+    """Deployment option: every node has a second train message queued (real arrival
+    order), so each update it sends finds the next one waiting."""
+    grid = RecordingGrid(make_app(), 3, run_config={})
+    strategy = ASGD(
+        server_learning_rate=0.1,
+        virtual_clock=None,
+        engine=EngineSettings(poll_interval=0.001, prefetch=True),
+    )
+    result = strategy.start(
+        grid,
+        initial_arrays(),
+        max_updates=30,
+        evaluate_fn=lambda step, arr: MetricRecord({"accuracy": 0.0, "loss": 0.0}),
+        eval_every=10,
+    )
+    assert result.report.counters["updates_received"] == 30
+    # At the start: one message per node, then the second of each.
+    assert grid.trained[:6] == [0, 1, 2, 0, 1, 2]
+    assert engine_log["in_flight"][:6] == [1, 2, 3, 4, 5, 6]
+    # Never more than two per node; the budget counts messages in flight: 30 in all.
+    assert all(max(busy.count(p) for p in set(busy)) <= 2 for busy in engine_log["busy"])
+    assert len(grid.trained) == 30
+    # Until the budget leaves fewer than 6 messages to send, 6 are in flight at each push.
+    assert set(engine_log["in_flight"][5:25]) == {6}
+    # The six first messages carry version 0: the last of them to be applied is 5
+    # versions stale (one message per node in flight would bound that at 2).
+    assert result.report.staleness_max >= 5
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (
+            {"prefetch": True, "virtual_clock": CLOCK},
+            "prefetch needs virtual-clock = false and max-in-flight = 0, got "
+            "virtual-clock = True, max-in-flight = 0",
+        ),
+        (
+            {"prefetch": True, "max_in_flight": 2},
+            "prefetch needs virtual-clock = false and max-in-flight = 0, got "
+            "virtual-clock = False, max-in-flight = 2",
+        ),
+    ],
+)
+def test_prefetch_needs_real_arrival_order_and_no_limit(kwargs, message):
+    with pytest.raises(ValueError) as err:
+        EngineSettings(**kwargs)
+    assert str(err.value) == message
+    with pytest.raises(ValueError, match="prefetch needs virtual-clock = false"):
+        ASGD(virtual_clock=CLOCK, engine=EngineSettings(prefetch=True))
+
+
+def test_prefetch_is_refused_for_the_rules_that_keep_the_weights_sent():
+    from flwr_gsgm.strategies import DCASGD, FedAsync
+
+    for cls, name in ((DCASGD, "dcasgd"), (FedAsync, "fedasync")):
+        with pytest.raises(ValueError) as err:
+            cls(virtual_clock=None, engine=EngineSettings(prefetch=True))
+        assert str(err.value) == (
+            f"prefetch: strategy {name!r} keeps the weights sent to each node for one "
+            "message in flight per node; expected prefetch = false"
+        )
