@@ -175,7 +175,7 @@ def shorten_supernode_waits(
     )
 
 
-def shorten_reply_pull_backoff(initial: float = 0.02, cap: float = 0.5) -> None:
+def shorten_reply_pull_backoff(initial: float = 0.02, cap: float = 1.0) -> None:
     """Replace the ServerApp's 1 s back-off for reply objects not uploaded yet (this
     process; Flower's HTTP grid, the deployment's ServerApp).
 

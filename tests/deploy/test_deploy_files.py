@@ -100,7 +100,9 @@ def test_deployment_run_config_is_valid():
     cfg = parse_run_config(overrides)
     assert cfg["virtual-clock"] is False
     assert cfg["reply-timeout"] < cfg["message-ttl"]
-    assert cfg["poll-interval"] >= 0.1  # each poll is an HTTPS request to the SuperLink
+    # Each poll is an HTTPS request to the SuperLink: 20 per second at most.
+    assert cfg["poll-interval"] == 0.05
+    assert cfg["prefetch"] is False
 
 
 def test_supernode_requirements_and_unit_template():

@@ -535,7 +535,7 @@ serverapp = "probe_server:app"
 clientapp = "clients.client_app:app"
 
 [tool.flwr.app.config]
-node-id = 0
+node-id = "0"
 batch-sizes = "32"
 out = ""
 dataset = "fashion-mnist"
@@ -576,7 +576,8 @@ def test_a_raising_clientapp_and_a_new_app_version_keep_the_same_executor(
                 "gsgm-local",
                 "--stream",
                 "--run-config",
-                f'node-id={node} batch-sizes="{batch_sizes}" out="{out}"',
+                # a node id can exceed the run config's int64: sent as text
+                f'node-id="{node}" batch-sizes="{batch_sizes}" out="{out}"',
             ],
             dep.base / f"probe-{version}.log",
         )

@@ -1,0 +1,591 @@
+"""Deployment round trip per update: stock per-message ClientApps against the warm
+executor, on a real SuperLink + 2 SuperNodes on 127.0.0.1 with TLS and SuperNode
+authentication (the deploy/ scripts).
+
+Modes (``--modes``, each on a fresh SuperLink and SuperNodes):
+
+- ``per-message``: stock ``flower-supernode`` (``CLIENTAPP_MODE=per-message``): a new
+  ``flwr-clientapp`` process per message, ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL=0.1``;
+- ``warm``: ``flwr-gsgm-supernode --warm-executor --preload torch`` (the deploy
+  default): one warm executor per SuperNode, the SuperNode's idle and reply polls
+  shortened;
+- ``warm-prefetch``: as ``warm``, with two messages per node in flight (the engine's
+  ``prefetch`` option).
+
+A probe ServerApp (a temporary Flower App next to a copy of ``clients/``) drives the
+nodes as the asynchronous engine does without a rule: it keeps every node busy with
+one (two with prefetch) train message, pushes the next one as soon as a reply is
+pulled, sleeps the deployment's ``poll-interval`` (0.05 s) when no reply is ready and
+pulls reply objects with the engine's short back-off. Its ClientApp is the project's,
+wrapped to stamp when it started and ended each message and when its process started.
+Per update it records the wall-clock instants (one machine, one clock) and derives:
+
+- round trip: push start -> reply pulled (what the server waits per update);
+- push: the ServerApp's upload of the message to the SuperLink;
+- delivery: push end -> ClientApp process start (per-message) or -> handler start (warm:
+  the SuperNode's poll, its pull of the message, the executor's pick-up; with prefetch
+  also the time queued behind the node's previous message);
+- process start + imports: process start -> handler start (per-message only);
+- compute: the ClientApp's ``compute-time`` metric; app: the rest of the handler;
+- reply path: handler end -> reply pulled (executor or process -> SuperNode ->
+  SuperLink -> ServerApp poll).
+
+The first update of every node (cold: imports, data partition) is left out of the
+statistics and printed apart. Each SuperNode's process tree (SuperNode + executor, or
+SuperNode + SuperExec + ClientApp processes) is sampled every 0.1 s for its peak RSS;
+after the run, its CPU use is measured while idle.
+
+Usage (from the repository, with the venv):
+    .venv/bin/python benchmarks/bench_deployment.py [--updates 32] [--json out.json]
+
+Takes a few minutes per mode on a loaded 2-core machine; every process it starts is
+stopped at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DEPLOY = REPO / "deploy"
+BIN = Path(sys.executable).parent
+MODES = ("per-message", "warm", "warm-prefetch")
+NODES = 2
+
+PROBE_SERVER = '''"""Probe ServerApp: every node kept busy with `depth` train messages, timed."""
+
+import json
+import time
+
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.serverapp import Grid, ServerApp
+
+from clients.models import build_model
+from flwr_gsgm.deploy.flower_waits import shorten_reply_pull_backoff
+
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    cfg = context.run_config
+    shorten_reply_pull_backoff()  # as the engine does on Flower's HTTP grid
+    deadline = time.monotonic() + 300
+    while len(nodes := sorted(grid.get_node_ids())) < int(cfg["nodes"]):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"only {len(nodes)} SuperNode(s) connected within 300 s")
+        time.sleep(0.5)
+    arrays = ArrayRecord(build_model(cfg["dataset"], seed=0).state_dict())
+    per_node = int(cfg["updates-per-node"]) + 1  # + the cold first one
+    depth = int(cfg["depth"])
+    sent = {n: 0 for n in nodes}
+    waiting = {}  # message id -> row
+    rows = []
+
+    def push(node):
+        i = sent[node]
+        sent[node] += 1
+        config = ConfigRecord({"mode": "gradient", "batch-size": int(cfg["batch-size"]),
+                               "local-batches": int(cfg["local-batches"]), "seed": i,
+                               "model-version": i})
+        message = Message(RecordDict({"arrays": arrays, "config": config}), node, "train")
+        row = {"node": node, "index": i, "push_start": time.time()}
+        (mid,) = list(grid.push_messages([message]))
+        row["push_end"] = time.time()
+        waiting[mid] = row
+
+    for _ in range(depth):
+        for node in nodes:
+            push(node)
+    while waiting:
+        replies = list(grid.pull_messages(list(waiting)))
+        if not replies:
+            time.sleep(float(cfg["poll-interval"]))
+            continue
+        for reply in replies:
+            row = waiting.pop(reply.metadata.reply_to_message_id)
+            row["pulled"] = time.time()
+            if reply.has_error():
+                row["error"] = reply.error.reason
+            else:
+                row.update({k: float(v) for k, v in reply.content["metrics"].items()})
+            rows.append(row)
+            if sent[row["node"]] < per_node:
+                push(row["node"])
+        if time.monotonic() > deadline + 60 * per_node * len(nodes):
+            raise RuntimeError("the probe did not finish in time")
+    with open(cfg["out"], "w") as fh:
+        json.dump({"nodes": nodes, "rows": rows}, fh)
+'''
+
+PROBE_CLIENT = '''"""The project's ClientApp, stamping its process start and each message."""
+
+import os
+import time
+
+from flwr.clientapp import ClientApp
+
+from clients.client_app import app as project_app
+
+
+def _process_start() -> float:
+    ticks = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19])
+    boot = next(float(line.split()[1]) for line in open("/proc/stat") if line.startswith("btime"))
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
+PROCESS_START = _process_start()
+app = ClientApp()
+
+
+@app.train()
+def train(msg, context):
+    start = time.time()
+    reply = project_app(msg, context)
+    end = time.time()
+    metrics = reply.content["metrics"]
+    metrics["t-start"], metrics["t-end"], metrics["t-process"] = start, end, PROCESS_START
+    metrics["pid"] = os.getpid()
+    return reply
+'''
+
+PROBE_PYPROJECT = """[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+
+[project]
+name = "gsgm-deployment-probe"
+version = "1.0.0"
+dependencies = []
+
+[tool.hatch.build.targets.wheel]
+packages = ["clients"]
+
+[tool.flwr.app]
+publisher = "flwr-gsgm"
+
+[tool.flwr.app.components]
+serverapp = "probe_server:app"
+clientapp = "probe_client:app"
+
+[tool.flwr.app.config]
+nodes = 2
+updates-per-node = 16
+depth = 1
+out = ""
+batch-size = 32
+local-batches = 1
+poll-interval = 0.05
+dataset = "fashion-mnist"
+data-root = "/usr/share/datasets/fashion-mnist"
+partitioner = "pathological"
+classes-per-node = 2
+seed = 0
+client-threads = 1
+"""
+
+
+# ------------------------------------------------------------------ /proc sampling
+def _children() -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    return children
+
+
+def process_tree(pid: int) -> list[int]:
+    children, tree, todo = _children(), [], [pid]
+    while todo:
+        current = todo.pop()
+        tree.append(current)
+        todo.extend(children.get(current, []))
+    return tree
+
+
+def _kind(pid: int) -> str:
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return "gone"
+    for needle, kind in (
+        ("flwr_gsgm.deploy.executor", "executor"),
+        ("flwr-clientapp", "clientapp"),
+        ("flower-superexec", "superexec"),
+        ("supernode", "supernode"),
+    ):
+        if needle in cmd:
+            return kind
+    return "other"
+
+
+def _status_kib(pid: int, key: str) -> int:
+    text = Path(f"/proc/{pid}/status").read_text()
+    match = re.search(rf"^{key}:\s+(\d+) kB", text, re.M)
+    return int(match.group(1)) if match else 0
+
+
+def _cpu_seconds(pids: list[int]) -> float:
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime + stime
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+_CUDA_LIB = re.compile(
+    r"nvidia|cuda|cublas|cudnn|cufft|curand|cusparse|cusolver|nccl|nvrtc|"
+    r"nvJitLink|nvToolsExt|cupti|triton",
+    re.I,
+)
+
+
+def _cuda_rss_kib(pid: int) -> int:
+    """RSS of the CUDA libraries mapped by ``pid`` (what a CPU build of torch lacks)."""
+    total, cuda = 0, False
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        head = line.split(None, 5)
+        if len(head) >= 5 and "-" in head[0]:  # a mapping's header line
+            cuda = len(head) == 6 and bool(_CUDA_LIB.search(head[5]))
+        elif cuda and line.startswith("Rss:"):
+            total += int(line.split()[1])
+    return total
+
+
+class TreeSampler(threading.Thread):
+    """Peak summed RSS of a SuperNode's process tree, peak RSS per process kind, and the
+    peak of the tree's RSS without CUDA library pages (sampled once a second)."""
+
+    def __init__(self, root: int, interval: float = 0.1) -> None:
+        super().__init__(daemon=True)
+        self.root, self.interval = root, interval
+        self.stop = threading.Event()
+        self.peak_tree_kib = 0
+        self.peak_tree_no_cuda_kib = 0
+        self.peak_kind_kib: dict[str, int] = {}
+
+    def run(self) -> None:
+        tick = 0
+        while not self.stop.is_set():
+            total = cuda = 0
+            for pid in process_tree(self.root):
+                try:
+                    rss, hwm = _status_kib(pid, "VmRSS"), _status_kib(pid, "VmHWM")
+                    if tick % 10 == 0:
+                        cuda += _cuda_rss_kib(pid)
+                except OSError:
+                    continue
+                total += rss
+                kind = _kind(pid)
+                self.peak_kind_kib[kind] = max(self.peak_kind_kib.get(kind, 0), hwm)
+            self.peak_tree_kib = max(self.peak_tree_kib, total)
+            if tick % 10 == 0:
+                self.peak_tree_no_cuda_kib = max(self.peak_tree_no_cuda_kib, total - cuda)
+            tick += 1
+            self.stop.wait(self.interval)
+
+
+def idle_cpu(root: int, seconds: float) -> float:
+    """Percent of one core the process tree of ``root`` used over ``seconds``."""
+    before, t0 = _cpu_seconds(process_tree(root)), time.monotonic()
+    time.sleep(seconds)
+    after = _cpu_seconds(process_tree(root))
+    return 100.0 * (after - before) / (time.monotonic() - t0)
+
+
+# ------------------------------------------------------------------------ driver
+class Deployment:
+    """start_local.sh with 2 SuperNodes in one mode; stop_local.sh and leftovers at the end."""
+
+    def __init__(self, base: Path, mode: str) -> None:
+        self.base, self.run_dir = base, base / f"run-{mode}"
+        self.env = {
+            **os.environ,
+            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+            "VENV": str(BIN.parent),
+            "RUN_DIR": str(self.run_dir),
+            "CERT_DIR": str(base / "certs"),
+            "KEY_DIR": str(base / "keys"),
+            "FLWR_HOME": str(self.run_dir / "flwr-home"),
+            "CLIENTAPP_MODE": "per-message" if mode == "per-message" else "warm",
+            "STOP_TIMEOUT": "10",
+            "PYTHONPATH": str(REPO),  # the probe's ServerApp imports flwr_gsgm
+        }
+
+    def start(self) -> list[int]:
+        subprocess.run(
+            ["bash", str(DEPLOY / "start_local.sh"), str(NODES)],
+            env=self.env,
+            check=True,
+            timeout=300,
+            stdout=subprocess.DEVNULL,
+        )
+        pid_files = [self.run_dir / "pids" / f"supernode-node-{i}.pid" for i in range(NODES)]
+        pids = [int(f.read_text()) for f in pid_files]
+        deadline = time.monotonic() + 300
+        for i in range(NODES):
+            log = self.run_dir / "logs" / f"supernode-node-{i}.log"
+            while "SuperNode ID:" not in log.read_text(errors="replace"):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"SuperNode node-{i} did not connect:\n{log.read_text()}")
+                time.sleep(0.5)
+        return pids
+
+    def stop(self) -> None:
+        ports = set()
+        for log in (self.run_dir / "logs").glob("*.log"):
+            ports.update(
+                int(p)
+                for p in re.findall(
+                    r"running on https?://127\.0\.0\.1:(\d+)", log.read_text(errors="replace")
+                )
+            )
+        subprocess.run(
+            ["bash", str(DEPLOY / "stop_local.sh")],
+            env=self.env,
+            timeout=120,
+            stdout=subprocess.DEVNULL,
+        )
+        for _ in range(10):
+            left = _leftovers(self.base, ports)
+            if not left:
+                break
+            for pid in left:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.5)
+
+
+def _leftovers(base: Path, ports: set[int]) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        used = {int(p) for p in re.findall(r"127\.0\.0\.1:(\d+)\b", cmd)}
+        if str(base) in cmd or used & ports:
+            found.append(int(entry.name))
+    return found
+
+
+def _probe_app(folder: Path) -> Path:
+    shutil.rmtree(folder, ignore_errors=True)
+    (folder / "clients").mkdir(parents=True)
+    for source in (REPO / "clients").glob("*.py"):
+        shutil.copy2(source, folder / "clients" / source.name)
+    (folder / "probe_server.py").write_text(PROBE_SERVER)
+    (folder / "probe_client.py").write_text(PROBE_CLIENT)
+    (folder / "pyproject.toml").write_text(PROBE_PYPROJECT)
+    return folder
+
+
+def run_mode(base: Path, mode: str, args: argparse.Namespace) -> dict:
+    """One mode on a fresh deployment: the probe's rows, RSS peaks, idle CPU."""
+    dep = Deployment(base, mode)
+    app = _probe_app(base / "probe-app")
+    out = base / f"probe-{mode}.json"
+    samplers: list[TreeSampler] = []
+    load_before = os.getloadavg()
+    try:
+        supernodes = dep.start()
+        samplers = [TreeSampler(pid) for pid in supernodes]
+        for sampler in samplers:
+            sampler.start()
+        per_node = -(-args.updates // NODES)
+        config = (
+            f'nodes={NODES} updates-per-node={per_node} out="{out}" '
+            f"depth={2 if mode == 'warm-prefetch' else 1} batch-size={args.batch_size} "
+            f"local-batches={args.local_batches}"
+        )
+        started = time.monotonic()
+        with (base / f"probe-{mode}.log").open("w") as log:
+            run = subprocess.Popen(
+                [str(BIN / "flwr"), "run", str(app), "gsgm-local", "--stream"]
+                + ["--run-config", config],
+                env=dep.env,
+                cwd=app,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            try:
+                run.wait(timeout=300 + 90 * per_node * NODES)
+            finally:
+                if run.poll() is None:
+                    os.killpg(run.pid, signal.SIGKILL)
+        wall = time.monotonic() - started
+        if not out.is_file():
+            raise RuntimeError(
+                f"{mode}: the probe wrote no result\n"
+                + (base / f"probe-{mode}.log").read_text()[-3000:]
+            )
+        time.sleep(args.settle)  # past the fast-poll windows after the last message
+        idle = [idle_cpu(pid, args.idle_seconds) for pid in supernodes]
+    finally:
+        for sampler in samplers:
+            sampler.stop.set()
+            sampler.join()
+        dep.stop()
+    return {
+        "mode": mode,
+        "probe": json.loads(out.read_text()),
+        "wall_s": wall,
+        "peak_tree_mib": [s.peak_tree_kib / 1024 for s in samplers],
+        "peak_tree_no_cuda_mib": [s.peak_tree_no_cuda_kib / 1024 for s in samplers],
+        "peak_kind_mib": [{k: v / 1024 for k, v in s.peak_kind_kib.items()} for s in samplers],
+        "idle_cpu_percent": idle,
+        "load_average": [load_before, os.getloadavg()],
+    }
+
+
+# --------------------------------------------------------------------- figures
+def breakdown(result: dict) -> dict:
+    """Per-update figures (cold first update of each node excluded)."""
+    rows = [r for r in result["probe"]["rows"] if "error" not in r]
+    errors = len(result["probe"]["rows"]) - len(rows)
+    cold = [r for r in rows if r["index"] == 0]
+    warm = sorted((r for r in rows if r["index"] > 0), key=lambda r: r["pulled"])
+    per_message = result["mode"] == "per-message"
+    parts = {
+        "round trip": [r["pulled"] - r["push_start"] for r in warm],
+        "push": [r["push_end"] - r["push_start"] for r in warm],
+        "delivery": [
+            (r["t-process"] if per_message else r["t-start"]) - r["push_end"] for r in warm
+        ],
+        "process start + imports": [
+            (r["t-start"] - r["t-process"]) if per_message else 0.0 for r in warm
+        ],
+        "compute": [r["compute-time"] for r in warm],
+        "app (data, model, reply)": [r["t-end"] - r["t-start"] - r["compute-time"] for r in warm],
+        "reply path": [r["pulled"] - r["t-end"] for r in warm],
+    }
+    periods = []
+    for node in result["probe"]["nodes"]:
+        pulled = sorted(r["pulled"] for r in warm if r["node"] == node)
+        periods += [b - a for a, b in zip(pulled, pulled[1:])]
+    return {
+        "updates": len(warm),
+        "errors": errors,
+        "cold_round_trip_s": [r["pulled"] - r["push_start"] for r in cold],
+        "median": {k: statistics.median(v) for k, v in parts.items()},
+        "min": {k: min(v) for k, v in parts.items()},
+        "node_period_median_s": statistics.median(periods) if periods else float("nan"),
+        "processes": len({r["pid"] for r in warm}),
+        "updates_per_s": (len(warm) - 1) / (warm[-1]["pulled"] - warm[0]["pulled"])
+        if len(warm) > 1
+        else float("nan"),
+    }
+
+
+def report(results: list[dict]) -> str:
+    lines = []
+    figures = {r["mode"]: breakdown(r) for r in results}
+    modes = [r["mode"] for r in results]
+    width = 26
+    lines.append(
+        f"SuperLink + {NODES} SuperNodes on 127.0.0.1, TLS + SuperNode authentication; "
+        "Fashion-MNIST CNN, gradient mode, batch 32 x 1"
+    )
+    lines.append("per update (first update of each node left out), seconds, median [min]:")
+    lines.append(" " * width + "".join(f"{m:>22}" for m in modes))
+    for part in figures[modes[0]]["median"]:
+        cells = "".join(
+            f"{figures[m]['median'][part]:>13.3f} [{figures[m]['min'][part]:5.2f}]" for m in modes
+        )
+        lines.append(f"{part:<{width}}{cells}")
+    rows = {
+        "updates timed (errors)": lambda m: f"{figures[m]['updates']} ({figures[m]['errors']})",
+        "per-node update period": lambda m: f"{figures[m]['node_period_median_s']:.3f}",
+        "updates per second": lambda m: f"{figures[m]['updates_per_s']:.2f}",
+        "ClientApp processes": lambda m: str(figures[m]["processes"]),
+        "cold first update": lambda m: "/".join(
+            f"{x:.1f}" for x in figures[m]["cold_round_trip_s"]
+        ),
+    }
+    for label, cell in rows.items():
+        lines.append(f"{label:<{width}}" + "".join(f"{cell(m):>22}" for m in modes))
+    lines.append("per SuperNode (node-0 / node-1):")
+    by_mode = {r["mode"]: r for r in results}
+    per_node = {
+        "peak RSS of its tree, MiB": lambda r: "/".join(f"{x:.0f}" for x in r["peak_tree_mib"]),
+        "  without CUDA libraries": lambda r: "/".join(
+            f"{x:.0f}" for x in r["peak_tree_no_cuda_mib"]
+        ),
+        "idle CPU, % of a core": lambda r: "/".join(f"{x:.2f}" for x in r["idle_cpu_percent"]),
+    }
+    for label, cell in per_node.items():
+        lines.append(f"{label:<{width}}" + "".join(f"{cell(by_mode[m]):>22}" for m in modes))
+    for m in modes:
+        kinds = by_mode[m]["peak_kind_mib"][0]
+        lines.append(
+            f"  {m}: peak RSS per process (node-0): "
+            + ", ".join(f"{k} {v:.0f} MiB" for k, v in sorted(kinds.items()) if k != "gone")
+        )
+    for m in modes:
+        f = figures[m]
+        target = 2 * f["median"]["compute"] + 1.0
+        verdict = "met" if f["median"]["round trip"] <= target else "MISSED"
+        lines.append(
+            f"  {m}: round trip {f['median']['round trip']:.3f} s vs target 2 x compute + 1.0 s "
+            f"= {target:.3f} s: {verdict}"
+        )
+    loads = [
+        f"{m} {by_mode[m]['load_average'][0][0]:.1f}-{by_mode[m]['load_average'][1][0]:.1f}"
+        for m in modes
+    ]
+    lines.append("load average (1 min, before-after each mode): " + ", ".join(loads))
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--updates", type=int, default=32, help="timed updates per mode")
+    parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated: {MODES}")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--local-batches", type=int, default=1)
+    parser.add_argument("--idle-seconds", type=float, default=30.0)
+    parser.add_argument("--settle", type=float, default=15.0, help="seconds before idle CPU")
+    parser.add_argument("--json", type=Path, help="also write the raw results here")
+    parser.add_argument("--workdir", type=Path, help="keep certificates, logs, ... here")
+    args = parser.parse_args()
+    modes = [m for m in args.modes.split(",") if m]
+    unknown = sorted(set(modes) - set(MODES))
+    if unknown:
+        parser.error(f"unknown mode(s) {unknown}; expected some of {MODES}")
+    base = (args.workdir or Path(tempfile.mkdtemp(prefix="bench-deployment-"))).resolve()
+    base.mkdir(parents=True, exist_ok=True)
+    results = [run_mode(base, mode, args) for mode in modes]
+    print(report(results))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1) + "\n")
+    if not args.workdir:
+        shutil.rmtree(base, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
