@@ -27,8 +27,12 @@ Per update it records the wall-clock instants (one machine, one clock) and deriv
   also the time queued behind the node's previous message);
 - process start + imports: process start -> handler start (per-message only);
 - compute: the ClientApp's ``compute-time`` metric; app: the rest of the handler;
-- reply path: handler end -> reply pulled (executor or process -> SuperNode ->
-  SuperLink -> ServerApp poll).
+- reply to SuperLink + poll: handler end -> start of the ServerApp's pull that got
+  the reply (executor or process -> SuperNode -> SuperLink, then up to one
+  ``poll-interval``);
+- pull: that pull (request and reply objects).
+
+push + pull + half a ``poll-interval`` on average is what the ServerApp itself adds.
 
 The first update of every node (cold: imports, data partition) is left out of the
 statistics and printed apart. Each SuperNode's process tree (SuperNode + executor, or
@@ -110,13 +114,14 @@ def main(grid: Grid, context: Context) -> None:
         for node in nodes:
             push(node)
     while waiting:
+        pull_start = time.time()
         replies = list(grid.pull_messages(list(waiting)))
         if not replies:
             time.sleep(float(cfg["poll-interval"]))
             continue
         for reply in replies:
             row = waiting.pop(reply.metadata.reply_to_message_id)
-            row["pulled"] = time.time()
+            row["pull_start"], row["pulled"] = pull_start, time.time()
             if reply.has_error():
                 row["error"] = reply.error.reason
             else:
@@ -481,7 +486,8 @@ def breakdown(result: dict) -> dict:
         ],
         "compute": [r["compute-time"] for r in warm],
         "app (data, model, reply)": [r["t-end"] - r["t-start"] - r["compute-time"] for r in warm],
-        "reply path": [r["pulled"] - r["t-end"] for r in warm],
+        "reply to SuperLink + poll": [r["pull_start"] - r["t-end"] for r in warm],
+        "pull": [r["pulled"] - r["pull_start"] for r in warm],
     }
     periods = []
     for node in result["probe"]["nodes"]:
@@ -568,7 +574,7 @@ def main() -> int:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--local-batches", type=int, default=1)
     parser.add_argument("--idle-seconds", type=float, default=30.0)
-    parser.add_argument("--settle", type=float, default=15.0, help="seconds before idle CPU")
+    parser.add_argument("--settle", type=float, default=20.0, help="seconds before idle CPU")
     parser.add_argument("--json", type=Path, help="also write the raw results here")
     parser.add_argument("--workdir", type=Path, help="keep certificates, logs, ... here")
     args = parser.parse_args()

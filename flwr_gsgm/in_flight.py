@@ -16,10 +16,12 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from logging import WARNING
 from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from flwr_gsgm.deploy.flower_waits import shorten_reply_pull_backoff
@@ -91,7 +93,10 @@ class InFlight:
         if type(grid).__module__ == "flwr.superlink.grid.http_grid":
             # A deployment: a reply pulled while its node still uploads it would wait
             # Flower's 1 s object back-off (the in-process grid has no such wait).
-            shorten_reply_pull_backoff()
+            try:
+                shorten_reply_pull_backoff()
+            except RuntimeError as err:  # another Flower: its own back-off stays
+                log(WARNING, "[async] %s", err)
 
     def __len__(self) -> int:
         """Number of train dispatches in flight."""

@@ -88,8 +88,15 @@ class AppCache:
 
 
 def _under(module: object, folder: Path) -> bool:
-    """True if ``module`` was imported from a file or package inside ``folder``."""
-    paths = [getattr(module, "__file__", None), *(getattr(module, "__path__", None) or [])]
+    """True if ``module`` was imported from a file or package inside ``folder``.
+
+    Any object can sit in ``sys.modules`` (torch puts a namespace whose ``__path__``
+    is no list there): what is not a path is not in ``folder``.
+    """
+    paths = [getattr(module, "__file__", None)]
+    package_path = getattr(module, "__path__", None)
+    if isinstance(package_path, (list, tuple)) or type(package_path).__name__ == "_NamespacePath":
+        paths += list(package_path)
     for path in paths:
         if isinstance(path, str) and Path(path).resolve().is_relative_to(folder):
             return True

@@ -174,8 +174,8 @@ class RuntimeHarness:
     def add_run(self, run_id: int, fab: Fab) -> None:
         """A run of ``fab`` (it reaches the SuperNode with the run's first message)."""
         run = Run.create_empty(run_id)
-        run.fab_id, run.fab_version, run.fab_hash = "flwr-gsgm-tests/warmprobe", "", fab.hash_str
-        run.fab_version = _version_of(fab)
+        run.fab_id, run.fab_version = _id_and_version_of(fab)
+        run.fab_hash = fab.hash_str
         self.fabs[fab.hash_str] = fab
         self.runs[run_id] = run
 
@@ -194,7 +194,7 @@ class RuntimeHarness:
         run_id = sci._pull_and_store_message(
             state=self.state,
             object_store=self.store,
-            node_config={"partition-id": 0},
+            node_config={"partition-id": 0, "num-partitions": 2},
             receive=lambda: next(sent, None),
             get_run=lambda rid: self.runs[rid],
             get_fab=lambda fab_hash, _rid: self.fabs[fab_hash],
@@ -246,11 +246,14 @@ def _walk(tree):
         yield from _walk(child)
 
 
-def _version_of(fab: Fab) -> str:
+def _id_and_version_of(fab: Fab) -> tuple[str, str]:
+    """``publisher/name`` and version from the FAB's pyproject.toml."""
     import io
     import zipfile
 
     import tomli
 
     with zipfile.ZipFile(io.BytesIO(fab.content)) as zf:
-        return tomli.loads(zf.read("pyproject.toml").decode())["project"]["version"]
+        config = tomli.loads(zf.read("pyproject.toml").decode())
+    name = f"{config['tool']['flwr']['app']['publisher']}/{config['project']['name']}"
+    return name, config["project"]["version"]

@@ -268,3 +268,24 @@ def _stock_clientapp(supernode: RuntimeHarness, values=(1.0,), raise_: bool = Fa
     )
     assert "Start `flwr-clientapp` process" in done.stdout + done.stderr
     return supernode.collect_reply()
+
+
+def test_unloading_ignores_modules_whose_paths_are_not_paths(tmp_path, monkeypatch):
+    """torch registers a namespace in sys.modules whose __path__ is no list."""
+    import types
+
+    from flwr_gsgm.deploy.app_cache import AppCache
+
+    odd = types.ModuleType("odd_namespace")
+    odd.__path__ = object()
+    odd.__file__ = None
+    inside = types.ModuleType("inside_app")
+    inside.__file__ = str(tmp_path / "app" / "inside_app.py")
+    monkeypatch.setitem(sys.modules, "odd_namespace", odd)
+    monkeypatch.setitem(sys.modules, "inside_app", inside)
+    monkeypatch.syspath_prepend(str(tmp_path / "app"))
+    cache = AppCache()
+    cache.app_dir = (tmp_path / "app").resolve()
+    cache.unload()
+    assert "inside_app" not in sys.modules and sys.modules["odd_namespace"] is odd
+    assert str(tmp_path / "app") not in sys.path

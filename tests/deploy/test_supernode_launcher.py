@@ -178,3 +178,18 @@ def test_the_deploy_commands_import_neither_clients_nor_simulations():
 def test_executor_command_forwards_preload():
     command = executor_command(["--port", "9100"], parent_pid=7, preload="torch,numpy")
     assert command[-4:] == ["--preload", "torch,numpy", "--parent-pid", "7"]
+
+
+def test_the_engine_pulls_replies_with_a_short_backoff_on_flowers_http_grid(monkeypatch):
+    from flwr.superlink.grid import http_grid
+
+    from flwr_gsgm.in_flight import InFlight
+    from flwr_gsgm.inprocess_grid import InProcessGrid
+
+    monkeypatch.setattr(http_grid, "pull_objects", http_grid.pull_objects)
+    InFlight(InProcessGrid.__new__(InProcessGrid), ["w"], 60.0, virtual_order=True)
+    assert not isinstance(http_grid.pull_objects, functools.partial)  # simulation: untouched
+    deployment_grid = type("HttpGrid", (), {"__module__": "flwr.superlink.grid.http_grid"})()
+    InFlight(deployment_grid, ["w"], 60.0, virtual_order=False)
+    assert http_grid.pull_objects.func is inflatable_utils.pull_objects
+    assert http_grid.pull_objects.keywords == {"initial_backoff": 0.02, "backoff_cap": 1.0}
