@@ -85,7 +85,8 @@ class EngineSettings:
         Deployment only: keep two train dispatches per node in flight instead of one
         [``prefetch``], so that the next message already waits on the SuperLink when
         the node asks for work after its reply (no idle poll between updates), at the
-        cost of one more model version of staleness per update. Needs real arrival
+        cost of staleness: with N nodes an update is computed on weights about 2N - 1
+        versions old instead of N - 1. Needs real arrival
         order (no virtual clock) and no ``max_in_flight``; ``reply_timeout`` then
         covers two round trips.
 
