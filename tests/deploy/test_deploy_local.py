@@ -684,7 +684,7 @@ def test_executor_killed_mid_task_comes_back_as_an_error_reply(deployment: Deplo
     assert executor_pids(supernode) == restarted
     marks["node-0 trained again"] = time.monotonic() - t0
     try:
-        run.wait(timeout=600)
+        run.wait(timeout=900)
     except subprocess.TimeoutExpired:
         pytest.fail(f"flwr run did not end\n{logs()}")
     assert run.returncode == 0, logs()
