@@ -146,9 +146,10 @@ from clients.client_app import app as project_app
 
 
 def _process_start() -> float:
+    # From /proc/uptime (10 ms), not /proc/stat's btime (whole seconds).
     ticks = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19])
-    boot = next(float(line.split()[1]) for line in open("/proc/stat") if line.startswith("btime"))
-    return boot + ticks / os.sysconf("SC_CLK_TCK")
+    uptime = float(open("/proc/uptime").read().split()[0])
+    return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
 
 
 PROCESS_START = _process_start()
