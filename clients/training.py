@@ -219,6 +219,30 @@ def compute_update(
         Unknown mode, non-positive sizes or learning rate, empty or mismatched data,
         or a model with non-parameter state.
     """
+    _check_update_args(mode, images, labels, local_lr, local_batches, local_steps)
+    num_batches = local_batches if mode == "gradient" else local_steps
+    batches = sample_batches(len(labels), batch_size, num_batches, seed)
+    model, target = _on_device(model, device)
+    data = (images, labels, target)
+    if mode == "gradient":
+        update, losses = _gradient_update(model, data, batches)
+    elif mode == "delta":
+        update, losses = _delta_update(model, data, batches, local_lr)
+    else:
+        update, losses = _weights_update(model, data, batches, local_lr)
+    arrays = [np.ascontiguousarray(t.cpu().numpy(), dtype=np.float32).copy() for t in update]
+    return arrays, float(np.mean(losses))
+
+
+def _check_update_args(
+    mode: str,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    local_lr: float,
+    local_batches: int,
+    local_steps: int,
+) -> None:
+    """Raise ValueError (see :func:`compute_update`) before any computation."""
     if mode not in MODES:
         raise ValueError(f"Invalid mode={mode!r}: expected one of {MODES}")
     if len(images) != len(labels):
@@ -234,51 +258,73 @@ def compute_update(
         raise ValueError(f"Invalid local-lr={local_lr!r}: expected a finite number > 0")
     _check_positive_int("local-batches", local_batches)
     _check_positive_int("local-steps", local_steps)
-    num_batches = local_batches if mode == "gradient" else local_steps
-    batches = sample_batches(len(labels), batch_size, num_batches, seed)
-    model, target = _on_device(model, device)
 
-    if mode == "gradient":
-        params = _parameters_in_state_order(model)
-        was_training = model.training
-        model.train()
-        total = [torch.zeros_like(p) for p in params]
-        losses = []
-        try:
-            for idx in batches:
-                x, y = _batch(images, labels, idx, target)
-                loss = F.cross_entropy(model(x), y)
-                grads = torch.autograd.grad(loss, params)
-                for acc, g in zip(total, grads):
-                    acc.add_(g)
-                losses.append(loss.item())
-        finally:
-            model.train(was_training)
-        if num_batches > 1:
-            for acc in total:
-                acc.div_(num_batches)
-        update = total
-    else:
-        local = copy.deepcopy(model)
-        params = _parameters_in_state_order(local)
-        start = [p.detach().clone() for p in params]
-        local.train()
-        losses = []
+
+#: ``(images, labels, device)``: a node's data and where its batches go (None: stay).
+_Data = tuple[torch.Tensor, torch.Tensor, torch.device | None]
+
+
+def _gradient_update(
+    model: nn.Module, data: _Data, batches: list[torch.Tensor]
+) -> tuple[list[torch.Tensor], list[float]]:
+    """Gradient mode: mean gradient at w over ``batches`` (w untouched), batch losses."""
+    images, labels, target = data
+    params = _parameters_in_state_order(model)
+    was_training = model.training
+    model.train()
+    total = [torch.zeros_like(p) for p in params]
+    losses = []
+    try:
         for idx in batches:
             x, y = _batch(images, labels, idx, target)
-            loss = F.cross_entropy(local(x), y)
+            loss = F.cross_entropy(model(x), y)
             grads = torch.autograd.grad(loss, params)
-            with torch.no_grad():
-                for p, g in zip(params, grads):
-                    p.add_(g, alpha=-local_lr)
+            for acc, g in zip(total, grads):
+                acc.add_(g)
             losses.append(loss.item())
-        if mode == "weights":
-            update = [p.detach() for p in params]
-        else:
-            update = [(w0 - p.detach()) / local_lr for w0, p in zip(start, params)]
+    finally:
+        model.train(was_training)
+    if len(batches) > 1:
+        for acc in total:
+            acc.div_(len(batches))
+    return total, losses
 
-    arrays = [np.ascontiguousarray(t.cpu().numpy(), dtype=np.float32).copy() for t in update]
-    return arrays, float(np.mean(losses))
+
+def _local_sgd(
+    model: nn.Module, data: _Data, batches: list[torch.Tensor], local_lr: float
+) -> tuple[list[torch.Tensor], list[torch.Tensor], list[float]]:
+    """One SGD step per batch on a copy of ``model``: (w, local weights, batch losses)."""
+    images, labels, target = data
+    local = copy.deepcopy(model)
+    params = _parameters_in_state_order(local)
+    start = [p.detach().clone() for p in params]
+    local.train()
+    losses = []
+    for idx in batches:
+        x, y = _batch(images, labels, idx, target)
+        loss = F.cross_entropy(local(x), y)
+        grads = torch.autograd.grad(loss, params)
+        with torch.no_grad():
+            for p, g in zip(params, grads):
+                p.add_(g, alpha=-local_lr)
+        losses.append(loss.item())
+    return start, [p.detach() for p in params], losses
+
+
+def _delta_update(
+    model: nn.Module, data: _Data, batches: list[torch.Tensor], local_lr: float
+) -> tuple[list[torch.Tensor], list[float]]:
+    """Delta mode: ``(w - w_local) / local_lr`` after the local steps, batch losses."""
+    start, local, losses = _local_sgd(model, data, batches, local_lr)
+    return [(w0 - w) / local_lr for w0, w in zip(start, local)], losses
+
+
+def _weights_update(
+    model: nn.Module, data: _Data, batches: list[torch.Tensor], local_lr: float
+) -> tuple[list[torch.Tensor], list[float]]:
+    """Weights mode: the local weights after the local steps, batch losses."""
+    _start, local, losses = _local_sgd(model, data, batches, local_lr)
+    return local, losses
 
 
 def evaluate(

@@ -360,6 +360,9 @@ def _partition(path: Path, where: str, raw: Any) -> dict[str, Any]:
 def load_preset(path: str | Path, out: str | Path | None = None) -> Preset:
     """Read and validate a preset; every run config it implies is checked here.
 
+    Three steps: parse the TOML into a :class:`Preset` (each table checked on its
+    own), then expand every run config the preset can produce and check it.
+
     Raises
     ------
     ValueError
@@ -367,117 +370,46 @@ def load_preset(path: str | Path, out: str | Path | None = None) -> Preset:
         method in a question, tuning seed among the reporting seeds, ...).
     """
     path = Path(path)
-    raw = tomllib.loads(path.read_text())
-    unknown = set(raw) - {"sweep", "base", "tune", "methods", "questions", "estimate"}
+    preset = _parse_preset(path, tomllib.loads(path.read_text()), out)
+    _check_run_configs(path, preset)
+    return preset
+
+
+_TABLES = {"sweep", "base", "tune", "methods", "questions", "estimate"}
+_QUESTION_KEYS = {
+    "title",
+    "kind",
+    "nodes",
+    "partitions",
+    "methods",
+    "description",
+    "max-in-flight",
+    "config",
+}
+
+
+def _parse_preset(path: Path, raw: Mapping[str, Any], out: str | Path | None) -> Preset:
+    """The :class:`Preset` of the parsed TOML ``raw``, each table checked on its own."""
+    unknown = set(raw) - _TABLES
     if unknown:
         _fail(path, f"unknown table(s) {sorted(unknown)}")
     sweep = raw.get("sweep", {})
     base = dict(raw.get("base", {}))
     _check_config(path, "[base]", base)
     tune = raw.get("tune", {})
-    seeds = [int(s) for s in sweep.get("seeds", [1, 2, 3])]
-    tune_seed = int(tune.get("seed", 0))
-    if tune_seed in seeds:
-        _fail(path, f"the tuning seed {tune_seed} is also a reporting seed {seeds}")
-    if not seeds or len(set(seeds)) != len(seeds):
-        _fail(path, f"[sweep] seeds must be distinct and non-empty, got {seeds}")
-
-    methods: dict[str, Method] = {}
-    for name, spec in raw.get("methods", {}).items():
-        extra = set(spec) - {"config", "grid", "inherit"}
-        if extra:
-            _fail(path, f"[methods.{name}]: unknown key(s) {sorted(extra)}")
-        config = dict(spec.get("config", {}))
-        grid = {k: list(v) for k, v in spec.get("grid", {}).items()}
-        _check_config(path, f"[methods.{name}] config", config)
-        _check_config(path, f"[methods.{name}] grid", grid)
-        for k, values in grid.items():
-            if not values:
-                _fail(path, f"[methods.{name}] grid {k!r} is empty")
-        methods[name] = Method(name, config, grid, spec.get("inherit"))
-    if not methods:
-        _fail(path, "no [methods.*]")
-    for m in methods.values():
-        seen = {m.name}
-        parent = m.inherit
-        while parent is not None:
-            if parent not in methods:
-                _fail(path, f"[methods.{m.name}] inherits from unknown method {parent!r}")
-            if parent in seen:
-                _fail(path, f"[methods.{m.name}]: inheritance cycle through {parent!r}")
-            seen.add(parent)
-            parent = methods[parent].inherit
-
-    questions: dict[str, Question] = {}
-    for name, spec in raw.get("questions", {}).items():
-        extra = set(spec) - {
-            "title",
-            "kind",
-            "nodes",
-            "partitions",
-            "methods",
-            "description",
-            "max-in-flight",
-            "config",
-        }
-        if extra:
-            _fail(path, f"[questions.{name}]: unknown key(s) {sorted(extra)}")
-        kind = spec.get("kind", "stability")
-        if kind not in QUESTION_KINDS:
-            _fail(path, f"[questions.{name}] kind {kind!r}: expected one of {QUESTION_KINDS}")
-        qmethods = list(spec.get("methods", list(methods)))
-        for m in qmethods:
-            if m not in methods:
-                _fail(path, f"[questions.{name}] names unknown method {m!r}")
-        nodes = [int(n) for n in spec.get("nodes", [10])]
-        if any(n < 1 for n in nodes):
-            _fail(path, f"[questions.{name}] nodes must be >= 1")
-        parts = [
-            _partition(path, f"[questions.{name}]", p)
-            for p in spec.get("partitions", [{"partitioner": "iid"}])
-        ]
-        limits = [int(f) for f in spec.get("max-in-flight", [0])]
-        if not limits or any(f < 0 for f in limits):
-            _fail(
-                path,
-                f"[questions.{name}] max-in-flight must be a non-empty list of integers >= 0 "
-                f"(0 = all nodes), got {limits}",
-            )
-        qconfig = dict(spec.get("config", {}))
-        _check_config(path, f"[questions.{name}] config", qconfig)
-        for key in qconfig:
-            if key in PARTITION_KEYS or key in ("strategy", "max-in-flight"):
-                _fail(
-                    path,
-                    f"[questions.{name}] config: {key!r} is set by partitions / max-in-flight / "
-                    "the methods, not by a question's config",
-                )
-        questions[name] = Question(
-            name,
-            spec.get("title", name),
-            kind,
-            nodes,
-            parts,
-            qmethods,
-            spec.get("description", ""),
-            limits,
-            qconfig,
-        )
+    seeds, tune_seed = _seeds(path, sweep, tune)
+    methods = _parse_methods(path, raw.get("methods", {}))
+    questions = {
+        name: _parse_question(path, name, spec, methods)
+        for name, spec in raw.get("questions", {}).items()
+    }
     if not questions:
         _fail(path, "no [questions.*]")
-
-    estimate = dict(_ESTIMATE_DEFAULTS)
-    for k, v in raw.get("estimate", {}).items():
-        if k not in estimate:
-            _fail(path, f"[estimate] unknown key {k!r}; known: {sorted(estimate)}")
-        estimate[k] = float(v)
-
     reference = sweep.get("reference", "gsgm")
     if reference not in methods:
         _fail(path, f"[sweep] reference {reference!r} is not a method")
-    headline = _headline(path, sweep, methods, questions)
     name = sweep.get("name", path.stem)
-    preset = Preset(
+    return Preset(
         name=name,
         path=path,
         out=Path(out if out is not None else sweep.get("out", f"outputs/sweeps/{name}")),
@@ -493,38 +425,137 @@ def load_preset(path: str | Path, out: str | Path | None = None) -> Preset:
         tune_partition=_partition(path, "[tune]", tune.get("partition", {"partitioner": "iid"})),
         methods=methods,
         questions=questions,
-        estimate=estimate,
-        headline=headline,
+        estimate=_parse_estimate(path, raw.get("estimate", {})),
+        headline=_headline(path, sweep, methods, questions),
     )
-    # Check every run config the preset can produce (with the first grid point of
-    # each ancestor standing in for its tuned choice).
+
+
+def _seeds(path: Path, sweep: Mapping[str, Any], tune: Mapping[str, Any]) -> tuple[list[int], int]:
+    """The reporting seeds and the tuning seed (not among them)."""
+    seeds = [int(s) for s in sweep.get("seeds", [1, 2, 3])]
+    tune_seed = int(tune.get("seed", 0))
+    if tune_seed in seeds:
+        _fail(path, f"the tuning seed {tune_seed} is also a reporting seed {seeds}")
+    if not seeds or len(set(seeds)) != len(seeds):
+        _fail(path, f"[sweep] seeds must be distinct and non-empty, got {seeds}")
+    return seeds, tune_seed
+
+
+def _parse_methods(path: Path, raw: Mapping[str, Any]) -> dict[str, Method]:
+    """``[methods.*]``: known keys and run config keys, non-empty grids, no inheritance cycle."""
+    methods: dict[str, Method] = {}
+    for name, spec in raw.items():
+        extra = set(spec) - {"config", "grid", "inherit"}
+        if extra:
+            _fail(path, f"[methods.{name}]: unknown key(s) {sorted(extra)}")
+        config = dict(spec.get("config", {}))
+        grid = {k: list(v) for k, v in spec.get("grid", {}).items()}
+        _check_config(path, f"[methods.{name}] config", config)
+        _check_config(path, f"[methods.{name}] grid", grid)
+        for k, values in grid.items():
+            if not values:
+                _fail(path, f"[methods.{name}] grid {k!r} is empty")
+        methods[name] = Method(name, config, grid, spec.get("inherit"))
+    if not methods:
+        _fail(path, "no [methods.*]")
+    for m in methods.values():
+        _check_lineage(path, m, methods)
+    return methods
+
+
+def _check_lineage(path: Path, method: Method, methods: Mapping[str, Method]) -> None:
+    """Every ancestor of ``method`` exists and none repeats."""
+    seen = {method.name}
+    parent = method.inherit
+    while parent is not None:
+        if parent not in methods:
+            _fail(path, f"[methods.{method.name}] inherits from unknown method {parent!r}")
+        if parent in seen:
+            _fail(path, f"[methods.{method.name}]: inheritance cycle through {parent!r}")
+        seen.add(parent)
+        parent = methods[parent].inherit
+
+
+def _parse_question(
+    path: Path, name: str, spec: Mapping[str, Any], methods: Mapping[str, Method]
+) -> Question:
+    """One ``[questions.NAME]`` table: kind, methods, nodes, partitions, limits, config."""
+    where = f"[questions.{name}]"
+    extra = set(spec) - _QUESTION_KEYS
+    if extra:
+        _fail(path, f"{where}: unknown key(s) {sorted(extra)}")
+    kind = spec.get("kind", "stability")
+    if kind not in QUESTION_KINDS:
+        _fail(path, f"{where} kind {kind!r}: expected one of {QUESTION_KINDS}")
+    qmethods = list(spec.get("methods", list(methods)))
+    for m in qmethods:
+        if m not in methods:
+            _fail(path, f"{where} names unknown method {m!r}")
+    nodes = [int(n) for n in spec.get("nodes", [10])]
+    if any(n < 1 for n in nodes):
+        _fail(path, f"{where} nodes must be >= 1")
+    parts = [_partition(path, where, p) for p in spec.get("partitions", [{"partitioner": "iid"}])]
+    limits = [int(f) for f in spec.get("max-in-flight", [0])]
+    if not limits or any(f < 0 for f in limits):
+        _fail(
+            path,
+            f"{where} max-in-flight must be a non-empty list of integers >= 0 "
+            f"(0 = all nodes), got {limits}",
+        )
+    qconfig = dict(spec.get("config", {}))
+    _check_config(path, f"{where} config", qconfig)
+    for key in qconfig:
+        if key in PARTITION_KEYS or key in ("strategy", "max-in-flight"):
+            _fail(
+                path,
+                f"{where} config: {key!r} is set by partitions / max-in-flight / "
+                "the methods, not by a question's config",
+            )
+    title, description = spec.get("title", name), spec.get("description", "")
+    return Question(name, title, kind, nodes, parts, qmethods, description, limits, qconfig)
+
+
+def _parse_estimate(path: Path, raw: Mapping[str, Any]) -> dict[str, float]:
+    """``[estimate]`` over the defaults; an unknown key fails."""
+    estimate = dict(_ESTIMATE_DEFAULTS)
+    for k, v in raw.items():
+        if k not in estimate:
+            _fail(path, f"[estimate] unknown key {k!r}; known: {sorted(estimate)}")
+        estimate[k] = float(v)
+    return estimate
+
+
+def _check_run_configs(path: Path, preset: Preset) -> None:
+    """Expand every run config the preset can produce and check it.
+
+    Each ancestor's first grid point stands in for its tuned choice.
+    """
     stand_in = stand_in_tuned(preset)
-    for m in methods:
-        for point in grid_points(methods[m].grid):
+    for m, method in preset.methods.items():
+        for point in grid_points(method.grid):
             cfg = {
-                **base,
+                **preset.base,
                 **method_base_config(preset, m, stand_in),
                 **point,
                 **preset.tune_partition,
-                "seed": tune_seed,
+                "seed": preset.tune_seed,
             }
             try:
                 parse_run_config(cfg)
             except ValueError as err:
                 _fail(path, f"method {m!r} grid point {point}: {err}")
-    for q in questions.values():
+    for q in preset.questions.values():
         for part in q.partitions:
             try:
-                parse_run_config({**base, **q.config, **part})
+                parse_run_config({**preset.base, **q.config, **part})
             except ValueError as err:
                 _fail(path, f"[questions.{q.name}] partition {part}: {err}")
-    for m in methods:
+    for m in preset.methods:
         _check_method_keys(path, preset, m)
     try:
-        report_runs(preset, stand_in_tuned(preset))
+        report_runs(preset, stand_in)
     except ValueError as err:
         _fail(path, str(err))
-    return preset
 
 
 def stand_in_tuned(preset: Preset) -> dict[str, dict[str, Any]]:

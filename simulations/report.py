@@ -585,188 +585,245 @@ def _jobs_used(log: list[dict[str, Any]] | None) -> list[int]:
     return sorted({int(e["jobs"]) for e in log or [] if e.get("executed") and "jobs" in e})
 
 
-def write_report(out: Path, md_path: Path | None = None, figures: Path | None = None) -> Path:
-    """Write the Markdown results file and its figures; return the Markdown path."""
-    rows = read_csv(out / "runs.csv")
-    plan = json.loads((out / "plan.json").read_text()) if (out / "plan.json").is_file() else {}
-    name = plan.get("name", out.name)
-    md_path = Path(md_path or plan.get("results_md") or "docs/RESULTS.md")
-    figures = Path(figures or md_path.parent / "figures" / name)
-    figures.mkdir(parents=True, exist_ok=True)
-    reference = plan.get("reference", "gsgm")
-    target = float(plan.get("target_accuracy", 0.7))
-    order = plan.get("methods") or []
-    questions = plan.get("questions") or {
-        q: {"title": q, "kind": "stability"}
-        for q in dict.fromkeys(x for r in rows for x in str(r["questions"]).split(";") if x)
-    }
-    base = plan.get("base", {})
-    log = _sweep_log(out)
-    wall, executed, invocations = _wall_time(log)
-    jobs = _jobs_used(log)
-    run_total = sum(
-        float(r["run_seconds"])
-        for r in rows
-        if math.isfinite(float(r.get("run_seconds", math.nan)))
+@dataclass(frozen=True)
+class _Sweep:
+    """What a sweep's output folder holds (the files the report reads)."""
+
+    out: Path
+    rows: list[dict[str, Any]]  # runs.csv
+    plan: dict[str, Any]  # plan.json, {} if absent
+    tune_rows: list[dict[str, Any]]  # tune.csv, [] if absent
+    log: list[dict[str, Any]] | None  # sweep_log.json
+
+    @property
+    def name(self) -> str:
+        return self.plan.get("name", self.out.name)
+
+    @property
+    def reference(self) -> str:
+        return self.plan.get("reference", "gsgm")
+
+    @property
+    def target(self) -> float:
+        return float(self.plan.get("target_accuracy", 0.7))
+
+    def questions(self) -> dict[str, Any]:
+        """The plan's questions, else one per question name found in runs.csv."""
+        return self.plan.get("questions") or {
+            q: {"title": q, "kind": "stability"}
+            for q in dict.fromkeys(
+                x for r in self.rows for x in str(r["questions"]).split(";") if x
+            )
+        }
+
+
+def read_sweep(out: Path) -> _Sweep:
+    """Read ``OUT/runs.csv``, ``plan.json``, ``tune.csv`` and ``sweep_log.json``."""
+    plan_path, tune_path = out / "plan.json", out / "tune.csv"
+    return _Sweep(
+        out=out,
+        rows=read_csv(out / "runs.csv"),
+        plan=json.loads(plan_path.read_text()) if plan_path.is_file() else {},
+        tune_rows=read_csv(tune_path) if tune_path.is_file() else [],
+        log=_sweep_log(out),
     )
-    tune_rows = read_csv(out / "tune.csv") if (out / "tune.csv").is_file() else []
-    tune_total = sum(
-        float(r["run_seconds"])
-        for r in tune_rows
-        if math.isfinite(float(r.get("run_seconds", math.nan)))
-    )
+
+
+def _run_seconds(rows: Sequence[Mapping[str, Any]]) -> float:
+    """Sum of the finite ``run_seconds`` of ``rows``."""
+    values = (float(r.get("run_seconds", math.nan)) for r in rows)
+    return sum(v for v in values if math.isfinite(v))
+
+
+def _overview(sweep: _Sweep) -> list[str]:
+    """Title and the opening bullets: provenance, wall time, counts, definitions."""
+    plan, rows = sweep.plan, sweep.rows
+    wall, executed, invocations = _wall_time(sweep.log)
+    jobs = _jobs_used(sweep.log)
     status = {
         s: sum(r["status"] == s for r in rows) for s in ("ok", "diverged", "failed", "pending")
     }
-
-    md = [f"# Results: {name}", ""]
+    md = [f"# Results: {sweep.name}", ""]
     md.append(
         f"Produced by `python -m simulations.sweep {plan.get('preset', 'PRESET.toml')}` then "
-        f"`python -m simulations.report {out}` on {time.strftime('%Y-%m-%d', time.gmtime())}."
+        f"`python -m simulations.report {sweep.out}` on "
+        f"{time.strftime('%Y-%m-%d', time.gmtime())}."
     )
     md.append("")
     md.append(
         f"- Sweep wall time: **{human_seconds(wall)}** over {invocations} invocation(s) of the "
         "sweep command "
-        f"({executed} runs executed; the runs themselves took {human_seconds(tune_total)} of "
-        "tuning and "
-        f"{human_seconds(run_total)} of reporting runs, on {os.cpu_count()} CPU cores with --jobs "
-        f"{'/'.join(map(str, jobs)) or '?'})."
+        f"({executed} runs executed; the runs themselves took "
+        f"{human_seconds(_run_seconds(sweep.tune_rows))} of tuning and "
+        f"{human_seconds(_run_seconds(rows))} of reporting runs, on {os.cpu_count()} CPU cores "
+        f"with --jobs {'/'.join(map(str, jobs)) or '?'})."
     )
     md.append(
         f"- Reporting runs: {len(rows)} ({status['ok']} ok, {status['diverged']} diverged, "
         f"{status['failed']} failed, {status['pending']} pending); seeds {plan.get('seeds', '?')}; "
         f"tuning on seed {plan.get('tune', {}).get('seed', 0)} only."
     )
+    base = plan.get("base", {})
     if base:
-        keys = (
-            "dataset",
-            "max-updates",
-            "eval-every",
-            "eval-examples",
-            "batch-size",
-            "client-mode",
-            "slow-fraction",
-            "slow-factor",
-            "jitter",
-        )
         md.append(
-            "- Common run config: " + ", ".join(f"`{k}={base[k]}`" for k in keys if k in base) + "."
+            "- Common run config: "
+            + ", ".join(f"`{k}={base[k]}`" for k in _BASE_KEYS_SHOWN if k in base)
+            + "."
         )
-    md.append(
+    md += _definitions(sweep)
+    md.append("")
+    return md
+
+
+#: The common run config keys the overview names.
+_BASE_KEYS_SHOWN = (
+    "dataset",
+    "max-updates",
+    "eval-every",
+    "eval-examples",
+    "batch-size",
+    "client-mode",
+    "slow-fraction",
+    "slow-factor",
+    "jitter",
+)
+
+
+def _definitions(sweep: _Sweep) -> list[str]:
+    """The bullets defining final accuracy, MASD, staleness and divergence."""
+    reference, plan = sweep.reference, sweep.plan
+    chance = plan.get("chance_accuracy", 0.1)
+    return [
         "- Final accuracy: mean of the last 5 evaluations. MASD: mean |a(j+1) - a(j)| of test "
         "accuracy "
         f"over the second half of the evaluations; std: its standard deviation there (both in "
         f"percentage points, pp). Time to target: first virtual time with accuracy >= "
-        f"{100 * target:.0f}%. Stability improvement of {reference} over B: 1 - MASD_{reference} "
-        "/ MASD_B "
-        f"per seed, then mean ± sample std over the seeds."
-    )
-    chance = plan.get("chance_accuracy", 0.1)
-    md.append(
+        f"{100 * sweep.target:.0f}%. Stability improvement of {reference} over B: "
+        f"1 - MASD_{reference} / MASD_B "
+        f"per seed, then mean ± sample std over the seeds.",
         "- Staleness: model versions between the one a node was sent and the one its update "
         "met. Under the virtual clock the dispatch schedule is the same for every method, so "
         "methods "
         "that step on every update (all but GSGM's deferred slot updates and FedBuff's buffer) "
         "show "
-        "the same staleness."
-    )
-    md.append(
+        "the same staleness.",
         "- Diverged: a non-finite loss or accuracy at some evaluation, weights that became "
         "non-finite, "
         f"or a final accuracy <= "
         f"{100 * (chance + plan.get('chance_margin', 0.05)):.0f}% (chance + margin). Diverged "
         "runs are "
-        f"counted in the tables and left out of the means."
-    )
-    md.append("")
-    md += _headline_section(rows, plan.get("headline") or {}, reference)
-    md += _tuned_section(out)
+        f"counted in the tables and left out of the means.",
+    ]
 
-    for qname, q in questions.items():
-        qrows = question_rows(rows, qname)
-        if not qrows:
-            continue
-        kind = q.get("kind", "stability")
-        methods = _methods_in(qrows, order)
-        md += [f"## {q.get('title', qname)}", ""]
-        if q.get("description"):
-            md += [q["description"], ""]
-        settings = settings_of(qrows)
-        if q.get("nodes") and q.get("partitions"):  # the preset's order: nodes, partitions, limits
-            planned = [
-                (int(n), partition_label(p), effective_limit(int(n), int(f)))
-                for n in q["nodes"]
-                for p in q["partitions"]
-                for f in q.get("max_in_flight", [0])
-            ]
-            settings = [s for s in planned if s in settings] + [
-                s for s in settings if s not in planned
-            ]
-        if kind == "scale" and len(settings) > 1:
-            for part, limit in dict.fromkeys((s[1], s[2]) for s in settings):
-                prow = [r for r in qrows if setting_of(r)[1:] == (part, limit)]
-                group = part + (f"-f{limit}" if limit else "")
-                where = part + (f", {limit} in flight" if limit else "")
-                p = plot_scale(
-                    prow,
-                    methods,
-                    figures / f"{qname}_{group}_scale.png",
-                    f"{q.get('title', qname)}: final accuracy and MASD vs nodes ({where})",
-                )
-                if p:
-                    md += [
-                        f"![final accuracy and MASD vs number of nodes]({_rel(p, md_path.parent)})",
-                        "",
-                    ]
-        if kind == "noniid" and len(settings) > 1:
-            p = plot_grouped(
-                qrows, methods, settings, figures / f"{qname}_grouped.png", q.get("title", qname)
-            )
-            if p:
-                md += [f"![final accuracy and MASD per partition]({_rel(p, md_path.parent)})", ""]
-        for setting in settings:
-            srows = _in_setting(qrows, setting)
-            label = setting_label(*setting)
-            md += [f"### {_setting_name(setting)}", ""]
-            md += _method_table(srows, methods, True, target)
-            md.append("")
-            imps = improvements(srows, reference, methods)
-            if imps and any(r["method"] == reference for r in srows):
-                md += [
-                    f"Stability improvement of {reference} over each method (paired by seed):",
-                    "",
-                ]
-                md += _improvement_table(imps, reference)
-                md.append("")
-                title = (
-                    q.get("title", qname)
-                    if len(settings) == 1
-                    else f"{qname}: {_setting_name(setting)}"
-                )
-                p = plot_improvement(
-                    imps,
-                    reference,
-                    figures / f"{qname}_{label}_improvement.png",
-                    title,
-                    (plan.get("headline") or {}).get("target"),
-                )
-                if p:
-                    md += [f"![stability improvement]({_rel(p, md_path.parent)})", ""]
-            x = "virtual_time" if kind == "time-to-target" else "updates"
-            p = plot_curves(
-                srows,
+
+def _ordered_settings(qrows, q: Mapping[str, Any]) -> list[Setting]:
+    """The settings of a question's rows, in the preset's order (nodes, partitions, limits)."""
+    settings = settings_of(qrows)
+    if not (q.get("nodes") and q.get("partitions")):
+        return settings
+    planned = [
+        (int(n), partition_label(p), effective_limit(int(n), int(f)))
+        for n in q["nodes"]
+        for p in q["partitions"]
+        for f in q.get("max_in_flight", [0])
+    ]
+    return [s for s in planned if s in settings] + [s for s in settings if s not in planned]
+
+
+def _question_figures(qname, q, qrows, methods, settings, figures: Path, md_dir: Path):
+    """A ``scale`` question's plots per partition, a ``noniid`` one's grouped bars."""
+    md: list[str] = []
+    kind, title = q.get("kind", "stability"), q.get("title", qname)
+    if kind == "scale" and len(settings) > 1:
+        for part, limit in dict.fromkeys((s[1], s[2]) for s in settings):
+            prow = [r for r in qrows if setting_of(r)[1:] == (part, limit)]
+            group = part + (f"-f{limit}" if limit else "")
+            where = part + (f", {limit} in flight" if limit else "")
+            p = plot_scale(
+                prow,
                 methods,
-                out,
-                figures / f"{qname}_{label}_curves.png",
-                f"{_setting_name(setting)}",
-                x=x,
+                figures / f"{qname}_{group}_scale.png",
+                f"{title}: final accuracy and MASD vs nodes ({where})",
             )
             if p:
-                md += [f"![accuracy curves]({_rel(p, md_path.parent)})", ""]
+                md += [f"![final accuracy and MASD vs number of nodes]({_rel(p, md_dir)})", ""]
+    if kind == "noniid" and len(settings) > 1:
+        p = plot_grouped(qrows, methods, settings, figures / f"{qname}_grouped.png", title)
+        if p:
+            md += [f"![final accuracy and MASD per partition]({_rel(p, md_dir)})", ""]
+    return md
+
+
+def _setting_section(sweep: _Sweep, qname, q, srows, methods, setting, single, figures, md_dir):
+    """One setting of a question: the method table, the improvements and the curves."""
+    reference, label = sweep.reference, setting_label(*setting)
+    md = [f"### {_setting_name(setting)}", ""]
+    md += _method_table(srows, methods, True, sweep.target)
+    md.append("")
+    imps = improvements(srows, reference, methods)
+    if imps and any(r["method"] == reference for r in srows):
+        md += [f"Stability improvement of {reference} over each method (paired by seed):", ""]
+        md += _improvement_table(imps, reference)
+        md.append("")
+        title = q.get("title", qname) if single else f"{qname}: {_setting_name(setting)}"
+        p = plot_improvement(
+            imps,
+            reference,
+            figures / f"{qname}_{label}_improvement.png",
+            title,
+            (sweep.plan.get("headline") or {}).get("target"),
+        )
+        if p:
+            md += [f"![stability improvement]({_rel(p, md_dir)})", ""]
+    x = "virtual_time" if q.get("kind", "stability") == "time-to-target" else "updates"
+    p = plot_curves(
+        srows,
+        methods,
+        sweep.out,
+        figures / f"{qname}_{label}_curves.png",
+        f"{_setting_name(setting)}",
+        x=x,
+    )
+    if p:
+        md += [f"![accuracy curves]({_rel(p, md_dir)})", ""]
+    return md
+
+
+def _question_section(sweep: _Sweep, qname: str, q, figures: Path, md_dir: Path) -> list[str]:
+    """A question's heading, description, figures and one section per setting."""
+    qrows = question_rows(sweep.rows, qname)
+    if not qrows:
+        return []
+    methods = _methods_in(qrows, sweep.plan.get("methods") or [])
+    md = [f"## {q.get('title', qname)}", ""]
+    if q.get("description"):
+        md += [q["description"], ""]
+    settings = _ordered_settings(qrows, q)
+    md += _question_figures(qname, q, qrows, methods, settings, figures, md_dir)
+    for setting in settings:
+        srows = _in_setting(qrows, setting)
+        single = len(settings) == 1
+        md += _setting_section(sweep, qname, q, srows, methods, setting, single, figures, md_dir)
+    return md
+
+
+def write_report(out: Path, md_path: Path | None = None, figures: Path | None = None) -> Path:
+    """Write the Markdown results file and its figures; return the Markdown path.
+
+    Also writes ``runs.csv`` (:data:`PAGE_COLUMNS`) beside the Markdown file.
+    """
+    sweep = read_sweep(out)
+    md_path = Path(md_path or sweep.plan.get("results_md") or "docs/RESULTS.md")
+    figures = Path(figures or md_path.parent / "figures" / sweep.name)
+    figures.mkdir(parents=True, exist_ok=True)
+    md = _overview(sweep)
+    md += _headline_section(sweep.rows, sweep.plan.get("headline") or {}, sweep.reference)
+    md += _tuned_section(out)
+    for qname, q in sweep.questions().items():
+        md += _question_section(sweep, qname, q, figures, md_path.parent)
     md_path.parent.mkdir(parents=True, exist_ok=True)
     md_path.write_text("\n".join(md).rstrip() + "\n")
-    write_csv(md_path.parent / "runs.csv", rows, PAGE_COLUMNS)
+    write_csv(md_path.parent / "runs.csv", sweep.rows, PAGE_COLUMNS)
     return md_path
 
 

@@ -420,11 +420,6 @@ class ServerOptimizer(abc.ABC):
         """The constructor parameters (hyperparameters) of this optimizer."""
         return {k: getattr(self, "_" + k) for k in self._param_names}
 
-    @property
-    def num_parameters(self) -> int:
-        """Number of scalar parameters (size of the flat buffer)."""
-        return self._size
-
     # ------------------------------------------------------------------ engine calls
     def on_dispatch(self, partition_id: int) -> None:
         """The engine sent the current weights (at ``version``) to ``partition_id``.
