@@ -3,13 +3,16 @@
 The loop (:meth:`AsyncEngine.run`) ties together, each in its own module:
 
 - membership (:mod:`flwr_gsgm.membership`): who is in the federation (discovery,
-  joins, losses, refusals), keyed on the ``partition-id`` nodes report;
+  joins, losses, refusals), keyed on the ``partition-id`` nodes report; node events
+  (:mod:`flwr_gsgm.node_events`) carry each join, loss, time-out, error reply and
+  rejection to the optimizer, the ledger and the dispatcher;
 - what is in flight (:mod:`flwr_gsgm.in_flight`): train dispatches and queries,
   replies, deadlines; and which idle node gets a freed slot
   (:mod:`flwr_gsgm.dispatch`);
 - reply intake (:mod:`flwr_gsgm.reply_intake`): unpacking and envelope checks;
-- the books (:mod:`flwr_gsgm.ledger`), evaluation (:mod:`flwr_gsgm.evaluation`)
-  and checkpoints (:mod:`flwr_gsgm.checkpoint`);
+- the books (:mod:`flwr_gsgm.ledger`), evaluation (:mod:`flwr_gsgm.evaluation`),
+  checkpoints (:mod:`flwr_gsgm.engine_state`, :mod:`flwr_gsgm.checkpoint`) and the
+  final report (:mod:`flwr_gsgm.engine_report`);
 
 and hands every update to a framework-free server optimizer (``flwr_gsgm.core``),
 which decides its outcome and staleness (``docs/ARCHITECTURE.md``, layer 2).
@@ -29,21 +32,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
-from flwr.common.constant import ErrorCode
+from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from flwr_gsgm import checkpoint, engine_state
+from flwr_gsgm import checkpoint, engine_state, node_events
 from flwr_gsgm.core import Outcome, ServerOptimizer, UpdateRejected
 from flwr_gsgm.dispatcher import Dispatcher
+from flwr_gsgm.engine_report import EngineReport, build_report
 from flwr_gsgm.engine_settings import EngineSettings
-from flwr_gsgm.evaluation import EvaluateFn, Evaluator, wall_since, weights_record
+from flwr_gsgm.evaluation import EvaluateFn, Evaluator, wall_since
 from flwr_gsgm.federated_evaluation import FederatedEvaluator
 from flwr_gsgm.in_flight import Dispatch, InFlight
 from flwr_gsgm.ledger import Ledger
@@ -55,27 +57,6 @@ from flwr_gsgm.reply_intake import ReplyIntake
 __all__ = ["EngineSettings", "AsyncEngine", "EngineReport", "EvaluateFn", "OptimizerFactory"]
 
 OptimizerFactory = Callable[[list[np.ndarray], list[int]], ServerOptimizer]
-
-
-@dataclass
-class EngineReport:
-    """What a run produced: final weights, evaluation rows and counters.
-
-    ``counters`` uses the names of ``summary.json`` (:class:`~flwr_gsgm.ledger.Ledger`);
-    ``rejections`` is keyed by :data:`flwr_gsgm.core.REASONS`; staleness in
-    versions, times in seconds. ``federated`` maps the updates received at each
-    federated evaluation point to the nodes' aggregated metrics.
-    """
-
-    arrays: ArrayRecord
-    rows: list[dict[str, float]]
-    counters: dict[str, int]
-    rejections: dict[str, int]
-    staleness_mean: float
-    staleness_max: int
-    virtual_seconds: float
-    wall_seconds: float
-    federated: dict[int, MetricRecord] = field(default_factory=dict)
 
 
 class AsyncEngine:
@@ -172,43 +153,28 @@ class AsyncEngine:
                 self.in_flight.pull()
                 self.federated.poll(self.rows)
                 progressed = self._apply_ready()
-                self._expire_timeouts()
-                self._refresh_nodes()
+                node_events.expire_timeouts(self)
+                node_events.register_joins(self)
                 self._stop_if_requested()
                 if not progressed:
                     self.in_flight.idle(self.settings.poll_interval)
-        if not self.diverged and (not self.rows or self.rows[-1]["updates"] != self.received):
-            self._evaluate()
+        self._final_evaluation()
         self.federated.finish(self.rows, self.settings.poll_interval)
-        return self._report()
+        return build_report(self)
 
     def _start(self) -> None:
         """Discover the nodes, build the optimizer, then resume or send the first work."""
-        pids = self.members.discover(self._lose)
+        pids = self.members.discover(self.lose)
         self.optimizer = ModelOptimizer(self.layout, self.initial, self.make_optimizer, pids)
-        self.members.started = True
-        slow = [p for p in pids if self.members.nodes[p].speed > 1.0]
-        log(INFO, "[async] %d nodes (partition-ids %s); slow: %s", len(pids), pids, slow)
-        if self.settings.in_flight_limit is not None:
-            log(
-                INFO,
-                "[async] at most %d node(s) in flight, dispatch %s",
-                self.settings.in_flight_limit,
-                self.settings.dispatch,
-            )
+        self.members.start(pids)
+        self.dispatcher.describe()
         saved = checkpoint.load_for_resume(self.settings.checkpoint_path, self.settings.resume)
         if saved is not None:
-            self._restore(saved)
+            engine_state.restore_state(self, saved)
+            self.top_up()
             return
         self._evaluate()
-        limit = self.settings.in_flight_limit
-        if limit is None or limit >= len(self.members.nodes):
-            for pid in sorted(self.members.nodes):  # every node, as before the limit existed
-                self.dispatcher.dispatch(self.optimizer, pid, self.clock_now)
-            if self.settings.prefetch:
-                self._top_up()  # the second message of every node
-        else:
-            self._top_up()
+        self.dispatcher.start(self.optimizer, self.received, self.clock_now)
 
     def _finished(self) -> bool:
         if self.diverged or self.received >= self.settings.max_updates:
@@ -219,15 +185,24 @@ class AsyncEngine:
             wall_since(self.t0)
         )
 
+    def _final_evaluation(self) -> None:
+        """Evaluate the final weights unless the last row already did (or they diverged)."""
+        if not self.diverged and (not self.rows or self.rows[-1]["updates"] != self.received):
+            self._evaluate()
+
     def _stop_if_requested(self) -> None:
         if self.stop_requested:
-            self._save_checkpoint()
+            engine_state.save_checkpoint(self)
             raise SystemExit(f"SIGTERM: checkpoint saved at {self.received} updates")
 
-    def _top_up(self) -> None:
+    def top_up(self) -> None:
         """Fill the slots that may have freed (:meth:`Dispatcher.top_up`)."""
         assert self.optimizer is not None
         self.dispatcher.top_up(self.optimizer, self.received, self.clock_now)
+
+    def lose(self, pid: int, why: str, may_return: bool = False) -> None:
+        """Partition ``pid`` leaves (:func:`flwr_gsgm.node_events.lose`)."""
+        node_events.lose(self, pid, why, may_return)
 
     # ------------------------------------------------------------------- replies
     def _apply_ready(self) -> bool:
@@ -256,21 +231,21 @@ class AsyncEngine:
         node = self.members.nodes[dispatch.partition_id]
         self.policy.on_reply(node.partition_id, self.clock_now, counted=not reply.has_error())
         if reply.has_error():
-            self._on_error_reply(node, reply)
+            node_events.on_error_reply(self, node, reply)
             return
         node.errors_in_row = 0
         self.received += 1
         self._on_update(node, dispatch, reply)
-        self._top_up()
+        self.top_up()
         if self.received % self.settings.eval_every == 0:
             self._evaluate()
         if not self.diverged:  # federated evaluation at its points, beside training
             self.federated.maybe_send(self.received, self.optimizer, self.members.nodes)
         if self.settings.checkpoint_every and self.received % self.settings.checkpoint_every == 0:
-            self._save_checkpoint()
+            engine_state.save_checkpoint(self)
 
     def _on_update(self, node: Node, dispatch: Dispatch, reply: Message) -> None:
-        """Intake, then the optimizer; a node rejected too often in a row is lost."""
+        """Intake, then the optimizer, then the ledger (a rejection: a node event)."""
         assert self.optimizer is not None
         pid = node.partition_id
         try:
@@ -279,18 +254,7 @@ class AsyncEngine:
                 pid, update, dispatch.base_version, now=self.clock_now
             )
         except UpdateRejected as err:  # intake's ReplyRejected or the optimizer's
-            self.ledger.record_rejection(err.reason)
-            log(
-                WARNING,
-                "[async] rejected update from partition %d (%s): %s",
-                pid,
-                err.reason,
-                err.message,
-            )
-            node.rejections_in_row += 1
-            limit = self.settings.max_consecutive_rejections
-            if limit and node.rejections_in_row >= limit:
-                self._lose(pid, f"{node.rejections_in_row} rejected updates in a row")
+            node_events.on_rejected(self, node, err)
             return
         node.rejections_in_row = 0
         staleness = self.optimizer.last_staleness
@@ -309,70 +273,6 @@ class AsyncEngine:
         self.ledger.record_rejection("duplicate")
         log(WARNING, "[async] ignored a replayed reply (duplicate): %s", why)
 
-    def _on_error_reply(self, node: Node, reply: Message) -> None:
-        self.ledger.count("error_replies")
-        node.errors_in_row += 1
-        reason = (reply.error.reason or "").strip().splitlines()
-        log(
-            WARNING,
-            "[async] error reply from partition %d (code %s): %s",
-            node.partition_id,
-            reply.error.code,
-            reason[-1] if reason else "",
-        )
-        if node.errors_in_row >= self.settings.max_consecutive_errors:
-            # Transport errors (message or node unavailable) mean a crash, not bad work.
-            transport = reply.error.code != ErrorCode.CLIENT_APP_RAISED_EXCEPTION
-            self._lose(
-                node.partition_id,
-                f"{node.errors_in_row} error replies in a row",
-                may_return=transport,
-            )
-        else:
-            self._top_up()
-
-    # --------------------------------------------------------------- membership
-    def _expire_timeouts(self) -> None:
-        """Lose the nodes whose reply is later than ``reply_timeout`` wall seconds."""
-        now = time.monotonic()
-        if not self.in_flight.overdue(now, self.settings.reply_timeout):
-            return
-        self.in_flight.pull()  # the server may have been busy: look once more before giving up
-        for dispatch in self.in_flight.overdue(now, self.settings.reply_timeout):
-            self._lose(
-                dispatch.partition_id,
-                f"no reply within {self.settings.reply_timeout} s",
-                may_return=True,
-            )
-
-    def _lose(self, pid: int, why: str, may_return: bool = False) -> None:
-        assert self.optimizer is not None
-        node = self.members.mark_lost(pid, may_return)
-        if node is None:
-            return
-        self.ledger.count("lost_in_flight", self.in_flight.drop_partition(pid))
-        self.optimizer.on_node_lost(pid, now=self.clock_now)
-        self.ledger.count("nodes_lost")
-        log(WARNING, "[async] partition %d (node %d) lost: %s", pid, node.node_id, why)
-        self._top_up()
-
-    def _refresh_nodes(self) -> None:
-        """Register answered queries as joins; query new node ids now and then."""
-        assert self.optimizer is not None
-        if self.in_flight.queries:
-            for pid in self.members.register_query_replies(self._lose):
-                self.optimizer.on_node_joined(pid, now=self.clock_now)
-                self.ledger.count("nodes_joined")
-                log(
-                    INFO,
-                    "[async] partition %d joined (node %d)",
-                    pid,
-                    self.members.nodes[pid].node_id,
-                )
-                self._top_up()
-        if self.members.refresh_due():
-            self.members.query_new_nodes()
-
     # ------------------------------------------------ evaluation and checkpoints
     def _evaluate(self) -> None:
         assert self.optimizer is not None
@@ -383,40 +283,5 @@ class AsyncEngine:
         self.diverged = self.diverged or diverged
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed to continue this run bit-identically.
-
-        See :func:`engine_state.save_state`.
-        """
+        """Everything needed to continue this run bit-identically (:mod:`engine_state`)."""
         return engine_state.save_state(self)
-
-    def _restore(self, state: dict[str, Any]) -> None:
-        engine_state.restore_state(self, state)
-        self._top_up()
-
-    def _save_checkpoint(self) -> None:
-        if self.settings.checkpoint_path is not None and self.settings.checkpoint_every:
-            checkpoint.save(self.settings.checkpoint_path, self.state_dict())
-            log(
-                INFO,
-                "[async] checkpoint at %d updates -> %s",
-                self.received,
-                self.settings.checkpoint_path,
-            )
-
-    def _report(self) -> EngineReport:
-        assert self.optimizer is not None
-        mean, worst = self.ledger.staleness_overall()
-        counters = self.ledger.report_counters(
-            self.optimizer.counters, self.received, self.optimizer.version, self.diverged
-        )
-        return EngineReport(
-            arrays=weights_record(self.keys, self.optimizer.weights),
-            rows=self.rows,
-            counters=counters,
-            rejections=dict(self.ledger.rejections),
-            staleness_mean=mean,
-            staleness_max=worst,
-            virtual_seconds=self.clock_now,
-            wall_seconds=wall_since(self.t0),
-            federated=dict(self.federated.results),
-        )

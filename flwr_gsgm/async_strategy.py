@@ -146,25 +146,9 @@ class AsyncStrategy:
         federated_evaluation: FederatedEvaluation | None = None,
         **optimizer_params: Any,
     ) -> None:
-        if optimizer not in OPTIMIZERS:
-            raise ValueError(
-                f"strategy {optimizer!r} is unknown; expected one of {sorted(OPTIMIZERS)}"
-            )
-        if client_mode not in CLIENT_MODES:
-            raise ValueError(
-                f"client-mode {client_mode!r} is unknown; expected one of {CLIENT_MODES}"
-            )
-        for key, value in {
-            "batch-size": batch_size,
-            "local-batches": local_batches,
-            "local-steps": local_steps,
-        }.items():
-            if int(value) < 1:
-                raise ValueError(f"{key} must be >= 1, got {value!r}")
-        if not local_lr > 0:
-            raise ValueError(f"local-lr must be > 0, got {local_lr!r}")
+        _check_client_work(optimizer, client_mode, batch_size, local_batches, local_steps, local_lr)
         self.optimizer_name = optimizer
-        self.optimizer_params = self._resolve_optimizer_params(
+        self.optimizer_params = _resolve_optimizer_params(
             optimizer, server_learning_rate, optimizer_params
         )
         self.server_learning_rate = float(self.optimizer_params["lr"])
@@ -177,42 +161,12 @@ class AsyncStrategy:
         }
         self.virtual_clock = virtual_clock
         self.engine = engine or EngineSettings()
-        if self.engine.prefetch:  # fails now if the clock rules it out (EngineSettings)
-            replace(self.engine, virtual_clock=virtual_clock)
-        if self.engine.prefetch and issubclass(OPTIMIZERS[optimizer], DispatchBackups):
-            # Its one copy per node of the weights sent would belong to the second message.
-            raise ValueError(
-                f"prefetch: strategy {optimizer!r} keeps the weights sent to each node for "
-                "one message in flight per node; expected prefetch = false"
-            )
+        _check_prefetch(optimizer, self.engine, virtual_clock)
         self.seed = int(seed)
-        if isinstance(trainable_keys, str):
-            raise ValueError(
-                f"trainable_keys must be a list of array names, got the string {trainable_keys!r}"
-            )
-        self.trainable_keys = None if trainable_keys is None else list(trainable_keys)
+        self.trainable_keys = _trainable_keys(trainable_keys)
         self.federated_evaluation = federated_evaluation
         # Fail now, not after the nodes answered: build the optimizer on a dummy model.
         self._build_optimizer([np.zeros(2, np.float32)], [0])
-
-    @staticmethod
-    def _resolve_optimizer_params(
-        optimizer: str, server_learning_rate: float | None, given: dict[str, Any]
-    ) -> dict[str, Any]:
-        """Every declared parameter of ``optimizer``: given values over declared defaults."""
-        declared = {p.name: p.default for p in declared_params(optimizer)}
-        unknown = sorted(k for k in given if k not in declared or k == "lr")
-        if unknown:
-            own = ", ".join(k for k in declared if k != "lr")
-            raise ValueError(
-                f"strategy {optimizer!r}: unknown keyword argument(s) "
-                f"{', '.join(repr(k) for k in unknown)}; the optimizer takes {own} "
-                f"(and server_learning_rate); the strategy takes {', '.join(_STRATEGY_KEYWORDS)}"
-            )
-        params = {**declared, **given}
-        if server_learning_rate is not None:
-            params["lr"] = server_learning_rate
-        return params
 
     @property
     def dispatch_policy(self) -> str:
@@ -287,20 +241,8 @@ class AsyncStrategy:
         """
         log(INFO, "Starting %s asynchronous strategy:", self.optimizer_name.upper())
         self.summary()
-        config = ConfigRecord({"mode": self.client_mode, **self.client_work})
-        for key, value in dict(train_config or {}).items():
-            config[key] = value
-        settings = replace(
-            self.engine,
-            max_updates=self.engine.max_updates if max_updates is None else int(max_updates),
-            max_seconds=max_seconds,
-            eval_every=int(eval_every or self.engine.eval_every),
-            virtual_clock=self.virtual_clock,
-            seed=self.seed,
-            dispatch=self.dispatch_policy,
-            federated_evaluation=self.federated_evaluation
-            and self.federated_evaluation.with_config(evaluate_config),
-        )
+        settings = self._engine_settings(max_updates, max_seconds, eval_every, evaluate_config)
+        config = self._train_config(train_config)
         engine = AsyncEngine(
             grid,
             initial_arrays,
@@ -311,15 +253,114 @@ class AsyncStrategy:
             trainable_keys=self.trainable_keys,
         )
         report = engine.run()
-        result = AsyncResult(arrays=report.arrays, rows=report.rows, report=report)
-        result.evaluate_metrics_clientapp.update(report.federated)
-        for row in report.rows:
-            step = int(row["updates"])
-            result.evaluate_metrics_serverapp[step] = MetricRecord(
-                {"accuracy": row["accuracy"], "loss": row["loss"]}
-            )
-            result.train_metrics_clientapp[step] = MetricRecord(
-                {"train-loss": row["train_loss"], "staleness-mean": row["staleness_mean"]}
-            )
         log(INFO, "Asynchronous run finished: %s", report.counters)
-        return result
+        return _result(report)
+
+    def _train_config(self, extra: ConfigRecord | None) -> ConfigRecord:
+        """Every train message's config: client mode and work, then ``extra``'s keys."""
+        config = ConfigRecord({"mode": self.client_mode, **self.client_work})
+        for key, value in dict(extra or {}).items():
+            config[key] = value
+        return config
+
+    def _engine_settings(
+        self,
+        max_updates: int | None,
+        max_seconds: float | None,
+        eval_every: int | None,
+        evaluate_config: ConfigRecord | None,
+    ) -> EngineSettings:
+        """The engine settings with this call's budgets and evaluate config, and the
+        strategy's clock, seed, dispatch policy and federated evaluation."""
+        return replace(
+            self.engine,
+            max_updates=self.engine.max_updates if max_updates is None else int(max_updates),
+            max_seconds=max_seconds,
+            eval_every=int(eval_every or self.engine.eval_every),
+            virtual_clock=self.virtual_clock,
+            seed=self.seed,
+            dispatch=self.dispatch_policy,
+            federated_evaluation=self.federated_evaluation
+            and self.federated_evaluation.with_config(evaluate_config),
+        )
+
+
+def _result(report: EngineReport) -> AsyncResult:
+    """The run's :class:`AsyncResult`: Flower's per-step metric records and the report."""
+    result = AsyncResult(arrays=report.arrays, rows=report.rows, report=report)
+    result.evaluate_metrics_clientapp.update(report.federated)
+    for row in report.rows:
+        step = int(row["updates"])
+        result.evaluate_metrics_serverapp[step] = MetricRecord(
+            {"accuracy": row["accuracy"], "loss": row["loss"]}
+        )
+        result.train_metrics_clientapp[step] = MetricRecord(
+            {"train-loss": row["train_loss"], "staleness-mean": row["staleness_mean"]}
+        )
+    return result
+
+
+# ----------------------------------------------------------- argument checks
+def _check_client_work(
+    optimizer: str,
+    client_mode: str,
+    batch_size: int,
+    local_batches: int,
+    local_steps: int,
+    local_lr: float,
+) -> None:
+    """Raise ValueError on an unknown optimizer or client mode, or bad client work."""
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"strategy {optimizer!r} is unknown; expected one of {sorted(OPTIMIZERS)}")
+    if client_mode not in CLIENT_MODES:
+        raise ValueError(f"client-mode {client_mode!r} is unknown; expected one of {CLIENT_MODES}")
+    for key, value in {
+        "batch-size": batch_size,
+        "local-batches": local_batches,
+        "local-steps": local_steps,
+    }.items():
+        if int(value) < 1:
+            raise ValueError(f"{key} must be >= 1, got {value!r}")
+    if not local_lr > 0:
+        raise ValueError(f"local-lr must be > 0, got {local_lr!r}")
+
+
+def _resolve_optimizer_params(
+    optimizer: str, server_learning_rate: float | None, given: dict[str, Any]
+) -> dict[str, Any]:
+    """Every declared parameter of ``optimizer``: given values over declared defaults."""
+    declared = {p.name: p.default for p in declared_params(optimizer)}
+    unknown = sorted(k for k in given if k not in declared or k == "lr")
+    if unknown:
+        own = ", ".join(k for k in declared if k != "lr")
+        raise ValueError(
+            f"strategy {optimizer!r}: unknown keyword argument(s) "
+            f"{', '.join(repr(k) for k in unknown)}; the optimizer takes {own} "
+            f"(and server_learning_rate); the strategy takes {', '.join(_STRATEGY_KEYWORDS)}"
+        )
+    params = {**declared, **given}
+    if server_learning_rate is not None:
+        params["lr"] = server_learning_rate
+    return params
+
+
+def _check_prefetch(
+    optimizer: str, engine: EngineSettings, virtual_clock: VirtualClock | None
+) -> None:
+    """Raise ValueError if ``engine.prefetch`` is ruled out by the clock or the rule."""
+    if not engine.prefetch:
+        return
+    replace(engine, virtual_clock=virtual_clock)  # EngineSettings checks the clock
+    if issubclass(OPTIMIZERS[optimizer], DispatchBackups):
+        # Its one copy per node of the weights sent would belong to the second message.
+        raise ValueError(
+            f"prefetch: strategy {optimizer!r} keeps the weights sent to each node for "
+            "one message in flight per node; expected prefetch = false"
+        )
+
+
+def _trainable_keys(keys: Iterable[str] | None) -> list[str] | None:
+    """``keys`` as a list (None stays None); a lone string is refused (ValueError)."""
+    if isinstance(keys, str):
+        raise ValueError(f"trainable_keys must be a list of array names, got the string {keys!r}")
+    return None if keys is None else list(keys)

@@ -9,8 +9,11 @@ under the virtual clock, its ``virtual-duration`` and virtual finish time.
 
 from __future__ import annotations
 
+from logging import INFO
+
 import numpy as np
 from flwr.app import ConfigRecord
+from flwr.common.logger import log
 
 from flwr_gsgm.dispatch import make_dispatch_policy
 from flwr_gsgm.engine_settings import EngineSettings
@@ -50,6 +53,33 @@ class Dispatcher:
         budget_left = received + len(self.in_flight) < self.settings.max_updates
         time_left = self.settings.max_seconds is None or clock_now < self.settings.max_seconds
         return budget_left and time_left
+
+    def describe(self) -> None:
+        """Log the in-flight limit and the dispatch policy (nothing without a limit)."""
+        if self.settings.in_flight_limit is not None:
+            log(
+                INFO,
+                "[async] at most %d node(s) in flight, dispatch %s",
+                self.settings.in_flight_limit,
+                self.settings.dispatch,
+            )
+
+    def start(self, optimizer: ModelOptimizer, received: int, clock_now: float) -> None:
+        """The first work of a fresh run.
+
+        When the limit leaves room for every node (or there is none), every node is
+        dispatched in partition-id order, as before the limit existed (no budget
+        check: the run needs its first replies), then with ``prefetch`` every node's
+        second message; otherwise :meth:`top_up`.
+        """
+        limit = self.settings.in_flight_limit
+        if limit is None or limit >= len(self.members.nodes):
+            for pid in sorted(self.members.nodes):
+                self.dispatch(optimizer, pid, clock_now)
+            if self.settings.prefetch:
+                self.top_up(optimizer, received, clock_now)
+        else:
+            self.top_up(optimizer, received, clock_now)
 
     def top_up(self, optimizer: ModelOptimizer, received: int, clock_now: float) -> None:
         """Give idle active nodes the work the budgets and the in-flight limit allow.

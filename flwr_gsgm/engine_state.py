@@ -14,12 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 from flwr.common.logger import log
 
+from flwr_gsgm import checkpoint
 from flwr_gsgm.in_flight import Dispatch
 
 if TYPE_CHECKING:
     from flwr_gsgm.async_engine import AsyncEngine
 
-__all__ = ["save_state", "restore_state"]
+__all__ = ["save_state", "restore_state", "save_checkpoint"]
 
 
 def save_state(engine: AsyncEngine) -> dict[str, Any]:
@@ -79,3 +80,12 @@ def restore_state(engine: AsyncEngine, state: dict[str, Any]) -> None:
         engine.optimizer.version,
         engine.clock_now,
     )
+
+
+def save_checkpoint(engine: AsyncEngine) -> None:
+    """Write :func:`save_state` to the checkpoint file, if checkpoints are on."""
+    settings = engine.settings
+    if settings.checkpoint_path is None or not settings.checkpoint_every:
+        return
+    checkpoint.save(settings.checkpoint_path, save_state(engine))
+    log(INFO, "[async] checkpoint at %d updates -> %s", engine.received, settings.checkpoint_path)

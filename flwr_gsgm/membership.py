@@ -16,7 +16,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from logging import WARNING
+from logging import INFO, WARNING
 from typing import Any
 
 from flwr.app import Message, MetricRecord
@@ -76,6 +76,12 @@ class Membership:
         self.speeds: dict[int, float] = {}
         self.last_refresh = -math.inf
         self.started = False
+
+    def start(self, pids: list[int]) -> None:
+        """Training starts with ``pids``: from now on an attach is a join. Logged."""
+        self.started = True
+        slow = [p for p in pids if self.nodes[p].speed > 1.0]
+        log(INFO, "[async] %d nodes (partition-ids %s); slow: %s", len(pids), pids, slow)
 
     def idle_active(self, depth: int = 1) -> list[int]:
         """Partition-ids of the active nodes with fewer than ``depth`` dispatches in

@@ -1,16 +1,39 @@
-"""Run a few small real configs in-process and compare their metrics to a reference.
+"""Run real configs in-process and compare their metrics to a reference.
 
-Usage (from the repository root, with the project on PYTHONPATH)::
+Usage (from any folder, with the tree under test first on PYTHONPATH)::
 
-    python scripts/compare_runs.py record REF_DIR   # write REF_DIR/<name>.csv
-    python scripts/compare_runs.py check REF_DIR    # run again, compare; exit 1 on a difference
+    python scripts/compare_runs.py record REF_DIR [SET ...]  # write REF_DIR/<name>.txt
+    python scripts/compare_runs.py check REF_DIR [SET ...]   # run again; exit 1 on a difference
 
-Each run: 4 nodes, 200 client updates, Fashion-MNIST at
-/usr/share/datasets/fashion-mnist, centralized evaluation on 500 test images every
-50 updates, on :class:`flwr_gsgm.inprocess_grid.InProcessGrid` with the project's
-ClientApp. ``metrics.csv`` is compared byte for byte after dropping the
-``wall_time`` column (the only column that depends on the machine), and so is
-``summary.json`` without ``wall_seconds``.
+To show that a change keeps the behaviour, record with the old tree and check
+with the new one::
+
+    git worktree add --detach /work/wt-before <old commit>
+    PYTHONPATH=/work/wt-before python scripts/compare_runs.py record /tmp/ref small presets main
+    PYTHONPATH=$PWD python scripts/compare_runs.py check /tmp/ref small presets main
+
+The sets (default: ``small``):
+
+- ``small``: five configs on 4 nodes, 200 client updates, Fashion-MNIST at
+  /usr/share/datasets/fashion-mnist, centralized evaluation on 500 test images
+  every 50 updates (GSGM, ASGD, FedBuff, and two with ``max-in-flight`` 2).
+- ``presets``: the smoke run of every sweep preset in ``simulations/presets`` of the
+  tree under test (each tree reads its own presets, so a renamed run config key is
+  the same run on both sides): every method at the preset's tuning setting (nodes,
+  partition, seed), its first grid point standing in for the tuned choice, and,
+  per question, the reference method at the question's first setting (so that a
+  ``max-in-flight`` question is covered); each shrunk to 60 client updates,
+  evaluation on 500 test images every 20. A preset whose data set is not on this
+  machine (CIFAR) is reported as skipped.
+- ``main``: the main job, ``make run``'s run config (``[tool.flwr.app.config]`` of
+  the tree's pyproject.toml, 10 nodes: GSGM, 4000 updates, evaluation on the whole
+  test set every 100), run in-process on the project's InProcessGrid rather than in
+  Flower's simulation engine (the same ServerApp code path, ``run_experiment``, on
+  the same virtual clock; several times faster).
+
+``metrics.csv`` is compared byte for byte after dropping the ``wall_time`` column
+(the only column that depends on the machine), and so is ``summary.json`` without
+``wall_seconds``. Runs go one at a time (CPU use: one core plus evaluation threads).
 """
 
 from __future__ import annotations
@@ -20,7 +43,9 @@ import io
 import json
 import sys
 import tempfile
+import tomllib
 from pathlib import Path
+from typing import Any
 
 RUNS = {
     "gsgm": {"strategy": "gsgm"},
@@ -36,6 +61,10 @@ COMMON = {
     "seed": 3,
     "data-root": "/usr/share/datasets/fashion-mnist",
 }
+#: The smoke size of a preset's run.
+SMOKE = {"max-updates": 60, "eval-every": 20, "eval-examples": 500}
+DATA = {"fashion-mnist": Path("/usr/share/datasets/fashion-mnist")}
+SETS = ("small", "presets", "main")
 
 
 def _without(text: str, column: str) -> str:
@@ -46,17 +75,28 @@ def _without(text: str, column: str) -> str:
     return out.getvalue()
 
 
-def run(name: str) -> str:
-    """Run ``RUNS[name]``; return its metrics.csv (no wall_time) and summary (no wall_seconds)."""
+def _tree() -> Path:
+    """The root of the tree under test (the one ``flwr_gsgm`` is imported from)."""
+    import flwr_gsgm
+
+    return Path(flwr_gsgm.__file__).resolve().parents[1]
+
+
+def run_config(config: dict[str, Any], nodes: int, name: str) -> str:
+    """Run ``config`` on ``nodes`` in-process; metrics.csv (no wall_time) + summary."""
     from clients.client_app import app
     from flwr_gsgm.inprocess_grid import InProcessGrid
     from flwr_gsgm.run_config import parse_run_config
-    from serverapp.experiment import run_experiment
 
-    cfg = parse_run_config({**COMMON, **RUNS[name]})
+    try:
+        from serverapp.experiment import run_experiment
+    except ImportError:  # a tree from before the ServerApp moved out of flwr_gsgm (issue 11)
+        from flwr_gsgm.experiment import run_experiment
+
+    cfg = parse_run_config(config)
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / name
-        grid = InProcessGrid(app, 4, cfg)
+        grid = InProcessGrid(app, nodes, cfg)
         run_experiment(grid, cfg, run_dir)
         metrics = _without((run_dir / "metrics.csv").read_text(), "wall_time")
         summary = json.loads((run_dir / "summary.json").read_text())
@@ -64,24 +104,78 @@ def run(name: str) -> str:
     return metrics + "\n" + json.dumps(summary, indent=2, sort_keys=True) + "\n"
 
 
+def small_runs() -> dict[str, tuple[dict[str, Any], int]]:
+    """``small``: name -> (run config, nodes)."""
+    return {name: ({**COMMON, **cfg}, 4) for name, cfg in RUNS.items()}
+
+
+def preset_runs() -> tuple[dict[str, tuple[dict[str, Any], int]], list[str]]:
+    """``presets``: name -> (run config, nodes), and the presets skipped (why)."""
+    from simulations.preset import load_preset, stand_in_tuned
+
+    runs: dict[str, tuple[dict[str, Any], int]] = {}
+    skipped = []
+    for path in sorted((_tree() / "simulations" / "presets").glob("*.toml")):
+        preset = load_preset(path)
+        dataset = preset.base.get("dataset", "fashion-mnist")
+        if not (DATA.get(dataset) or Path("/nonexistent")).is_dir():
+            skipped.append(f"{path.name} (data set {dataset} is not on this machine)")
+            continue
+        tuned = stand_in_tuned(preset)
+        base = {**preset.base, **SMOKE, "data-root": str(DATA[dataset])}
+        for method in preset.methods:
+            cfg = {**base, **tuned[method], **preset.tune_partition, "seed": preset.tune_seed}
+            runs[f"{path.stem}.{method}"] = (cfg, preset.tune_nodes)
+        for q in preset.questions.values():
+            nodes, part, limit = q.settings()[0]
+            method = preset.reference if preset.reference in q.methods else q.methods[0]
+            cfg = {**base, **q.config, **tuned[method], **part, "seed": preset.seeds[0]}
+            if limit:
+                cfg["max-in-flight"] = limit
+            runs[f"{path.stem}.question-{q.name}.{method}"] = (cfg, nodes)
+    return runs, skipped
+
+
+def main_run() -> dict[str, tuple[dict[str, Any], int]]:
+    """``main``: ``make run``'s run config on its 10 nodes."""
+    pyproject = tomllib.loads((_tree() / "pyproject.toml").read_text())
+    return {"main": (dict(pyproject["tool"]["flwr"]["app"]["config"]), 10)}
+
+
+def runs_of(sets: list[str]) -> dict[str, tuple[dict[str, Any], int]]:
+    runs: dict[str, tuple[dict[str, Any], int]] = {}
+    for name in sets:
+        if name == "small":
+            runs.update(small_runs())
+        elif name == "presets":
+            found, skipped = preset_runs()
+            runs.update(found)
+            for why in skipped:
+                print(f"skipped: {why}")
+        else:
+            runs.update(main_run())
+    return runs
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 2 or argv[0] not in ("record", "check"):
+    if len(argv) < 2 or argv[0] not in ("record", "check") or set(argv[2:]) - set(SETS):
         print(__doc__, file=sys.stderr)
         return 2
     ref = Path(argv[1])
     ref.mkdir(parents=True, exist_ok=True)
     status = 0
-    for name in RUNS:
-        got = run(name)
+    for name, (config, nodes) in runs_of(argv[2:] or ["small"]).items():
+        got = run_config(config, nodes, name)
         path = ref / f"{name}.txt"
         if argv[0] == "record":
             path.write_text(got)
-            print(f"{name}: recorded -> {path}")
-        elif path.read_text() == got:
-            print(f"{name}: IDENTICAL")
+            print(f"{name}: recorded -> {path}", flush=True)
+        elif path.is_file() and path.read_text() == got:
+            print(f"{name}: IDENTICAL", flush=True)
         else:
             status = 1
-            print(f"{name}: DIFFERENT\n--- reference\n{path.read_text()}\n--- now\n{got}")
+            before = path.read_text() if path.is_file() else "(none recorded)"
+            print(f"{name}: DIFFERENT\n--- reference\n{before}\n--- now\n{got}", flush=True)
     return status
 
 

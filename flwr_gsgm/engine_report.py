@@ -1,0 +1,57 @@
+"""What an engine run produced: :class:`EngineReport`, built from the engine's books."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from flwr.app import ArrayRecord, MetricRecord
+
+from flwr_gsgm.evaluation import wall_since, weights_record
+
+if TYPE_CHECKING:
+    from flwr_gsgm.async_engine import AsyncEngine
+
+__all__ = ["EngineReport", "build_report"]
+
+
+@dataclass
+class EngineReport:
+    """What a run produced: final weights, evaluation rows and counters.
+
+    ``counters`` uses the names of ``summary.json`` (:class:`~flwr_gsgm.ledger.Ledger`);
+    ``rejections`` is keyed by :data:`flwr_gsgm.core.REASONS`; staleness in
+    versions, times in seconds. ``federated`` maps the updates received at each
+    federated evaluation point to the nodes' aggregated metrics.
+    """
+
+    arrays: ArrayRecord
+    rows: list[dict[str, float]]
+    counters: dict[str, int]
+    rejections: dict[str, int]
+    staleness_mean: float
+    staleness_max: int
+    virtual_seconds: float
+    wall_seconds: float
+    federated: dict[int, MetricRecord] = field(default_factory=dict)
+
+
+def build_report(engine: AsyncEngine) -> EngineReport:
+    """The report of ``engine``'s run: final weights, its rows, the ledger's figures."""
+    assert engine.optimizer is not None
+    optimizer, ledger = engine.optimizer, engine.ledger
+    mean, worst = ledger.staleness_overall()
+    counters = ledger.report_counters(
+        optimizer.counters, engine.received, optimizer.version, engine.diverged
+    )
+    return EngineReport(
+        arrays=weights_record(engine.keys, optimizer.weights),
+        rows=engine.rows,
+        counters=counters,
+        rejections=dict(ledger.rejections),
+        staleness_mean=mean,
+        staleness_max=worst,
+        virtual_seconds=engine.clock_now,
+        wall_seconds=wall_since(engine.t0),
+        federated=dict(engine.federated.results),
+    )
