@@ -26,11 +26,11 @@ from flwr_gsgm.run_config import (
     ASYNC_STRATEGIES,
     OPTIMIZER_KEYS,
     RUN_CONFIG,
-    _declaring_rules,
     optimizer_params_from,
     parse_run_config,
     strategy_keys,
 )
+from flwr_gsgm.run_config_keys import _declaring_rules
 from flwr_gsgm.strategies import STRATEGIES
 from flwr_gsgm.strategy_from_config import build_strategy
 
