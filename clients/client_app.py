@@ -37,7 +37,8 @@ Run config (``context.run_config``, ``[tool.flwr.app.config]``), all optional:
 - ``client-threads`` (int, 1): torch CPU threads of this process.
 - ``eval-max-examples`` (int, 1000): cap of the evaluate set.
 
-``query`` message (``message_type="query"``); content ignored. Reply content:
+``query`` message (``message_type="query"``; optional for the server: a node that
+cannot answer it is keyed by its node id); content ignored. Reply content:
 
 - ``"metrics"``: MetricRecord ``{"partition-id": int, "num-partitions": int,
   "num-examples": int}`` (size of the node's training partition).
@@ -67,7 +68,8 @@ Run config (``context.run_config``, ``[tool.flwr.app.config]``), all optional:
   - ``"arrays"``: ArrayRecord with the same keys, order and shapes as received,
     float32 values: the update. ``gradient``: mean gradient of B mini-batches at w;
     ``delta``: (w - w_local) / local-lr after E SGD steps; ``weights``: w_local.
-    The server applies it as w <- w - eta * update for the first two.
+    The server's rule steps against the first two; from ``weights`` the server
+    forms (w - w_local) / local-lr itself, from the weights it sent.
   - ``"metrics"``: MetricRecord ``{"num-examples": int (example-gradients
     computed: min(batch-size, N) * B or * E), "model-version": int (echo, -1 if
     absent), "partition-id": int, "num-partitions": int, "train-loss": float

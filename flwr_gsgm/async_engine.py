@@ -119,7 +119,7 @@ class AsyncEngine:
             on_replay=self._on_replay,
         )
         self.members = Membership(grid, self.in_flight, settings, self.ledger)
-        self.intake = ReplyIntake(self.layout)
+        self.intake = ReplyIntake(self.layout, lambda pid: self.members.nodes[pid].identified)
         self.evaluator = Evaluator(self.keys, evaluate_fn, settings.max_updates)
         self.federated = FederatedEvaluator(grid, self.keys, settings, self.ledger)
         self.dispatcher = Dispatcher(settings, train_config, self.members, self.in_flight)

@@ -37,7 +37,7 @@ from flwr_gsgm.virtual_clock import VirtualClock
 
 __all__ = ["AsyncStrategy", "AsyncResult", "CLIENT_MODES"]
 
-CLIENT_MODES = ("gradient", "delta")
+CLIENT_MODES = ("gradient", "delta", "weights")
 # Keyword arguments of AsyncStrategy itself (the rest are the optimizer's).
 _STRATEGY_KEYWORDS = (
     "server_learning_rate",
@@ -83,13 +83,22 @@ class AsyncStrategy:
         GSGM, ASGD, momentum ASGD and DC-ASGD on Fashion-MNIST (``docs/RESULTS.md``);
         tune it for your model and data.
     client_mode : str
+        What the clients return, sent as ``mode`` in every train message:
         "gradient" (mean gradient of ``local_batches`` mini-batches at the received
-        weights) or "delta" (``(w_received - w_local) / local_lr`` after
-        ``local_steps`` SGD steps).
+        weights), "delta" (``(w_received - w_local) / local_lr`` after
+        ``local_steps`` SGD steps) or "weights" (the trained weights ``w_local``, as
+        for Flower's FedAvg: the server forms ``(w_sent - w_local) / local_lr``
+        from the weights it sent in that dispatch, so the rule sees what delta mode
+        would send). Choose "weights" for a ClientApp written for FedAvg, or any
+        client that returns its model (it costs the server one model copy per message
+        in flight); "delta" for the same local work with half the server memory;
+        "gradient" for the cheapest client step (one gradient, no local SGD).
     batch_size, local_batches, local_steps : int
         Client work per update, sent in every train message.
     local_lr : float
-        Client learning rate for delta mode.
+        Client learning rate of delta and weights modes; in weights mode also the
+        normalisation of the server's pseudo-gradient (set it to the client's own
+        learning rate if the client ignores the one sent).
     virtual_clock : VirtualClock | None
         Simulation clock (reproducible order) or None for real arrival order.
     engine : EngineSettings | None

@@ -127,7 +127,7 @@ class Dispatcher:
             pid,
             version,
             dict(config),
-            weights if self.settings.checkpoint_every else None,
+            weights if self.settings.checkpoint_every or config.get("mode") == "weights" else None,
         )
         optimizer.on_dispatch(pid)
         self.in_flight.push_train(dispatch, node.node_id, weights)

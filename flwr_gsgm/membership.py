@@ -2,9 +2,18 @@
 
 Nodes are keyed on the ``partition-id`` they report in answer to a ``query``
 message (sent at start-up and whenever a new node id appears), not on node ids,
-which change when a SuperNode restarts. A node whose partitioning differs from the
-run's (another ``num-partitions``, a partition-id out of range, a partition already
-held by another node at start-up) is refused, and so is a node whose query reply
+which change when a SuperNode restarts. The query is optional
+(:mod:`flwr_gsgm.query_reply`): a node without a query handler, or whose query
+raises, is registered at once without a partition-id and keyed by its node id: at
+start-up such nodes get, in node-id order, the keys after the run's partitions
+(``num-partitions``, or after the highest partition-id reported), and a node that
+joins later the next free key; a node that comes back under the same node id gets
+its key again. Such a key is used as the node's partition-id everywhere (the core,
+logs, checkpoints) but is not checked against the partition-id its replies report.
+
+A node whose partitioning differs from the run's (another ``num-partitions``, a
+partition-id out of range, a partition already held by another node at start-up)
+is refused, and so is a node whose query reply
 has a partition-id or num-partitions that is not an integer >= 0 (a list, NaN,
 infinity, 1.7; an integral float such as 1.0 is taken as that integer).
 """
@@ -19,14 +28,13 @@ from dataclasses import dataclass
 from logging import INFO, WARNING
 from typing import Any
 
-from flwr.app import Message, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from flwr_gsgm.engine_settings import EngineSettings
 from flwr_gsgm.in_flight import InFlight
 from flwr_gsgm.ledger import Ledger
-from flwr_gsgm.reply_intake import metadata_int
+from flwr_gsgm.query_reply import NO_PARTITION, read_query_reply
 
 __all__ = ["Membership", "Node"]
 
@@ -49,6 +57,8 @@ class Node:
     # authentication key keeps its node id. Nodes lost for bad work stay out.
     may_return: bool = False
     active: bool = True
+    # False: registered without a partition-id (no query handler), keyed by node id.
+    identified: bool = True
 
     #: Fields saved in a checkpoint.
     SAVED = ("dispatches", "errors_in_row", "rejections_in_row", "active", "speed")
@@ -76,6 +86,7 @@ class Membership:
         self.speeds: dict[int, float] = {}
         self.last_refresh = -math.inf
         self.started = False
+        self.unkeyed: list[int] = []  # node ids without a partition-id, before the start
 
     def start(self, pids: list[int]) -> None:
         """Training starts with ``pids``: from now on an attach is a join. Logged."""
@@ -103,17 +114,21 @@ class Membership:
             self.query_new_nodes()
             self.in_flight.pull()
             self.register_query_replies(lose)
-            if len(self.nodes) >= self.settings.min_nodes and not self.in_flight.queries:
+            registered = len(self.nodes) + len(self.unkeyed)
+            if registered >= self.settings.min_nodes and not self.in_flight.queries:
                 break
             if time.monotonic() > deadline:
-                if len(self.nodes) >= self.settings.min_nodes:
+                if registered >= self.settings.min_nodes:
                     break
                 raise RuntimeError(
-                    f"only {len(self.nodes)} node(s) answered within reply-timeout="
+                    f"only {registered} node(s) answered within reply-timeout="
                     f"{self.settings.reply_timeout} s, min-nodes={self.settings.min_nodes} required"
                 )
             self.in_flight.idle(max(self.settings.poll_interval, 0.01))
         self._refuse_other_partitionings()
+        for node_id in sorted(self.unkeyed):
+            self._attach(self.key_for(node_id), node_id, lose, identified=False)
+        self.unkeyed.clear()
         pids = sorted(self.nodes)
         if self.settings.virtual_clock is not None:
             num_partitions = max(self.num_partitions, max(pids) + 1)
@@ -125,6 +140,8 @@ class Membership:
     def _refuse_other_partitionings(self) -> None:
         """Keep the nodes that agree on the most common num-partitions; refuse the rest."""
         counts = Counter(self.reported_num.values())
+        if not counts:
+            return  # no node reported a partition-id
         self.num_partitions = max(counts, key=lambda n: (counts[n], n))
         for pid, num in self.reported_num.items():
             if num != self.num_partitions:
@@ -159,16 +176,27 @@ class Membership:
         """Map answered queries to partition-ids; return partition-ids that (re)joined.
 
         Never raises on a reply: one with malformed metadata is logged, counted in
-        ``nodes_refused`` and registers no node. Queries unanswered after
-        ``reply_timeout`` seconds are forgotten.
+        ``nodes_refused`` and registers no node; a node that cannot answer (no query
+        handler, its query raised) or reports no partition-id is registered without
+        one (:meth:`key_for`; at start-up once every answer is in). Queries
+        unanswered after ``reply_timeout`` seconds are forgotten.
         """
         joined = []
         queries = self.in_flight.queries
         for mid in [m for m in queries if m in self.in_flight.arrived]:
             node_id, _ = queries.pop(mid)
             reply = self.in_flight.take_reply(mid)
-            pid = self._partition_of_query_reply(node_id, reply)
-            if pid is not None and self._attach(pid, node_id, lose):
+            answer = read_query_reply(node_id, reply, self.started, self.num_partitions)
+            self.ledger.count("nodes_refused", int(answer.refused))
+            pid, identified = answer.partition_id, answer.partition_id != NO_PARTITION
+            if pid == NO_PARTITION and not self.started:
+                self.unkeyed.append(node_id)  # keyed once every start-up answer is in
+                continue
+            if pid == NO_PARTITION:
+                pid = self.key_for(node_id)
+            elif pid is not None and not self.started:
+                self.reported_num[pid] = answer.num_partitions
+            if pid is not None and self._attach(pid, node_id, lose, identified):
                 joined.append(pid)
         now = time.monotonic()
         for mid, (node_id, sent_at) in list(queries.items()):
@@ -177,48 +205,24 @@ class Membership:
                 log(WARNING, "[async] node %d did not answer its query; ignored", node_id)
         return joined
 
-    def _partition_of_query_reply(self, node_id: int, reply: Message) -> int | None:
-        if reply.has_error():
-            log(
-                WARNING,
-                "[async] node %d answered its query with error: %s",
-                node_id,
-                reply.error.reason,
-            )
-            return None
-        metrics = reply.content.get("metrics")
-        if not isinstance(metrics, MetricRecord) or "partition-id" not in metrics:
-            log(WARNING, "[async] node %d query reply has no partition-id; ignored", node_id)
-            return None
-        try:
-            pid = metadata_int("partition-id", metrics["partition-id"])
-            num = metadata_int("num-partitions", metrics.get("num-partitions", 0))
-        except ValueError as err:
-            # Malformed metadata: the node registers nothing (and the run goes on).
-            self.ledger.count("nodes_refused")
-            log(WARNING, "[async] node %d refused: its query reply has %s", node_id, err)
-            return None
-        if not 0 <= pid < num or (self.started and num != self.num_partitions):
-            # A node that does not belong to this federation's partitioning.
-            self.ledger.count("nodes_refused")
-            log(
-                WARNING,
-                "[async] node %d refused: partition-id %d of %d does not belong (run has %d)",
-                node_id,
-                pid,
-                num,
-                self.num_partitions,
-            )
-            return None
-        if not self.started:
-            self.reported_num[pid] = num
-        return pid
+    def key_for(self, node_id: int) -> int:
+        """The key of a node without a partition-id: its old key, else the next free one.
 
-    def _attach(self, pid: int, node_id: int, lose: LoseFn) -> bool:
+        Free keys start after the run's partitions, so they never take a partition-id
+        a node may report.
+        """
+        for node in self.nodes.values():
+            if not node.identified and node.node_id == node_id:
+                return node.partition_id
+        return max(self.num_partitions, max(self.nodes, default=-1) + 1)
+
+    def _attach(self, pid: int, node_id: int, lose: LoseFn, identified: bool = True) -> bool:
         """Bind ``pid`` to ``node_id``; return True if the partition (re)joins the run."""
         node = self.nodes.get(pid)
         if node is None:
-            self.nodes[pid] = Node(pid, node_id, self.speeds.get(pid, 1.0))
+            self.nodes[pid] = Node(pid, node_id, self.speeds.get(pid, 1.0), identified=identified)
+            if not identified:
+                log(INFO, "[async] node %d registered without a partition-id, as %d", node_id, pid)
             return self.started
         if node.active and node.node_id != node_id and not self.started:
             self.ledger.count("nodes_refused")

@@ -2,8 +2,9 @@
 
 A reply must carry an ``ArrayRecord`` under ``"arrays"`` whose arrays match the
 model's by name (:meth:`flwr_gsgm.model_layout.ModelLayout.match`), and a
-``MetricRecord`` under ``"metrics"`` with the partition-id and model version of the
-message it answers (see ``clients/client_app.py`` for the protocol). A reply that
+``MetricRecord`` under ``"metrics"`` with ``num-examples``; its partition-id and
+model version, when it reports them, must be those of the message it answers (see
+``clients/client_app.py`` for the protocol). A reply that
 fails raises :class:`~flwr_gsgm.core.UpdateRejected` (:class:`ReplyRejected` for the
 envelope) whose reason is one of the run's one list, :data:`flwr_gsgm.core.REASONS`.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -21,10 +23,20 @@ from flwr_gsgm.core import INTAKE_REASONS, UpdateRejected
 from flwr_gsgm.in_flight import Dispatch
 from flwr_gsgm.model_layout import ModelLayout, ModelUpdate
 
-__all__ = ["REQUIRED_REPLY_METRICS", "ReplyIntake", "ReplyRejected", "metadata_int"]
+__all__ = [
+    "REQUIRED_REPLY_METRICS",
+    "ReplyIntake",
+    "ReplyRejected",
+    "metadata_int",
+    "pseudo_gradient",
+]
 
-# Metric keys a train reply must carry (see clients/client_app.py for the protocol).
-REQUIRED_REPLY_METRICS = ("partition-id", "model-version", "num-examples")
+#: Metric a train reply must carry: Flower's standard reply is arrays + num-examples.
+REQUIRED_REPLY_METRICS = ("num-examples",)
+#: Integer metadata checked when present (the protocol of clients/client_app.py).
+CHECKED_REPLY_METRICS = ("partition-id", "model-version", "num-examples")
+#: The train loss, under the protocol's key or Flower's quickstarts' key.
+TRAIN_LOSS_METRICS = ("train-loss", "train_loss")
 
 
 def metadata_int(key: str, value: Any, low: int = 0) -> int:
@@ -78,13 +90,37 @@ class ReplyRejected(UpdateRejected):
 class ReplyIntake:
     """Unpacks train replies for a model of layout ``layout``, matching arrays by name.
 
+    The bookkeeping of a reply (which node, which model version, what weights were
+    sent, in which client mode) comes from the engine's own dispatch record, so a
+    standard Flower reply, ``"arrays"`` plus ``"metrics"`` with ``num-examples``, is
+    enough. The ``partition-id`` and ``model-version`` metrics of the protocol are
+    checked when present: integers >= 0 equal to the dispatch's (the partition-id
+    only for a node that reported one to the query: ``identified``). ``train-loss``
+    (or Flower's ``train_loss``) is used when present and must be a number.
+
+    In ``"weights"`` client mode (the dispatch's config ``mode``) the node returns
+    its trained weights; the update handed to the rule is the pseudo-gradient
+    ``(w_sent - w_returned) / local-lr`` over the trainable arrays, from the weights
+    this dispatch sent (:func:`pseudo_gradient`), the update a delta-mode client
+    would have sent. Buffers are values in every mode.
+
     Replays are caught before, by the message a reply answers, not by its content
     (:meth:`flwr_gsgm.in_flight.InFlight.pull`): a deterministic client may send the
     same bytes for other weights (a constant gradient), and they are accepted.
+
+    Parameters
+    ----------
+    layout : ModelLayout
+    identified : callable, optional
+        ``(partition_id) -> bool``: False for a node registered without a
+        partition-id; default: every node reported one.
     """
 
-    def __init__(self, layout: ModelLayout) -> None:
+    def __init__(
+        self, layout: ModelLayout, identified: Callable[[int], bool] = lambda pid: True
+    ) -> None:
         self.layout = layout
+        self.identified = identified
 
     def unpack(self, dispatch: Dispatch, reply: Message) -> ModelUpdate:
         """Return the update in ``reply`` to ``dispatch``, matched to the model by name.
@@ -92,16 +128,24 @@ class ReplyIntake:
         Raises
         ------
         UpdateRejected
-            On a missing record or metric, malformed metadata (``"metadata"``: a
-            partition-id, model-version or num-examples that is not an integer >= 0,
-            a train-loss that is not a number), a partition-id or model-version other than
-            the message's, or arrays that do not match the model by name
-            (:meth:`ModelLayout.match`: ``"array-keys"``, ``"array-format"``,
-            ``"dtype"``, ``"shape"``, ``"non-finite"``, naming the key).
+            On a missing record or ``num-examples``, malformed metadata
+            (``"metadata"``: a partition-id, model-version or num-examples that is not
+            an integer >= 0, a train-loss that is not a number), a partition-id or
+            model-version other than the message's, or arrays that do not match the
+            model by name (:meth:`ModelLayout.match`: ``"array-keys"``,
+            ``"array-format"``, ``"dtype"``, ``"shape"``, ``"non-finite"``, naming
+            the key).
         """
         arrays, metrics = self._records(reply)
-        self._check_metrics(dispatch, metrics)
-        return self.layout.match(arrays)
+        self._check_metrics(dispatch, metrics, self.identified(dispatch.partition_id))
+        update = self.layout.match(arrays)
+        if dispatch.config.get("mode") == "weights":
+            assert dispatch.arrays is not None  # the dispatcher keeps them in this mode
+            sent = self.layout.trainable_of(dispatch.arrays)
+            update.trainable = pseudo_gradient(
+                sent, update.trainable, float(dispatch.config["local-lr"])
+            )
+        return update
 
     @staticmethod
     def _records(reply: Message) -> tuple[ArrayRecord, MetricRecord]:
@@ -114,29 +158,28 @@ class ReplyIntake:
         return arrays, metrics
 
     @staticmethod
-    def _check_metrics(dispatch: Dispatch, metrics: MetricRecord) -> None:
+    def _check_metrics(dispatch: Dispatch, metrics: MetricRecord, identified: bool) -> None:
         missing = [k for k in REQUIRED_REPLY_METRICS if k not in metrics]
         if missing:
             raise ReplyRejected("missing-metrics", f"reply metrics lack {missing}")
         try:
-            pid, version = (metadata_int(k, metrics[k]) for k in REQUIRED_REPLY_METRICS[:2])
-            metadata_int("num-examples", metrics["num-examples"])
+            said = {k: metadata_int(k, metrics[k]) for k in CHECKED_REPLY_METRICS if k in metrics}
         except ValueError as err:
             raise ReplyRejected("metadata", str(err)) from None
-        loss = metrics.get("train-loss")
+        key, loss = _train_loss(metrics)
         if loss is not None and (isinstance(loss, bool) or not isinstance(loss, (int, float))):
             raise ReplyRejected(
                 "metadata",
-                f"metadata 'train-loss' is {loss!r} ({type(loss).__name__}); expected a number "
+                f"metadata {key!r} is {loss!r} ({type(loss).__name__}); expected a number "
                 "(a non-finite one is left out of the train-loss mean)",
             )
-        if pid != dispatch.partition_id:
+        if identified and said.get("partition-id", dispatch.partition_id) != dispatch.partition_id:
             raise ReplyRejected(
                 "partition-id",
                 f"reply says partition-id={metrics['partition-id']}, "
                 f"message was sent to partition {dispatch.partition_id}",
             )
-        if version != dispatch.base_version:
+        if said.get("model-version", dispatch.base_version) != dispatch.base_version:
             raise ReplyRejected(
                 "model-version",
                 f"reply says model-version={metrics['model-version']}, "
@@ -144,5 +187,34 @@ class ReplyIntake:
             )
 
     def train_loss(self, reply: Message) -> Any:
-        """The reply's ``train-loss`` metric, or None (call after :meth:`unpack`)."""
-        return reply.content["metrics"].get("train-loss")
+        """The reply's ``train-loss`` (or ``train_loss``) metric, or None (after :meth:`unpack`)."""
+        return _train_loss(reply.content["metrics"])[1]
+
+
+def _train_loss(metrics: MetricRecord) -> tuple[str, Any]:
+    """``(key, value)`` of the train loss: ``train-loss``, else Flower's ``train_loss``."""
+    for key in TRAIN_LOSS_METRICS:
+        if key in metrics:
+            return key, metrics[key]
+    return TRAIN_LOSS_METRICS[0], None
+
+
+def pseudo_gradient(
+    sent: list[np.ndarray], returned: list[np.ndarray], local_lr: float
+) -> list[np.ndarray]:
+    """``(w_sent - w_returned) / local_lr`` per array, float32 (new arrays).
+
+    The normalisation by the client learning rate ``local_lr`` (> 0, the ``local-lr``
+    the dispatch sent) makes the update the scale of a gradient, as in delta mode,
+    so one server learning rate suits every client mode; a client that trains with
+    another learning rate only rescales the step by ``its lr / local_lr``.
+    Non-finite returned weights give a non-finite update, which the rule rejects.
+    """
+    scale = np.float32(local_lr)
+    out = []
+    for w0, w1 in zip(sent, returned):
+        with np.errstate(over="ignore", invalid="ignore"):
+            diff = np.subtract(w0, w1, dtype=np.float32)
+            diff /= scale
+        out.append(diff)
+    return out

@@ -116,7 +116,10 @@ RUN_CONFIG: dict[str, RunConfigKey] = {
     **optimizer_keys(),
     # client work
     "client-mode": _key(
-        "gradient", _one_of("gradient", "delta"), "gradient or delta", "what clients return"
+        "gradient",
+        _one_of("gradient", "delta", "weights"),
+        "gradient, delta or weights",
+        "what clients return (weights: the server forms (w_sent - w) / local-lr)",
     ),
     "batch-size": _key(32, _positive, "an integer > 0", "mini-batch size"),
     "local-batches": _key(1, _positive, "an integer > 0", "gradient mode: mini-batches averaged"),

@@ -144,7 +144,8 @@ def _wrong_partition(pid, grad, metrics):
 
 
 def _no_metrics(pid, grad, metrics):
-    return grad, MetricRecord({"num-examples": 1})
+    # Without num-examples, the one metric a reply must carry (Flower's standard reply).
+    return grad, MetricRecord({"partition-id": pid, "train-loss": 0.5})
 
 
 @pytest.mark.parametrize(

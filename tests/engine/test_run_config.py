@@ -56,6 +56,11 @@ def test_defaults_parse_to_the_main_job():
             "run config max-in-flight=1.5: expected an integer >= 0 (0 = all nodes)",
         ),
         ("dispatch", "fifo", "run config dispatch='fifo': expected auto, random or scheduled"),
+        (
+            "client-mode",
+            "params",
+            "run config client-mode='params': expected gradient, delta or weights",
+        ),
     ],
 )
 def test_bad_values_name_the_key(key, value, expected):

@@ -1,0 +1,243 @@
+"""A ClientApp written for Flower's FedAvg works with the asynchronous strategies.
+
+Such a client returns its trained weights ("arrays" + "num-examples"), has no query
+handler, and reports neither partition-id nor model-version: with
+``client_mode="weights"`` the server forms ``(w_sent - w_returned) / local-lr`` from
+the weights it sent in that dispatch, registers the node without the query, and
+takes the bookkeeping from its own dispatch record.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import Array, ArrayRecord, Context, Error, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.common.constant import ErrorCode
+
+from flwr_gsgm.async_engine import EngineSettings
+from flwr_gsgm.inprocess_grid import InProcessGrid
+from flwr_gsgm.strategies import ASGD, GSGM
+from flwr_gsgm.virtual_clock import VirtualClock
+from tests.engine.quadratic_app import TARGETS, initial_arrays, make_app
+
+CLOCK = VirtualClock(seed=3)
+
+
+def fedavg_app(returned=None, train_loss: float = 0.25, query: str = "none") -> ClientApp:
+    """A FedAvg-style ClientApp on the quadratic model.
+
+    It takes one SGD step of ``local-lr`` on ``0.5 * ||w - target_p||^2`` (and
+    ``0.5 * (b - 0.5)^2``) and returns the weights, or the constant weights
+    ``returned[p]`` if given. Metrics: ``num-examples`` and Flower's ``train_loss``.
+    ``query``: "none" (no handler), "raises", or "answers" (the protocol's reply).
+    """
+    app = ClientApp()
+
+    if query == "raises":
+
+        @app.query()
+        def failing_query(msg: Message, context: Context) -> Message:
+            raise RuntimeError("this node cannot say its partition-id")
+
+    elif query == "answers":
+
+        @app.query()
+        def answering_query(msg: Message, context: Context) -> Message:
+            cfg = context.node_config
+            metrics = {"partition-id": cfg["partition-id"], "num-partitions": cfg["num-partitions"]}
+            return Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        pid = int(context.node_config["partition-id"])
+        lr = float(msg.content["config"]["local-lr"])
+        w = msg.content["arrays"]["w"].numpy()
+        b = msg.content["arrays"]["b"].numpy()
+        if returned is not None:
+            new = {"w": np.asarray(returned[pid], np.float32), "b": b}
+        else:
+            new = {
+                "w": (w - np.float32(lr) * (w - TARGETS[pid % len(TARGETS)])).astype(np.float32),
+                "b": (b - np.float32(lr) * (b - 0.5)).astype(np.float32),
+            }
+        metrics = MetricRecord({"num-examples": 1, "train_loss": train_loss})
+        arrays = ArrayRecord({k: Array(v) for k, v in new.items()})
+        return Message(RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=msg)
+
+    return app
+
+
+def start(strategy, app, num_nodes=3, max_updates=60, grid=None, **kwargs):
+    grid = grid or InProcessGrid(app, num_nodes, run_config={})
+    return strategy.start(grid, initial_arrays(), max_updates=max_updates, **kwargs)
+
+
+# ------------------------------------------------------------------ weights mode
+@pytest.mark.parametrize("updates, expected", [(1, [2.0, -2.0]), (2, [0.0, 0.0]), (3, [2.0, -2.0])])
+def test_weights_mode_steps_along_w_sent_minus_w_returned_over_local_lr(updates, expected):
+    # One node, ASGD eta = 0.5, local-lr = 0.25, the node always returns (1, -1).
+    # Update 1: sent (0, 0): g = ((0, 0) - (1, -1)) / 0.25 = (-4, 4), w = (0, 0) - 0.5 g = (2, -2).
+    # Update 2: sent (2, -2): g = (4, -4), w = (0, 0); update 3 as update 1.
+    strategy = ASGD(server_learning_rate=0.5, client_mode="weights", local_lr=0.25)
+    result = start(
+        strategy, fedavg_app(returned={0: [1.0, -1.0]}), num_nodes=1, max_updates=updates
+    )
+    assert result.arrays["w"].numpy().tolist() == expected
+    assert result.arrays["b"].numpy().tolist() == [0.0]  # returned unchanged: g = 0
+    assert result.report.rejections == {}
+
+
+def test_the_pseudo_gradient_uses_the_weights_sent_in_that_dispatch():
+    # Both nodes are sent w0 = (0, 0) and return c_0 = (1, 0), c_1 = (0, 1); local-lr 1,
+    # eta 0.5. Whatever the order, the second reply was computed on w0, so
+    # w2 = w0 - 0.5 (w0 - c_a) - 0.5 (w0 - c_b) = (0.5, 0.5). From the current
+    # weights instead, it would be (0.25, 0.5) or (0.5, 0.25).
+    strategy = ASGD(
+        server_learning_rate=0.5, client_mode="weights", local_lr=1.0, virtual_clock=CLOCK
+    )
+    returned = {0: [1.0, 0.0], 1: [0.0, 1.0]}
+    result = start(strategy, fedavg_app(returned=returned), num_nodes=2, max_updates=2)
+    assert result.arrays["w"].numpy().tolist() == [0.5, 0.5]
+    assert result.report.counters["steps_applied"] == 2
+
+
+@pytest.mark.parametrize("strategy_class", [ASGD, GSGM])
+def test_weights_mode_equals_gradient_mode_for_one_sgd_step(strategy_class):
+    # One local SGD step: (w - (w - lr (w - t))) / lr = w - t, the gradient the
+    # quadratic app returns, up to float32 rounding.
+    common = {"server_learning_rate": 0.1, "virtual_clock": CLOCK, "local_lr": 0.05}
+    weights = start(strategy_class(client_mode="weights", **common), fedavg_app(query="none"))
+    gradient = start(strategy_class(client_mode="gradient", **common), make_app())
+    for key in ("w", "b"):
+        np.testing.assert_allclose(
+            weights.arrays[key].numpy(), gradient.arrays[key].numpy(), atol=2e-5
+        )
+    assert weights.report.counters == gradient.report.counters
+    assert weights.report.rejections == {}
+    assert [r["train_loss"] for r in weights.rows[1:]] == [0.25] * (len(weights.rows) - 1)
+
+
+# -------------------------------------------------------------- optional query
+def mixed_app(calls: list) -> ClientApp:
+    """Partition 0: no query handler; 1: its query raises; 2: answers it."""
+    apps = {
+        0: fedavg_app(query="none"),
+        1: fedavg_app(query="raises"),
+        2: fedavg_app(query="answers"),
+    }
+
+    def route(msg: Message, context: Context) -> Message:
+        pid = int(context.node_config["partition-id"])
+        calls.append((pid, msg.metadata.message_type))
+        reply = apps[pid](msg, context)
+        if pid == 1 and msg.metadata.message_type == "train":
+            # Reports its own partition-id, which is not its key: not compared.
+            reply.content["metrics"]["partition-id"] = 1
+        return reply
+
+    return route
+
+
+def test_nodes_without_a_query_answer_are_registered_at_once(caplog):
+    caplog.set_level(logging.INFO)
+    calls: list = []
+    strategy = ASGD(
+        server_learning_rate=0.1,
+        client_mode="weights",
+        virtual_clock=CLOCK,
+        engine=EngineSettings(reply_timeout=300.0),
+    )
+    t0 = time.monotonic()
+    grid = InProcessGrid(mixed_app(calls), 3, run_config={}, workers=2)
+    with grid:
+        result = start(strategy, None, max_updates=30, grid=grid)
+    elapsed = time.monotonic() - t0
+    # Waiting for the reply-timeout (300 s) would take 10x this generous bound.
+    assert elapsed < 30.0, elapsed
+    assert result.report.counters["updates_received"] == 30
+    assert result.report.rejections == {}
+    assert result.report.counters["nodes_refused"] == 0
+    trained = {pid for pid, kind in calls if kind == "train"}
+    assert trained == {0, 1, 2}
+    # Partition 2 reported 2 of 3; the others are keyed after the partitions, by node id.
+    logged = [r.getMessage() for r in caplog.records]
+    assert "[async] node 1 registered without a partition-id, as 3" in logged
+    assert "[async] node 2 registered without a partition-id, as 4" in logged
+    assert any("3 nodes (partition-ids [2, 3, 4])" in line for line in logged)
+    assert any(
+        "node 2 cannot answer the query" in line and "cannot say its" in line for line in logged
+    )
+
+
+def test_a_node_without_a_query_handler_joins_mid_run_under_the_next_free_key(caplog):
+    caplog.set_level(logging.INFO)
+    grid = InProcessGrid(fedavg_app(query="none"), 2, run_config={})
+    added = {}
+
+    def evaluate_fn(updates, arrays):
+        if updates == 10 and not added:
+            added["node"] = grid.add_node({"partition-id": 2, "num-partitions": 3})
+        return None
+
+    strategy = ASGD(
+        server_learning_rate=0.1,
+        client_mode="weights",
+        engine=EngineSettings(node_refresh_interval=0.0, eval_every=10),
+    )
+    result = start(strategy, None, max_updates=60, grid=grid, evaluate_fn=evaluate_fn)
+    assert result.report.counters["nodes_joined"] == 1
+    logged = [r.getMessage() for r in caplog.records]
+    assert f"[async] node {added['node']} registered without a partition-id, as 2" in logged
+    assert "[async] partition 2 joined (node 3)" in logged
+    assert result.report.rejections == {}
+
+
+def test_a_query_error_other_than_a_client_exception_registers_nothing(caplog):
+    caplog.set_level(logging.INFO)
+    inner = fedavg_app(query="none")
+
+    def app(msg: Message, context: Context) -> Message:
+        if context.node_config["partition-id"] == 1 and msg.metadata.message_type == "query":
+            return Message(Error(ErrorCode.LOAD_CLIENT_APP_EXCEPTION, "no app"), reply_to=msg)
+        return inner(msg, context)
+
+    strategy = ASGD(server_learning_rate=0.1, client_mode="weights")
+    result = start(strategy, None, max_updates=10, grid=InProcessGrid(app, 2, run_config={}))
+    logged = [r.getMessage() for r in caplog.records]
+    assert "[async] node 2 answered its query with error: no app" in logged
+    assert any("1 nodes (partition-ids [0])" in line for line in logged)
+    assert result.report.counters["updates_received"] == 10
+
+
+def test_the_project_client_app_in_weights_mode_trains_as_in_delta_mode(tmp_path):
+    # The same local work (3 SGD steps); delta mode divides on the node, weights mode
+    # on the server: the runs differ by float32 rounding only.
+    from clients.client_app import app
+    from flwr_gsgm.experiment import run_experiment
+    from flwr_gsgm.run_config import parse_run_config
+
+    models = {}
+    for mode in ("delta", "weights"):
+        cfg = parse_run_config(
+            {
+                "client-mode": mode,
+                "local-steps": 3,
+                "max-updates": 40,
+                "eval-every": 40,
+                "eval-examples": 500,
+                "run-name": mode,
+                "output-dir": str(tmp_path),
+            }
+        )
+        with InProcessGrid(app, 3, run_config=cfg, workers=2) as grid:
+            summary = run_experiment(grid, cfg)
+        assert summary["rejected"] == 0 and summary["updates_received"] == 40
+        models[mode] = torch.load(tmp_path / mode / "model.pt")
+    assert list(models["weights"]) == list(models["delta"])
+    for key, value in models["delta"].items():
+        torch.testing.assert_close(models["weights"][key], value, atol=1e-4, rtol=0)

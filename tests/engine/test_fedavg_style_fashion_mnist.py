@@ -1,0 +1,143 @@
+"""A ClientApp written for FedAvg, on real Fashion-MNIST, with GSGM, ASGD and FedBuff.
+
+The ClientApp is what a Flower quickstart has: a CNN with BatchNorm (buffers
+``running_mean``, ``running_var`` and the 0-d int64 ``num_batches_tracked``), a
+``@app.train()`` that loads the received ``state_dict``, trains a few local SGD
+steps at its own learning rate and returns ``ArrayRecord(model.state_dict())`` with
+``num-examples`` and ``train_loss``; no query handler, no protocol metadata. Only the
+server side changes: ``client_mode="weights"`` and ``local_lr`` set to the client's
+learning rate. Run on the in-process grid (the ``flwr run`` version is the example
+app's test).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+from torch import nn
+from torch.nn import functional as F
+
+from clients.datasets import load_dataset
+from flwr_gsgm.inprocess_grid import InProcessGrid
+from flwr_gsgm.strategies import ASGD, GSGM, FedBuff
+from flwr_gsgm.virtual_clock import VirtualClock
+
+DATA_ROOT = "/usr/share/datasets/fashion-mnist"
+NUM_NODES = 5
+PER_NODE = 2000  # training images per node (IID shards)
+LOCAL_LR = 0.05  # the client's own learning rate: it ignores the one the server sends
+LOCAL_STEPS = 5
+BATCH = 32
+
+
+class Net(nn.Module):
+    """A small CNN with BatchNorm after each convolution."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(1, 8, 3), nn.BatchNorm2d(8)
+        self.conv2, self.bn2 = nn.Conv2d(8, 16, 3), nn.BatchNorm2d(16)
+        self.fc = nn.Linear(16 * 5 * 5, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = (x.float() / 255.0 - 0.2860) / 0.3530
+        x = F.max_pool2d(F.relu(self.bn1(self.conv1(x))), 2)
+        x = F.max_pool2d(F.relu(self.bn2(self.conv2(x))), 2)
+        return self.fc(x.flatten(1))
+
+
+# Loaded once, before the grid's worker threads start: the app itself holds no cache.
+TRAIN, TEST = load_dataset("fashion-mnist", DATA_ROOT)
+SHARDS = torch.randperm(len(TRAIN), generator=torch.Generator().manual_seed(0))[
+    : NUM_NODES * PER_NODE
+].reshape(NUM_NODES, PER_NODE)
+EVAL_ROWS = torch.arange(2000)
+
+
+def fedavg_client_app() -> ClientApp:
+    app = ClientApp()
+    counter = itertools.count()
+    lock = threading.Lock()
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        pid = int(context.node_config["partition-id"])
+        with lock:
+            seed = 1000 * pid + next(counter)
+        model = Net()
+        model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+        model.train()
+        optim = torch.optim.SGD(model.parameters(), lr=LOCAL_LR)
+        gen = torch.Generator().manual_seed(seed)
+        rows = SHARDS[pid]
+        losses = []
+        for _ in range(LOCAL_STEPS):
+            batch = rows[torch.randint(len(rows), (BATCH,), generator=gen)]
+            loss = F.cross_entropy(model(TRAIN.images[batch]), TRAIN.labels[batch])
+            optim.zero_grad()
+            loss.backward()
+            optim.step()
+            losses.append(loss.item())
+        metrics = MetricRecord({"train_loss": float(np.mean(losses)), "num-examples": BATCH})
+        content = RecordDict({"arrays": ArrayRecord(model.state_dict()), "metrics": metrics})
+        return Message(content, reply_to=msg)
+
+    return app
+
+
+def accuracy(arrays: ArrayRecord) -> float:
+    model = Net()
+    model.load_state_dict(arrays.to_torch_state_dict(), strict=True)
+    model.eval()
+    with torch.no_grad():
+        logits = model(TEST.images[EVAL_ROWS])
+    return float((logits.argmax(1) == TEST.labels[EVAL_ROWS]).float().mean())
+
+
+STRATEGIES = {
+    # eta = local-lr: each arrival applies the node's whole displacement (ASGD), or the
+    # mean displacement of K = 5 arrivals (FedBuff); GSGM keeps its defaults.
+    "gsgm": lambda: GSGM(client_mode="weights", local_lr=LOCAL_LR, virtual_clock=VirtualClock()),
+    "asgd": lambda: ASGD(
+        server_learning_rate=LOCAL_LR,
+        client_mode="weights",
+        local_lr=LOCAL_LR,
+        virtual_clock=VirtualClock(),
+    ),
+    "fedbuff": lambda: FedBuff(
+        server_learning_rate=LOCAL_LR,
+        client_mode="weights",
+        local_lr=LOCAL_LR,
+        virtual_clock=VirtualClock(),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(STRATEGIES))
+def test_a_fedavg_client_app_with_batchnorm_trains_asynchronously(name):
+    torch.manual_seed(0)
+    initial = ArrayRecord(Net().state_dict())  # with int64 num_batches_tracked
+    assert initial["bn1.num_batches_tracked"].numpy().dtype == np.int64
+    with InProcessGrid(fedavg_client_app(), NUM_NODES, run_config={}, workers=2) as grid:
+        result = STRATEGIES[name]().start(grid, initial, max_updates=200, eval_every=200)
+    report = result.report
+    assert report.rejections == {}
+    assert report.counters["diverged"] == 0
+    assert report.counters["updates_received"] == 200
+    state = result.arrays.to_torch_state_dict()
+    for layer in ("bn1", "bn2"):
+        assert bool((state[f"{layer}.running_var"] > 0).all()), state[f"{layer}.running_var"]
+        count = state[f"{layer}.num_batches_tracked"]
+        assert count.dtype == torch.int64 and count.shape == ()
+        # Every reply adds LOCAL_STEPS to the count it was sent; the latest one is kept.
+        assert int(count) >= LOCAL_STEPS and int(count) % LOCAL_STEPS == 0
+    assert list(state) == list(initial.keys())
+    acc = accuracy(result.arrays)
+    print(f"{name}: accuracy {acc:.3f} after 200 updates")
+    assert acc > 0.70, acc
