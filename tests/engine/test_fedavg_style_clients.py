@@ -218,8 +218,8 @@ def test_the_project_client_app_in_weights_mode_trains_as_in_delta_mode(tmp_path
     # The same local work (3 SGD steps); delta mode divides on the node, weights mode
     # on the server: the runs differ by float32 rounding only.
     from clients.client_app import app
-    from flwr_gsgm.experiment import run_experiment
     from flwr_gsgm.run_config import parse_run_config
+    from serverapp.experiment import run_experiment
 
     models = {}
     for mode in ("delta", "weights"):
