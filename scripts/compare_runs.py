@@ -122,14 +122,16 @@ def preset_runs() -> tuple[dict[str, tuple[dict[str, Any], int]], list[str]]:
             skipped.append(f"{path.name} (data set {dataset} is not on this machine)")
             continue
         tuned = stand_in_tuned(preset)
-        base = {**preset.base, **SMOKE, "data-root": str(DATA[dataset])}
+        # The smoke size last: it overrides a question's own budget too.
+        smoke = {**SMOKE, "data-root": str(DATA[dataset])}
         for method in preset.methods:
-            cfg = {**base, **tuned[method], **preset.tune_partition, "seed": preset.tune_seed}
-            runs[f"{path.stem}.{method}"] = (cfg, preset.tune_nodes)
+            cfg = {**preset.base, **tuned[method], **preset.tune_partition, **smoke}
+            runs[f"{path.stem}.{method}"] = ({**cfg, "seed": preset.tune_seed}, preset.tune_nodes)
         for q in preset.questions.values():
             nodes, part, limit = q.settings()[0]
             method = preset.reference if preset.reference in q.methods else q.methods[0]
-            cfg = {**base, **q.config, **tuned[method], **part, "seed": preset.seeds[0]}
+            cfg = {**preset.base, **q.config, **tuned[method], **part, **smoke}
+            cfg["seed"] = preset.seeds[0]
             if limit:
                 cfg["max-in-flight"] = limit
             runs[f"{path.stem}.question-{q.name}.{method}"] = (cfg, nodes)
