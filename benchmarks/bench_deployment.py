@@ -53,7 +53,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -62,9 +61,19 @@ import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-DEPLOY = REPO / "deploy"
-BIN = Path(sys.executable).parent
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the shared deployment harness
+from tests.deploy.local_deployment import (  # noqa: E402
+    BIN,
+    REPO,
+    Deployment,
+    command_line,
+    probe_app,
+    process_tree,
+)
+
+MIB = 1024 * 1024
 MODES = ("per-message", "warm", "warm-prefetch")
 NODES = 2
 
@@ -167,97 +176,24 @@ def train(msg, context):
     return reply
 '''
 
-PROBE_PYPROJECT = """[build-system]
-requires = ["hatchling"]
-build-backend = "hatchling.build"
-
-[project]
-name = "gsgm-deployment-probe"
-version = "1.0.0"
-dependencies = []
-
-[tool.hatch.build.targets.wheel]
-packages = ["clients"]
-
-[tool.flwr.app]
-publisher = "flwr-gsgm"
-
-[tool.flwr.app.components]
-serverapp = "probe_server:app"
-clientapp = "probe_client:app"
-
-[tool.flwr.app.config]
-nodes = 2
-updates-per-node = 16
-depth = 1
-out = ""
-batch-size = 32
-local-batches = 1
-poll-interval = 0.05
-dataset = "fashion-mnist"
-data-root = "/usr/share/datasets/fashion-mnist"
-partitioner = "pathological"
-classes-per-node = 2
-seed = 0
-client-threads = 1
-"""
+PROBE_CONFIG = {
+    "nodes": NODES,
+    "updates-per-node": 16,
+    "depth": 1,
+    "out": "",
+    "batch-size": 32,
+    "local-batches": 1,
+    "poll-interval": 0.05,
+}
 
 
-# ------------------------------------------------------------------ /proc sampling
-def _children() -> dict[int, list[int]]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    return children
-
-
-def process_tree(pid: int) -> list[int]:
-    children, tree, todo = _children(), [], [pid]
-    while todo:
-        current = todo.pop()
-        tree.append(current)
-        todo.extend(children.get(current, []))
-    return tree
-
-
-def _kind(pid: int) -> str:
-    try:
-        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return "gone"
-    for needle, kind in (
-        ("flwr_gsgm.deploy.executor", "executor"),
-        ("flwr-clientapp", "clientapp"),
-        ("flower-superexec", "superexec"),
-        ("supernode", "supernode"),
-    ):
-        if needle in cmd:
-            return kind
-    return "other"
-
-
-def _status_kib(pid: int, key: str) -> int:
-    text = Path(f"/proc/{pid}/status").read_text()
-    match = re.search(rf"^{key}:\s+(\d+) kB", text, re.M)
-    return int(match.group(1)) if match else 0
-
-
-def _cpu_seconds(pids: list[int]) -> float:
-    total = 0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += int(fields[11]) + int(fields[12])  # utime + stime
-    return total / os.sysconf("SC_CLK_TCK")
-
-
+# ------------------------------------------------------------------ process sampling
+_KINDS = (
+    ("flwr_gsgm.deploy.executor", "executor"),
+    ("flwr-clientapp", "clientapp"),
+    ("flower-superexec", "superexec"),
+    ("supernode", "supernode"),
+)
 _CUDA_LIB = re.compile(
     r"nvidia|cuda|cublas|cudnn|cufft|curand|cusparse|cusolver|nccl|nvrtc|"
     r"nvJitLink|nvToolsExt|cupti|triton",
@@ -265,29 +201,27 @@ _CUDA_LIB = re.compile(
 )
 
 
-def _cuda_rss_kib(pid: int) -> int:
-    """RSS of the CUDA libraries mapped by ``pid`` (what a CPU build of torch lacks)."""
-    total, cuda = 0, False
-    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
-        head = line.split(None, 5)
-        if len(head) >= 5 and "-" in head[0]:  # a mapping's header line
-            cuda = len(head) == 6 and bool(_CUDA_LIB.search(head[5]))
-        elif cuda and line.startswith("Rss:"):
-            total += int(line.split()[1])
-    return total
+def _kind(pid: int) -> str:
+    cmd = command_line(pid)
+    return next((kind for needle, kind in _KINDS if needle in cmd), "other" if cmd else "gone")
+
+
+def _cuda_rss(proc: psutil.Process) -> int:
+    """Bytes of RSS in the CUDA libraries ``proc`` maps (what a CPU build of torch lacks)."""
+    return sum(m.rss for m in proc.memory_maps() if _CUDA_LIB.search(m.path))
 
 
 class TreeSampler(threading.Thread):
-    """Peak summed RSS of a SuperNode's process tree, peak RSS per process kind, and the
-    peak of the tree's RSS without CUDA library pages (sampled once a second)."""
+    """Peak summed RSS (bytes) of a SuperNode's process tree, peak RSS per process
+    kind, and the peak of the tree's RSS without CUDA library pages (that one sampled
+    every tenth tick: reading the memory maps is slow)."""
 
     def __init__(self, root: int, interval: float = 0.1) -> None:
         super().__init__(daemon=True)
         self.root, self.interval = root, interval
         self.stop = threading.Event()
-        self.peak_tree_kib = 0
-        self.peak_tree_no_cuda_kib = 0
-        self.peak_kind_kib: dict[str, int] = {}
+        self.peak_tree = self.peak_tree_no_cuda = 0
+        self.peak_kind: dict[str, int] = {}
 
     def run(self) -> None:
         tick = 0
@@ -295,19 +229,30 @@ class TreeSampler(threading.Thread):
             total = cuda = 0
             for pid in process_tree(self.root):
                 try:
-                    rss, hwm = _status_kib(pid, "VmRSS"), _status_kib(pid, "VmHWM")
-                    if tick % 10 == 0:
-                        cuda += _cuda_rss_kib(pid)
-                except OSError:
+                    proc = psutil.Process(pid)
+                    rss = proc.memory_info().rss
+                    cuda += _cuda_rss(proc) if tick % 10 == 0 else 0
+                except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                     continue
                 total += rss
                 kind = _kind(pid)
-                self.peak_kind_kib[kind] = max(self.peak_kind_kib.get(kind, 0), hwm)
-            self.peak_tree_kib = max(self.peak_tree_kib, total)
+                self.peak_kind[kind] = max(self.peak_kind.get(kind, 0), rss)
+            self.peak_tree = max(self.peak_tree, total)
             if tick % 10 == 0:
-                self.peak_tree_no_cuda_kib = max(self.peak_tree_no_cuda_kib, total - cuda)
+                self.peak_tree_no_cuda = max(self.peak_tree_no_cuda, total - cuda)
             tick += 1
             self.stop.wait(self.interval)
+
+
+def _cpu_seconds(pids: list[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        try:
+            times = psutil.Process(pid).cpu_times()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        total += times.user + times.system
+    return total
 
 
 def idle_cpu(root: int, seconds: float) -> float:
@@ -319,105 +264,35 @@ def idle_cpu(root: int, seconds: float) -> float:
 
 
 # ------------------------------------------------------------------------ driver
-class Deployment:
-    """start_local.sh with 2 SuperNodes in one mode; stop_local.sh and leftovers at the end."""
-
-    def __init__(self, base: Path, mode: str) -> None:
-        self.base, self.run_dir = base, base / f"run-{mode}"
-        self.env = {
-            **os.environ,
-            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-            "VENV": str(BIN.parent),
-            "RUN_DIR": str(self.run_dir),
-            "CERT_DIR": str(base / "certs"),
-            "KEY_DIR": str(base / "keys"),
-            "FLWR_HOME": str(self.run_dir / "flwr-home"),
-            "CLIENTAPP_MODE": "per-message" if mode == "per-message" else "warm",
-            "STOP_TIMEOUT": "10",
-            "PYTHONPATH": str(REPO),  # the probe's ServerApp imports flwr_gsgm
-        }
-
-    def start(self) -> list[int]:
-        subprocess.run(
-            ["bash", str(DEPLOY / "start_local.sh"), str(NODES)],
-            env=self.env,
-            check=True,
-            timeout=300,
-            stdout=subprocess.DEVNULL,
-        )
-        pid_files = [self.run_dir / "pids" / f"supernode-node-{i}.pid" for i in range(NODES)]
-        pids = [int(f.read_text()) for f in pid_files]
-        deadline = time.monotonic() + 300
-        for i in range(NODES):
-            log = self.run_dir / "logs" / f"supernode-node-{i}.log"
-            while "SuperNode ID:" not in log.read_text(errors="replace"):
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"SuperNode node-{i} did not connect:\n{log.read_text()}")
-                time.sleep(0.5)
-        return pids
-
-    def stop(self) -> None:
-        ports = set()
-        for log in (self.run_dir / "logs").glob("*.log"):
-            ports.update(
-                int(p)
-                for p in re.findall(
-                    r"running on https?://127\.0\.0\.1:(\d+)", log.read_text(errors="replace")
-                )
-            )
-        subprocess.run(
-            ["bash", str(DEPLOY / "stop_local.sh")],
-            env=self.env,
-            timeout=120,
-            stdout=subprocess.DEVNULL,
-        )
-        for _ in range(10):
-            left = _leftovers(self.base, ports)
-            if not left:
-                break
-            for pid in left:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            time.sleep(0.5)
-
-
-def _leftovers(base: Path, ports: set[int]) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        used = {int(p) for p in re.findall(r"127\.0\.0\.1:(\d+)\b", cmd)}
-        if str(base) in cmd or used & ports:
-            found.append(int(entry.name))
-    return found
-
-
-def _probe_app(folder: Path) -> Path:
-    shutil.rmtree(folder, ignore_errors=True)
-    (folder / "clients").mkdir(parents=True)
-    for source in (REPO / "clients").glob("*.py"):
-        shutil.copy2(source, folder / "clients" / source.name)
-    (folder / "probe_server.py").write_text(PROBE_SERVER)
-    (folder / "probe_client.py").write_text(PROBE_CLIENT)
-    (folder / "pyproject.toml").write_text(PROBE_PYPROJECT)
-    return folder
+def start(dep: Deployment) -> list[int]:
+    """start_local.sh with :data:`NODES` SuperNodes; their launcher pids once connected."""
+    dep.script("start_local.sh", str(NODES), timeout=300)
+    names = [f"node-{i}" for i in range(NODES)]
+    dep.wait_connected(names, timeout=300)
+    return [dep.pid(f"supernode-{name}") for name in names]
 
 
 def run_mode(base: Path, mode: str, args: argparse.Namespace) -> dict:
     """One mode on a fresh deployment: the probe's rows, RSS peaks, idle CPU."""
-    dep = Deployment(base, mode)
-    app = _probe_app(base / "probe-app")
+    dep = Deployment(
+        base,
+        f"run-{mode}",
+        CLIENTAPP_MODE="per-message" if mode == "per-message" else "warm",
+        PYTHONPATH=str(REPO),  # the probe's ServerApp imports flwr_gsgm
+    )
+    app = probe_app(
+        base / "probe-app",
+        "gsgm-deployment-probe",
+        "1.0.0",
+        {"probe_server.py": PROBE_SERVER, "probe_client.py": PROBE_CLIENT},
+        "probe_client:app",
+        PROBE_CONFIG,
+    )
     out = base / f"probe-{mode}.json"
     samplers: list[TreeSampler] = []
     load_before = os.getloadavg()
     try:
-        supernodes = dep.start()
+        supernodes = start(dep)
         samplers = [TreeSampler(pid) for pid in supernodes]
         for sampler in samplers:
             sampler.start()
@@ -428,21 +303,16 @@ def run_mode(base: Path, mode: str, args: argparse.Namespace) -> dict:
             f"local-batches={args.local_batches}"
         )
         started = time.monotonic()
-        with (base / f"probe-{mode}.log").open("w") as log:
-            run = subprocess.Popen(
-                [str(BIN / "flwr"), "run", str(app), "gsgm-local", "--stream"]
-                + ["--run-config", config],
-                env=dep.env,
-                cwd=app,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-            try:
-                run.wait(timeout=300 + 90 * per_node * NODES)
-            finally:
-                if run.poll() is None:
-                    os.killpg(run.pid, signal.SIGKILL)
+        run = dep.popen(
+            [str(BIN / "flwr"), "run", str(app), "gsgm-local", "--stream"]
+            + ["--run-config", config],
+            base / f"probe-{mode}.log",
+            cwd=app,
+        )
+        try:
+            run.wait(timeout=300 + 90 * per_node * NODES)
+        except subprocess.TimeoutExpired:
+            pass  # reported below: the probe wrote no result
         wall = time.monotonic() - started
         if not out.is_file():
             raise RuntimeError(
@@ -455,14 +325,14 @@ def run_mode(base: Path, mode: str, args: argparse.Namespace) -> dict:
         for sampler in samplers:
             sampler.stop.set()
             sampler.join()
-        dep.stop()
+        dep.stop_everything()
     return {
         "mode": mode,
         "probe": json.loads(out.read_text()),
         "wall_s": wall,
-        "peak_tree_mib": [s.peak_tree_kib / 1024 for s in samplers],
-        "peak_tree_no_cuda_mib": [s.peak_tree_no_cuda_kib / 1024 for s in samplers],
-        "peak_kind_mib": [{k: v / 1024 for k, v in s.peak_kind_kib.items()} for s in samplers],
+        "peak_tree_mib": [s.peak_tree / MIB for s in samplers],
+        "peak_tree_no_cuda_mib": [s.peak_tree_no_cuda / MIB for s in samplers],
+        "peak_kind_mib": [{k: v / MIB for k, v in s.peak_kind.items()} for s in samplers],
         "idle_cpu_percent": idle,
         "load_average": [load_before, os.getloadavg()],
     }

@@ -13,7 +13,6 @@ Also builds tiny Flower Apps (FABs) whose ClientApp reports what it saw.
 from __future__ import annotations
 
 import hashlib
-import socket
 import threading
 import time
 from pathlib import Path
@@ -36,31 +35,10 @@ from flwr.supernode import start_client_internal as sci
 from flwr.supernode.main import create_app
 from flwr.supernode.nodestate import NodeStateFactory
 
+from .local_deployment import app_pyproject, free_port
+
 NODE_ID = 7
 RUN_ID = 42
-
-APP_PYPROJECT = """[build-system]
-requires = ["hatchling"]
-build-backend = "hatchling.build"
-
-[project]
-name = "warmprobe"
-version = "{version}.0.0"
-dependencies = []
-
-[tool.hatch.build.targets.wheel]
-packages = ["."]
-
-[tool.flwr.app]
-publisher = "flwr-gsgm-tests"
-
-[tool.flwr.app.components]
-serverapp = "warmprobe_app:server"
-clientapp = "warmprobe_app:app"
-
-[tool.flwr.app.config]
-scale = 2.0
-"""
 
 APP_MODULE = '''"""Test ClientApp: scales the arrays; reports its version, calls and process."""
 
@@ -99,16 +77,19 @@ def train(msg, context):
 '''
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def build_app(folder: Path, version: int) -> Fab:
     """A FAB of the test ClientApp at ``version`` (1, 2, ...), built in ``folder``."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "pyproject.toml").write_text(APP_PYPROJECT.format(version=version))
+    pyproject = app_pyproject(
+        "warmprobe",
+        f"{version}.0.0",
+        "warmprobe_app:server",
+        "warmprobe_app:app",
+        {"scale": 2.0},
+        package=".",
+        publisher="flwr-gsgm-tests",
+    )
+    (folder / "pyproject.toml").write_text(pyproject)
     (folder / "warmprobe_app.py").write_text(APP_MODULE.format(version=version))
     content = build_fab_from_disk(folder)
     return Fab(hashlib.sha256(content).hexdigest(), content, {})

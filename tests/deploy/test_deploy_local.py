@@ -26,21 +26,32 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-DEPLOY = REPO / "deploy"
-BIN = Path(sys.executable).parent
+from .local_deployment import (
+    BIN,
+    REPO,
+    Deployment,
+    executor_pids,
+    free_port,
+    kill_all,
+    probe_app,
+    process_tree,
+    tail,
+    text,
+)
+
 NUM_NODES = 3
 KILLED = 2  # partition-id whose SuperNode is killed and replaced
-MAX_UPDATES = 60
+# Must outlast the loss detection and the replacement's start: with the warm executor
+# two SuperNodes reach 60 updates in about 80 s, and CI once ended a 60-update run
+# before the replacement had joined.
+MAX_UPDATES = 150
 # Above the cold first message of three SuperNodes on a loaded 2-core machine.
 REPLY_TIMEOUT = 90.0
 # 40 mini-batches per update (~1 s of compute here): a kill lands while a node computes.
@@ -78,36 +89,6 @@ def wait_for(
         time.sleep(interval)
 
 
-def text(path: Path) -> str:
-    try:
-        return path.read_text(errors="replace")
-    except FileNotFoundError:
-        return ""
-
-
-def tail(path: Path, lines: int = 40) -> str:
-    return f"--- {path.name} ---\n" + "\n".join(text(path).splitlines()[-lines:])
-
-
-def process_tree(pid: int) -> list[int]:
-    """``pid`` and its descendants (from /proc), parents first."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(entry.name))
-    tree, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        tree.append(current)
-        todo.extend(children.get(current, []))
-    return tree
-
-
 def computing(log: Path) -> bool:
     """The SuperNode's ClientApp is computing a train reply (received, not sending)."""
     events = re.findall(
@@ -120,146 +101,6 @@ def computing(log: Path) -> bool:
 
 def train_replies(log: Path) -> int:
     return text(log).count("Sending: train message")
-
-
-def executor_pids(supernode_pid: int) -> list[int]:
-    """The warm executor process(es) under a SuperNode launcher."""
-    found = []
-    for pid in process_tree(supernode_pid)[1:]:
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
-        except OSError:
-            continue
-        if b"flwr_gsgm.deploy.executor" in cmdline:
-            found.append(pid)
-    return found
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def kill_all(pids: list[int], sig: int = signal.SIGKILL) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
-class Deployment:
-    """The folders and processes of one local deployment (see deploy/start_local.sh)."""
-
-    def __init__(self, base: Path) -> None:
-        self.base = base
-        self.run_dir = base / "run"
-        self.outputs = base / "outputs"
-        self.env = {
-            **os.environ,
-            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-            "VENV": str(BIN.parent),
-            "RUN_DIR": str(self.run_dir),
-            "CERT_DIR": str(base / "certs"),
-            "KEY_DIR": str(base / "keys"),
-            "FLWR_HOME": str(self.run_dir / "flwr-home"),
-            "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-            "STOP_TIMEOUT": "10",
-        }
-        self.popens: list[subprocess.Popen] = []
-
-    def script(self, name: str, *args: str, timeout: float = 120) -> str:
-        done = subprocess.run(
-            ["bash", str(DEPLOY / name), *args],
-            env=self.env,
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-        assert done.returncode == 0, f"{name} {args} failed:\n{done.stdout}\n{done.stderr}"
-        return done.stdout
-
-    def popen(self, args: list[str], log: Path) -> subprocess.Popen:
-        with log.open("w") as out:
-            proc = subprocess.Popen(
-                args,
-                env=self.env,
-                cwd=REPO,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        self.popens.append(proc)
-        return proc
-
-    def log(self, name: str) -> Path:
-        return self.run_dir / "logs" / f"{name}.log"
-
-    def pid(self, name: str) -> int:
-        return int((self.run_dir / "pids" / f"{name}.pid").read_text())
-
-    def node_id(self, key: str) -> int:
-        return int((self.run_dir / "nodes" / f"{key}.node-id").read_text())
-
-    def state(self) -> dict[str, str]:
-        lines = text(self.run_dir / "state.env").splitlines()
-        return dict(line.split("=", 1) for line in lines if "=" in line)
-
-    def our_ports(self) -> set[int]:
-        ports = set()
-        if "PORT" in self.state():
-            ports.add(int(self.state()["PORT"]))
-        for log in (self.run_dir / "logs").glob("*.log"):
-            ports.update(
-                int(p) for p in re.findall(r"running on https?://127\.0\.0\.1:(\d+)", text(log))
-            )
-        return ports
-
-    def leftover_pids(self) -> list[int]:
-        """Processes whose command line names our folders or our loopback ports."""
-        ports, found = self.our_ports(), []
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit() or int(entry.name) == os.getpid():
-                continue
-            try:
-                cmdline = (
-                    (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                )
-            except OSError:
-                continue
-            used = {int(p) for p in re.findall(r"127\.0\.0\.1:(\d+)\b", cmdline)}
-            if str(self.base) in cmdline or used & ports:
-                found.append(int(entry.name))
-        return found
-
-    def stop_everything(self) -> None:
-        for proc in self.popens:
-            if proc.poll() is None:
-                kill_all(process_tree(proc.pid))
-        try:
-            subprocess.run(
-                ["bash", str(DEPLOY / "stop_local.sh")],
-                env=self.env,
-                cwd=REPO,
-                capture_output=True,
-                timeout=60,
-            )
-        except subprocess.TimeoutExpired:
-            pass
-        for _ in range(10):  # children of killed processes, orphaned ClientApps, ...
-            leftovers = self.leftover_pids()
-            if not leftovers:
-                break
-            kill_all(leftovers)
-            time.sleep(0.5)
-        for proc in self.popens:
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
 
 
 @pytest.fixture(scope="module")
@@ -515,46 +356,17 @@ def main(grid: Grid, context: Context) -> None:
         json.dump(rows, fh)
 '''
 
-PROBE_PYPROJECT = """[build-system]
-requires = ["hatchling"]
-build-backend = "hatchling.build"
-
-[project]
-name = "gsgm-deploy-probe"
-version = "{version}"
-dependencies = []
-
-[tool.hatch.build.targets.wheel]
-packages = ["clients"]
-
-[tool.flwr.app]
-publisher = "flwr-gsgm"
-
-[tool.flwr.app.components]
-serverapp = "probe_server:app"
-clientapp = "clients.client_app:app"
-
-[tool.flwr.app.config]
-node-id = "0"
-batch-sizes = "32"
-out = ""
-dataset = "fashion-mnist"
-data-root = "/usr/share/datasets/fashion-mnist"
-partitioner = "pathological"
-classes-per-node = 2
-seed = 0
-client-threads = 1
-"""
-
 
 def _probe_app(folder: Path, version: str) -> Path:
     """A small Flower App: the project's ClientApp, a probe ServerApp (version differs)."""
-    (folder / "clients").mkdir(parents=True)
-    for source in (REPO / "clients").glob("*.py"):
-        (folder / "clients" / source.name).write_bytes(source.read_bytes())
-    (folder / "probe_server.py").write_text(PROBE_SERVER)
-    (folder / "pyproject.toml").write_text(PROBE_PYPROJECT.format(version=version))
-    return folder
+    return probe_app(
+        folder,
+        "gsgm-deploy-probe",
+        version,
+        {"probe_server.py": PROBE_SERVER},
+        "clients.client_app:app",
+        {"node-id": "0", "batch-sizes": "32", "out": ""},
+    )
 
 
 def test_a_raising_clientapp_and_a_new_app_version_keep_the_same_executor(
