@@ -1,61 +1,52 @@
 """End to end through Flower's simulation engine: `flwr run .` on real Fashion-MNIST.
 
 Runs scripts/run_simulation.sh (the script `make run` uses) with its own FLWR_HOME,
-so the test exercises the Flower App exactly as a user runs it.
+so the test exercises the Flower App exactly as a user runs it; the local SuperLink
+that `flwr run` uses is the test's own (tests/simulation_engine/local_superlink.py).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
-import sys
 from pathlib import Path
 
 from clients.client_app import app as client_app
 from flwr_gsgm.inprocess_grid import InProcessGrid
 from serverapp.experiment import run_experiment
+from tests.simulation_engine.local_superlink import local_superlink
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def run_flower_simulation(tmp_path: Path, num_nodes: int, overrides: dict[str, object]) -> Path:
-    """Run the app in Flower's simulation engine; return the run folder."""
+def run_script(tmp_path: Path, num_nodes: int, overrides: dict[str, object]):
+    """scripts/run_simulation.sh with a local SuperLink of the test's own (see
+    local_superlink.py); the finished process, its output captured."""
 
     def toml(v: object) -> str:
         return f'"{v}"' if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else str(v)
 
-    out = tmp_path / "outputs"
-    config = {**overrides, "output-dir": str(out), "run-name": "sim"}
-    env = {
-        **os.environ,
-        "FLWR_HOME": str(tmp_path / "flwr-home"),
-        # A port of its own, so a SuperLink the user runs elsewhere is not reused.
-        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(free_port()),
-        "FLWR_LOCAL_CONTROL_API_PORT": str(free_port()),
-        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-    }
-    proc = subprocess.run(
-        [
-            "bash",
-            str(ROOT / "scripts" / "run_simulation.sh"),
-            str(num_nodes),
-            *[f"{k}={toml(v)}" for k, v in config.items()],
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    config = {**overrides, "output-dir": str(tmp_path / "outputs"), "run-name": "sim"}
+    with local_superlink(tmp_path / "flwr-home") as env:
+        return subprocess.run(
+            [
+                "bash",
+                str(ROOT / "scripts" / "run_simulation.sh"),
+                str(num_nodes),
+                *[f"{k}={toml(v)}" for k, v in config.items()],
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+
+
+def run_flower_simulation(tmp_path: Path, num_nodes: int, overrides: dict[str, object]) -> Path:
+    """Run the app in Flower's simulation engine; return the run folder."""
+    proc = run_script(tmp_path, num_nodes, overrides)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return out / "sim"
+    return tmp_path / "outputs" / "sim"
 
 
 SMALL_RUN = {
@@ -99,9 +90,7 @@ def test_gsgm_learns_real_fashion_mnist_in_flower_simulation(tmp_path):
 def test_a_failing_run_makes_the_script_fail(tmp_path):
     # data-root without data: the ServerApp raises FileNotFoundError before training;
     # flwr run --stream itself exits 0, the script must not.
-    try:
-        run_flower_simulation(tmp_path, 2, {"data-root": str(tmp_path / "no-data")})
-    except AssertionError as err:
-        assert "ended with status" in str(err) and "dataset-fashion-mnist" in str(err)
-    else:
-        raise AssertionError("the script exited 0 for a failed run")
+    proc = run_script(tmp_path, 2, {"data-root": str(tmp_path / "no-data")})
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert 'ended with status "finished:failed"' in proc.stderr, proc.stderr[-3000:]
+    assert "sudo apt-get install dataset-fashion-mnist" in proc.stdout, proc.stdout[-3000:]

@@ -5,20 +5,19 @@ strings (`strategy="asgd"` reached Flower as `strategy=asgd`, "invalid format").
 The test takes the line from README.md and runs it with `bash -c` in the repository;
 only the environment differs from a user's shell: make's VENV points at this test's
 interpreter (through MAKEFLAGS, as `make VENV=...` would), FLWR_HOME at a temporary
-folder, and the local SuperLink gets free ports.
+folder, and the local SuperLink is the test's own, on free ports (local_superlink.py).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-from tests.simulation_engine.test_flower_simulation import free_port
+from tests.simulation_engine.local_superlink import local_superlink
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -38,16 +37,14 @@ def test_the_readme_make_run_example_runs_as_written(tmp_path):
     venv.mkdir()
     (venv / "bin").symlink_to(Path(sys.executable).parent)
     (venv / ".installed").touch()
-    env = {
-        **{k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")},
-        "MAKEFLAGS": f"VENV={venv}",
-        "FLWR_HOME": str(tmp_path / "flwr-home"),
-        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(free_port()),
-        "FLWR_LOCAL_CONTROL_API_PORT": str(free_port()),
-    }
-    proc = subprocess.run(
-        ["bash", "-c", line], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200
-    )
+    with local_superlink(tmp_path / "flwr-home") as superlink_env:
+        env = {
+            **{k: v for k, v in superlink_env.items() if k not in ("MAKELEVEL", "MFLAGS")},
+            "MAKEFLAGS": f"VENV={venv}",
+        }
+        proc = subprocess.run(
+            ["bash", "-c", line], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200
+        )
     out = proc.stdout + proc.stderr
     found = re.search(r"\[flwr-gsgm\] final accuracy [\d.]+, MASD [\d.]+ -> (\S+)", out)
     run_dir = Path(found.group(1)) if found else None
