@@ -4,13 +4,15 @@ The loop (:meth:`AsyncEngine.run`) ties together, each in its own module:
 
 - membership (:mod:`flwr_gsgm.membership`): who is in the federation (discovery,
   joins, losses, refusals), keyed on the ``partition-id`` nodes report; node events
-  (:mod:`flwr_gsgm.node_events`) carry each join, loss, time-out, error reply and
-  rejection to the optimizer, the ledger and the dispatcher;
+  (:mod:`flwr_gsgm.node_events`) carry each join, failure (back-off, exclusion),
+  loss and rejection to the optimizer, the ledger and the dispatcher; how a run
+  ends (:mod:`flwr_gsgm.run_end`): "failed" when no node is left to train;
 - what is in flight (:mod:`flwr_gsgm.in_flight`): train dispatches and queries,
   replies, deadlines; and which idle node gets a freed slot
   (:mod:`flwr_gsgm.dispatch`);
-- reply intake (:mod:`flwr_gsgm.reply_intake`): unpacking and envelope checks;
-- the books (:mod:`flwr_gsgm.ledger`), evaluation (:mod:`flwr_gsgm.evaluation`),
+- reply intake (:mod:`flwr_gsgm.reply_intake`, :mod:`flwr_gsgm.norm_bound`);
+- the books (:mod:`flwr_gsgm.ledger`, :mod:`flwr_gsgm.node_stats`), evaluation
+  (:mod:`flwr_gsgm.evaluation`),
   checkpoints (:mod:`flwr_gsgm.engine_state`, :mod:`flwr_gsgm.checkpoint`) and the
   final report (:mod:`flwr_gsgm.engine_report`);
 
@@ -52,7 +54,10 @@ from flwr_gsgm.ledger import Ledger
 from flwr_gsgm.membership import Membership, Node
 from flwr_gsgm.model_layout import ModelLayout
 from flwr_gsgm.model_optimizer import ModelOptimizer
+from flwr_gsgm.node_stats import NodeStats
+from flwr_gsgm.norm_bound import RelativeNormBound
 from flwr_gsgm.reply_intake import ReplyIntake
+from flwr_gsgm.run_end import RunEnd
 
 __all__ = ["EngineSettings", "AsyncEngine", "EngineReport", "EvaluateFn", "OptimizerFactory"]
 
@@ -92,7 +97,8 @@ class AsyncEngine:
         If a trainable array is not float32, none is, or ``trainable_keys`` names a
         key the model does not have.
     RuntimeError
-        If fewer than ``min_nodes`` nodes answer the start-up query in time.
+        If fewer than ``min_nodes`` nodes answer the start-up query within
+        ``startup_timeout``.
     """
 
     def __init__(
@@ -117,8 +123,12 @@ class AsyncEngine:
             settings.message_ttl,
             settings.virtual_clock is not None,
             on_replay=self._on_replay,
+            query_ttl=settings.startup_timeout,
         )
         self.members = Membership(grid, self.in_flight, settings, self.ledger)
+        self.stats = NodeStats()
+        self.end = RunEnd(settings, self.members)
+        self.norm_bound = RelativeNormBound(settings.max_norm_ratio)
         self.intake = ReplyIntake(self.layout, lambda pid: self.members.nodes[pid].identified)
         self.evaluator = Evaluator(self.keys, evaluate_fn, settings.max_updates)
         self.federated = FederatedEvaluator(grid, self.keys, settings, self.ledger)
@@ -127,6 +137,7 @@ class AsyncEngine:
         self.rows: list[dict[str, float]] = []
         self.received = 0
         self.diverged = False
+        self.budget_spent = False  # the time budget (virtual clock) ended the run
         self.stop_requested = False
         # The engine clock (s): virtual seconds under the virtual clock, else wall
         # seconds since the start (deployment); the core's ``now`` and virtual_time.
@@ -136,6 +147,9 @@ class AsyncEngine:
     # ------------------------------------------------------------------ the loop
     def run(self) -> EngineReport:
         """Train until a budget is spent or no node is left; return the report.
+
+        A run with no node left to train ends with ``status`` "failed" and the reason
+        (:mod:`flwr_gsgm.run_end`); the strategy raises on it.
 
         Raises
         ------
@@ -153,11 +167,11 @@ class AsyncEngine:
                 self.in_flight.pull()
                 self.federated.poll(self.rows)
                 progressed = self._apply_ready()
-                node_events.expire_timeouts(self)
+                node_events.check_deadlines(self)
                 node_events.register_joins(self)
                 self._stop_if_requested()
                 if not progressed:
-                    self.in_flight.idle(self.settings.poll_interval)
+                    node_events.idle(self)
         self._final_evaluation()
         self.federated.finish(self.rows, self.settings.poll_interval)
         return build_report(self)
@@ -177,13 +191,17 @@ class AsyncEngine:
         self.dispatcher.start(self.optimizer, self.received, self.clock_now)
 
     def _finished(self) -> bool:
-        if self.diverged or self.received >= self.settings.max_updates:
+        if self.diverged or self.received >= self.settings.max_updates or self.end.failed:
             return True
-        if not self.in_flight:
-            return True  # no node left, or the time budget is spent
-        return self.settings.virtual_clock is None and self.settings.beyond_time_budget(
+        if self.settings.virtual_clock is None and self.settings.beyond_time_budget(
             wall_since(self.t0)
-        )
+        ):
+            return True
+        if self.in_flight:
+            return False
+        if self.budget_spent or not self.dispatcher.may_dispatch(self.received, self.clock_now):
+            return True  # the time budget is spent
+        return self.end.nothing_in_flight(self.received)
 
     def _final_evaluation(self) -> None:
         """Evaluate the final weights unless the last row already did (or they diverged)."""
@@ -216,6 +234,7 @@ class AsyncEngine:
                 dispatch.v_finish
             ):
                 self.in_flight.clear()  # time budget spent: in-flight work is not applied
+                self.budget_spent = True
                 break
             self._handle(dispatch)
             progressed = True
@@ -232,11 +251,13 @@ class AsyncEngine:
         self.policy.on_reply(node.partition_id, self.clock_now, counted=not reply.has_error())
         if reply.has_error():
             node_events.on_error_reply(self, node, reply)
+            node_events.on_virtual_time(self)
             return
-        node.errors_in_row = 0
+        node.failures = 0
         self.received += 1
         self._on_update(node, dispatch, reply)
         self.top_up()
+        node_events.on_virtual_time(self)  # back-offs over by now, after the update
         if self.received % self.settings.eval_every == 0:
             self._evaluate()
         if not self.diverged:  # federated evaluation at its points, beside training
@@ -250,12 +271,16 @@ class AsyncEngine:
         pid = node.partition_id
         try:
             update = self.intake.unpack(dispatch, reply)
+            norm = self.norm_bound.check(pid, update.trainable)
             outcome = self.optimizer.on_update(
                 pid, update, dispatch.base_version, now=self.clock_now
             )
-        except UpdateRejected as err:  # intake's ReplyRejected or the optimizer's
+        except UpdateRejected as err:  # intake's ReplyRejected, the norm bound's, the rule's
             node_events.on_rejected(self, node, err)
+            node_events.record_outcome(self, pid, None)
             return
+        self.norm_bound.accept(pid, norm)
+        node_events.record_outcome(self, pid, outcome)
         node.rejections_in_row = 0
         staleness = self.optimizer.last_staleness
         assert staleness is not None  # set by every valid update

@@ -33,6 +33,7 @@ from flwr_gsgm.async_engine import AsyncEngine, EngineReport, EngineSettings, Ev
 from flwr_gsgm.core import OPTIMIZERS, ServerOptimizer, declared_params, make_optimizer
 from flwr_gsgm.core.backups import DispatchBackups
 from flwr_gsgm.federated_evaluation import FederatedEvaluation
+from flwr_gsgm.run_end import FAILED, RunFailed
 from flwr_gsgm.virtual_clock import VirtualClock
 
 __all__ = ["AsyncStrategy", "AsyncResult", "CLIENT_MODES"]
@@ -247,6 +248,15 @@ class AsyncStrategy:
         Returns
         -------
         AsyncResult
+
+        Raises
+        ------
+        flwr_gsgm.run_end.RunFailed
+            If no node was left to train before the budget was spent (every node
+            excluded, or lost and not back within ``rejoin-timeout``); its ``reason``
+            says why and its ``result`` holds the :class:`AsyncResult` so far.
+        RuntimeError
+            If fewer than ``min-nodes`` nodes answer within ``startup-timeout``.
         """
         log(INFO, "Starting %s asynchronous strategy:", self.optimizer_name.upper())
         self.summary()
@@ -262,8 +272,11 @@ class AsyncStrategy:
             trainable_keys=self.trainable_keys,
         )
         report = engine.run()
+        result = _result(report)
+        if report.status == FAILED:
+            raise RunFailed(report.status_reason, result)
         log(INFO, "Asynchronous run finished: %s", report.counters)
-        return _result(report)
+        return result
 
     def _train_config(self, extra: ConfigRecord | None) -> ConfigRecord:
         """Every train message's config: client mode and work, then ``extra``'s keys."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from flwr.app import ArrayRecord, MetricRecord
 
@@ -22,7 +22,10 @@ class EngineReport:
     ``counters`` uses the names of ``summary.json`` (:class:`~flwr_gsgm.ledger.Ledger`);
     ``rejections`` is keyed by :data:`flwr_gsgm.core.REASONS`; staleness in
     versions, times in seconds. ``federated`` maps the updates received at each
-    federated evaluation point to the nodes' aggregated metrics.
+    federated evaluation point to the nodes' aggregated metrics. ``status`` is
+    "completed" or "failed" (:mod:`flwr_gsgm.run_end`), ``status_reason`` says why a
+    run failed ("" otherwise); ``per_node`` (counts and state by partition-id) and
+    ``warnings`` come from :class:`~flwr_gsgm.node_stats.NodeStats`.
     """
 
     arrays: ArrayRecord
@@ -34,6 +37,10 @@ class EngineReport:
     virtual_seconds: float
     wall_seconds: float
     federated: dict[int, MetricRecord] = field(default_factory=dict)
+    status: str = "completed"
+    status_reason: str = ""
+    per_node: dict[str, dict[str, Any]] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
 
 
 def build_report(engine: AsyncEngine) -> EngineReport:
@@ -44,6 +51,7 @@ def build_report(engine: AsyncEngine) -> EngineReport:
     counters = ledger.report_counters(
         optimizer.counters, engine.received, optimizer.version, engine.diverged
     )
+    engine.stats.finish(optimizer.rule.params.get("max_staleness"))
     return EngineReport(
         arrays=weights_record(engine.keys, optimizer.weights),
         rows=engine.rows,
@@ -54,4 +62,8 @@ def build_report(engine: AsyncEngine) -> EngineReport:
         virtual_seconds=engine.clock_now,
         wall_seconds=wall_since(engine.t0),
         federated=dict(engine.federated.results),
+        status=engine.end.status,
+        status_reason=engine.end.reason,
+        per_node=engine.stats.report(engine.members),
+        warnings=list(engine.stats.warnings),
     )

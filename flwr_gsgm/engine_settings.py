@@ -6,9 +6,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from flwr_gsgm.backoff import Backoff
 from flwr_gsgm.dispatch import DISPATCH_POLICIES
 from flwr_gsgm.federated_evaluation import FederatedEvaluation
-from flwr_gsgm.run_config import RUN_CONFIG
+from flwr_gsgm.run_config import RUN_CONFIG, check_deadlines
 from flwr_gsgm.virtual_clock import VirtualClock
 
 __all__ = ["EngineSettings"]
@@ -34,22 +35,42 @@ class EngineSettings:
     eval_every : int
         Evaluate every this many client updates received [``eval-every``].
     message_ttl : float
-        TTL in seconds of every message sent [``message-ttl``].
-    reply_timeout : float
-        Wall seconds after which a node whose reply has not come is treated as lost
-        [``reply-timeout``].
+        TTL in seconds of every train and evaluate message [``message-ttl``]; must be
+        above ``dispatch_timeout``.
+    startup_timeout : float
+        The start-up deadline: wall seconds for ``min_nodes`` nodes to answer the
+        start-up query, and for a joining node to answer its query; also the TTL of
+        a query [``startup-timeout``]. The first message a node handles loads its
+        ClientApp, which may take far longer than a dispatch (tens of seconds under
+        Ray).
+    dispatch_timeout : float
+        The per-dispatch deadline: wall seconds a train message may go unanswered;
+        then the node fails (:attr:`backoff`) [``dispatch-timeout``].
+    max_node_failures : int
+        Failures in a row (dispatch time-outs, error replies of any Flower error
+        code) after which a node is excluded from the run [``max-node-failures``];
+        each failure before that backs it off.
+    backoff : Backoff
+        How long a failing node waits before it gets work again
+        (:class:`flwr_gsgm.backoff.Backoff`: base 1 s, factor 2, cap 60 s).
+    rejoin_timeout : float
+        With no node training or backing off, wall seconds the run waits for a lost
+        node (one that left the federation) to come back before it fails
+        [``rejoin-timeout``].
     poll_interval : float
         Wall seconds to sleep when no reply can be applied [``poll-interval``].
     node_refresh_interval : float
         Wall seconds between checks for new node ids (joins, restarts).
-    max_consecutive_errors : int
-        Error replies in a row after which a node is treated as lost.
     max_consecutive_rejections : int
-        Rejected updates in a row after which a node is treated as lost (0 = never)
+        Rejected updates in a row after which a node is excluded (0 = never)
         [``max-consecutive-rejections``]: a node that only sends garbage must not stall
         GSGM's cycles, which wait for every active node.
+    max_norm_ratio : float | None
+        Reject an update whose L2 norm exceeds this many times the median norm of
+        the recently accepted ones (:mod:`flwr_gsgm.norm_bound`) [``max-norm-ratio``,
+        0 = off]; None = off.
     min_nodes : int
-        Nodes to wait for (up to ``reply_timeout``) before training starts [``min-nodes``].
+        Nodes to wait for (up to ``startup_timeout``) before training starts [``min-nodes``].
     checkpoint_every : int
         Save a checkpoint every this many client updates received (0 = never)
         [``checkpoint-every``]; also on SIGTERM when checkpoints are on.
@@ -87,24 +108,29 @@ class EngineSettings:
         the node asks for work after its reply (no idle poll between updates), at the
         cost of staleness: with N nodes an update is computed on weights about 2N - 1
         versions old instead of N - 1. Needs real arrival
-        order (no virtual clock) and no ``max_in_flight``; ``reply_timeout`` then
+        order (no virtual clock) and no ``max_in_flight``; ``dispatch_timeout`` then
         covers two round trips.
 
     Raises
     ------
     ValueError
-        On a value out of range; the message names the run config key and the value.
+        On a value out of range, or ``message_ttl <= dispatch_timeout``; the message
+        names the run config key and the value.
     """
 
     max_updates: int = _run_default("max-updates")
     max_seconds: float | None = None
     eval_every: int = _run_default("eval-every")
     message_ttl: float = _run_default("message-ttl")
-    reply_timeout: float = _run_default("reply-timeout")
+    startup_timeout: float = _run_default("startup-timeout")
+    dispatch_timeout: float = _run_default("dispatch-timeout")
+    max_node_failures: int = _run_default("max-node-failures")
+    backoff: Backoff = Backoff()
+    rejoin_timeout: float = _run_default("rejoin-timeout")
     poll_interval: float = _run_default("poll-interval")
     node_refresh_interval: float = 10.0
-    max_consecutive_errors: int = 3
     max_consecutive_rejections: int = _run_default("max-consecutive-rejections")
+    max_norm_ratio: float | None = _run_default("max-norm-ratio") or None
     min_nodes: int = _run_default("min-nodes")
     checkpoint_every: int = _run_default("checkpoint-every")
     checkpoint_path: Path | None = None
@@ -121,13 +147,21 @@ class EngineSettings:
             "max-updates": (self.max_updates, self.max_updates >= 1, ">= 1"),
             "eval-every": (self.eval_every, self.eval_every >= 1, ">= 1"),
             "message-ttl": (self.message_ttl, self.message_ttl > 0, "> 0 seconds"),
-            "reply-timeout": (self.reply_timeout, self.reply_timeout > 0, "> 0 seconds"),
+            "startup-timeout": (self.startup_timeout, self.startup_timeout > 0, "> 0 seconds"),
+            "dispatch-timeout": (self.dispatch_timeout, self.dispatch_timeout > 0, "> 0 seconds"),
+            "max-node-failures": (self.max_node_failures, self.max_node_failures >= 1, ">= 1"),
+            "rejoin-timeout": (self.rejoin_timeout, self.rejoin_timeout >= 0, ">= 0 seconds"),
             "poll-interval": (self.poll_interval, self.poll_interval >= 0, ">= 0 seconds"),
             "min-nodes": (self.min_nodes, self.min_nodes >= 1, ">= 1"),
         }
         for key, (value, ok, expected) in checks.items():
             if not ok:
                 raise ValueError(f"{key} must be {expected}, got {value!r}")
+        check_deadlines(self.message_ttl, self.dispatch_timeout)
+        if self.max_norm_ratio is not None and not self.max_norm_ratio > 0:
+            raise ValueError(
+                f"max-norm-ratio must be > 0 or None (off), got {self.max_norm_ratio!r}"
+            )
         if self.checkpoint_every < 0:
             raise ValueError(f"checkpoint-every must be >= 0, got {self.checkpoint_every!r}")
         if (self.checkpoint_every or self.resume) and self.checkpoint_path is None:

@@ -46,6 +46,8 @@ def save_state(engine: AsyncEngine) -> dict[str, Any]:
         "seq": engine.dispatcher.seq,
         "clock_now": engine.clock_now,
         "dispatch": engine.policy.state_dict(),
+        "node_stats": engine.stats.state_dict(),
+        "norm_bound": engine.norm_bound.state_dict(),
     }
 
 
@@ -68,6 +70,9 @@ def restore_state(engine: AsyncEngine, state: dict[str, Any]) -> None:
     engine.dispatcher.seq, engine.clock_now = state["seq"], state["clock_now"]
     if "dispatch" in state:  # checkpoints written before dispatch policies lack it
         engine.policy.load_state_dict(state["dispatch"])
+    if "node_stats" in state:  # ... and before the per-node counts and the norm bound
+        engine.stats.load_state_dict(state["node_stats"])
+        engine.norm_bound.load_state_dict(state["norm_bound"])
     for saved in state["in_flight"]:
         dispatch = Dispatch(**saved)
         node = engine.members.nodes[dispatch.partition_id]

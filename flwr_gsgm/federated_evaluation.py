@@ -6,7 +6,7 @@ the ClientApp's ``@app.evaluate()``, as Flower's FedAvg does each round) and goe
 training at once: the evaluate messages are in flight together with the train
 messages, their replies are pulled on every turn of the engine's loop and recorded
 when they arrive. A point's aggregate is formed once every node asked has answered,
-failed or passed ``reply-timeout``; it goes into the evaluation row of the same
+failed or passed ``dispatch-timeout``; it goes into the evaluation row of the same
 ``updates`` (``metrics.csv`` columns ``federated_<key>``) and into the ``Result``'s
 ``evaluate_metrics_clientapp``.
 
@@ -137,7 +137,7 @@ class FederatedEvaluator:
     engine : EngineSettings
         Its ``federated_evaluation`` (None: no federated evaluation, every method is
         then a no-op), ``message_ttl`` (TTL of each evaluate message),
-        ``reply_timeout`` (wall seconds after which a reply not yet here is given up
+        ``dispatch_timeout`` (wall seconds after which a reply not yet here is given up
         and counted as failed) and ``seed`` (which nodes each point asks).
     ledger : Ledger
         Counts ``federated_eval_sent``, ``federated_eval_replies`` (aggregated) and
@@ -150,7 +150,7 @@ class FederatedEvaluator:
         self.settings: FederatedEvaluation | None = engine.federated_evaluation
         self.ledger = ledger
         self.ttl = engine.message_ttl
-        self.timeout = engine.reply_timeout
+        self.timeout = engine.dispatch_timeout
         self.seed = engine.seed
         self.points: list[_Point] = []
         #: updates received at the point -> aggregated MetricRecord
@@ -210,13 +210,13 @@ class FederatedEvaluator:
             for mid, (pid, sent_at) in list(point.pending.items()):
                 if now - sent_at > self.timeout:
                     del point.pending[mid]
-                    self._fail(point, pid, f"no reply within reply-timeout={self.timeout} s")
+                    self._fail(point, pid, f"no reply within dispatch-timeout={self.timeout} s")
         for point in [p for p in self.points if not p.pending]:
             self.points.remove(point)
             self._close(point, rows)
 
     def finish(self, rows: list[dict[str, Any]], poll_interval: float) -> None:
-        """At the end of the run: wait for the pending points (each up to reply-timeout)."""
+        """At the end of the run: wait for the pending points (each up to dispatch-timeout)."""
         while self.points:
             self.poll(rows)
             if self.points:

@@ -4,9 +4,9 @@
 and query messages, pulls replies, remembers which reply arrived when, and says
 which dispatch is to be handled next: under the virtual clock the one with the
 earliest virtual finish time (once its reply is here), otherwise the earliest
-arrival. Deadlines (``reply-timeout``) are read from the wall-clock send time of
-each message. Which idle node gets a freed slot is the dispatch policy's choice
-(:mod:`flwr_gsgm.dispatch`).
+arrival. Deadlines (``dispatch-timeout``, ``startup-timeout``) are read from the
+wall-clock send time of each message. Which idle node gets a freed slot is the
+dispatch policy's choice (:mod:`flwr_gsgm.dispatch`).
 """
 
 from __future__ import annotations
@@ -72,6 +72,10 @@ class InFlight:
         ``(message_id, why) -> None``, called for each replayed reply pulled (a second
         reply to a message, a reply to a message not in flight, a reply from another
         node than the message's), which is then ignored. Default: ignore silently.
+    query_ttl : float, optional
+        TTL in seconds of a query (a node's start-up message): the start-up
+        deadline, so that a ClientApp slower to start than ``message_ttl`` still
+        answers. Default: ``message_ttl``.
     """
 
     def __init__(
@@ -81,11 +85,13 @@ class InFlight:
         message_ttl: float,
         virtual_order: bool,
         on_replay: Callable[[str, str], None] | None = None,
+        query_ttl: float | None = None,
     ) -> None:
         self.on_replay = on_replay or (lambda mid, why: None)
         self.grid = grid
         self.keys = keys
         self.ttl = message_ttl
+        self.query_ttl = message_ttl if query_ttl is None else query_ttl
         self.virtual_order = virtual_order
         self.dispatches: dict[str, Dispatch] = {}  # message id -> train dispatch
         self.queries: dict[str, tuple[int, float]] = {}  # message id -> (node id, sent at)
@@ -131,7 +137,7 @@ class InFlight:
     def push_queries(self, node_ids: list[int]) -> None:
         """Ask each of ``node_ids`` for its partition-id (a ``query`` message)."""
         messages = [
-            Message(RecordDict({"config": ConfigRecord()}), node_id, "query", ttl=self.ttl)
+            Message(RecordDict({"config": ConfigRecord()}), node_id, "query", ttl=self.query_ttl)
             for node_id in node_ids
         ]
         sent_at = time.monotonic()

@@ -25,7 +25,10 @@ __all__ = ["ENGINE_COUNTERS", "Ledger", "Window"]
 #: Events the engine counts itself (the optimizer counts the outcomes of updates).
 ENGINE_COUNTERS = (
     "error_replies",
+    "dispatch_timeouts",
+    "node_backoffs",
     "nodes_lost",
+    "nodes_excluded",
     "lost_in_flight",
     "nodes_refused",
     "nodes_joined",

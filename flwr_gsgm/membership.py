@@ -31,7 +31,9 @@ from typing import Any
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
+from flwr_gsgm import node_states
 from flwr_gsgm.engine_settings import EngineSettings
+from flwr_gsgm.error_codes import error_summary
 from flwr_gsgm.in_flight import InFlight
 from flwr_gsgm.ledger import Ledger
 from flwr_gsgm.query_reply import NO_PARTITION, read_query_reply
@@ -50,18 +52,35 @@ class Node:
     node_id: int
     speed: float
     dispatches: int = 0
-    errors_in_row: int = 0
+    # Failures in a row (dispatch time-outs, error replies): each backs the node off,
+    # max-node-failures of them exclude it (flwr_gsgm.node_events). A valid reply
+    # resets the count.
+    failures: int = 0
     rejections_in_row: int = 0
-    # Lost through silence or transport errors (a crash, a reboot): its node id is
-    # queried again if it shows up, since a SuperNode restarted with the same
-    # authentication key keeps its node id. Nodes lost for bad work stay out.
+    # Lost because it left the federation (a crash, a reboot): its node id is queried
+    # again if it shows up, since a SuperNode restarted with the same authentication
+    # key keeps its node id.
     may_return: bool = False
     active: bool = True
     # False: registered without a partition-id (no query handler), keyed by node id.
     identified: bool = True
+    # Backing off: out of the run until the engine clock reaches this (seconds).
+    retry_at: float | None = None
+    # Why the node was excluded for the rest of the run ("" = it is not).
+    excluded: str = ""
 
     #: Fields saved in a checkpoint.
-    SAVED = ("dispatches", "errors_in_row", "rejections_in_row", "active", "speed")
+    SAVED = ("dispatches", "failures", "rejections_in_row", "active", "speed")
+    SAVED += ("may_return", "retry_at", "excluded")
+
+    @property
+    def state(self) -> str:
+        """ "active", "backing-off", "lost" (left the federation) or "excluded"."""
+        if self.active:
+            return "active"
+        if self.excluded:
+            return "excluded"
+        return "backing-off" if self.retry_at is not None else "lost"
 
 
 class Membership:
@@ -81,6 +100,7 @@ class Membership:
         self.ledger = ledger
         self.nodes: dict[int, Node] = {}  # partition-id -> node
         self.node_ids_seen: set[int] = set()
+        self.query_failures: Counter[int] = Counter()  # node id -> failed queries in a row
         self.num_partitions = 0
         self.reported_num: dict[int, int] = {}  # partition-id -> num-partitions it reported
         self.speeds: dict[int, float] = {}
@@ -93,6 +113,10 @@ class Membership:
         self.started = True
         slow = [p for p in pids if self.nodes[p].speed > 1.0]
         log(INFO, "[async] %d nodes (partition-ids %s); slow: %s", len(pids), pids, slow)
+
+    def active_ids(self) -> list[int]:
+        """Partition-ids of the active nodes, in order."""
+        return [pid for pid in sorted(self.nodes) if self.nodes[pid].active]
 
     def idle_active(self, depth: int = 1) -> list[int]:
         """Partition-ids of the active nodes with fewer than ``depth`` dispatches in
@@ -107,13 +131,14 @@ class Membership:
         Raises
         ------
         RuntimeError
-            If fewer than ``min_nodes`` nodes answer within ``reply_timeout`` seconds.
+            If fewer than ``min_nodes`` nodes answer within ``startup_timeout`` seconds.
         """
-        deadline = time.monotonic() + self.settings.reply_timeout
+        deadline = time.monotonic() + self.settings.startup_timeout
+        self.query_new_nodes()
         while True:
-            self.query_new_nodes()
             self.in_flight.pull()
             self.register_query_replies(lose)
+            self.query_new_nodes()  # new node ids, and those whose query failed
             registered = len(self.nodes) + len(self.unkeyed)
             if registered >= self.settings.min_nodes and not self.in_flight.queries:
                 break
@@ -121,8 +146,9 @@ class Membership:
                 if registered >= self.settings.min_nodes:
                     break
                 raise RuntimeError(
-                    f"only {registered} node(s) answered within reply-timeout="
-                    f"{self.settings.reply_timeout} s, min-nodes={self.settings.min_nodes} required"
+                    f"only {registered} node(s) answered within startup-timeout="
+                    f"{self.settings.startup_timeout} s, min-nodes={self.settings.min_nodes} "
+                    "required"
                 )
             self.in_flight.idle(max(self.settings.poll_interval, 0.01))
         self._refuse_other_partitionings()
@@ -147,13 +173,8 @@ class Membership:
             if num != self.num_partitions:
                 self.ledger.count("nodes_refused")
                 del self.nodes[pid]
-                log(
-                    WARNING,
-                    "[async] partition %d refused: it reports num-partitions %d, the run has %d",
-                    pid,
-                    num,
-                    self.num_partitions,
-                )
+                why = f"it reports num-partitions {num}, the run has {self.num_partitions}"
+                log(WARNING, "[async] partition %d refused: %s", pid, why)
 
     def query_new_nodes(self) -> None:
         """Query node ids not seen before, and returning ones that may come back."""
@@ -178,16 +199,25 @@ class Membership:
         Never raises on a reply: one with malformed metadata is logged, counted in
         ``nodes_refused`` and registers no node; a node that cannot answer (no query
         handler, its query raised) or reports no partition-id is registered without
-        one (:meth:`key_for`; at start-up once every answer is in). Queries
-        unanswered after ``reply_timeout`` seconds are forgotten.
+        one (:meth:`key_for`; at start-up once every answer is in). A query answered
+        with another error (its TTL expired while the ClientApp started, say) or not
+        answered within ``startup_timeout`` seconds failed: it is sent again, up to
+        ``max_node_failures`` failed queries in a row (:meth:`_query_failed`).
         """
         joined = []
         queries = self.in_flight.queries
         for mid in [m for m in queries if m in self.in_flight.arrived]:
             node_id, _ = queries.pop(mid)
             reply = self.in_flight.take_reply(mid)
-            answer = read_query_reply(node_id, reply, self.started, self.num_partitions)
+            answer = read_query_reply(
+                node_id, reply, self.started, self.num_partitions, self.settings.startup_timeout
+            )
             self.ledger.count("nodes_refused", int(answer.refused))
+            if answer.partition_id is None and not answer.refused:
+                why = error_summary(reply, self.settings.startup_timeout)
+                self._query_failed(node_id, f"its query failed ({why})")
+                continue
+            self.query_failures.pop(node_id, None)
             pid, identified = answer.partition_id, answer.partition_id != NO_PARTITION
             if pid == NO_PARTITION and not self.started:
                 self.unkeyed.append(node_id)  # keyed once every start-up answer is in
@@ -200,10 +230,32 @@ class Membership:
                 joined.append(pid)
         now = time.monotonic()
         for mid, (node_id, sent_at) in list(queries.items()):
-            if now - sent_at > self.settings.reply_timeout:
+            if now - sent_at > self.settings.startup_timeout:
                 del queries[mid]
-                log(WARNING, "[async] node %d did not answer its query; ignored", node_id)
+                why = f"no answer within startup-timeout={self.settings.startup_timeout} s"
+                log(WARNING, "[async] node %d did not answer its query (%s)", node_id, why)
+                self._query_failed(node_id, why)
         return joined
+
+    def _query_failed(self, node_id: int, why: str) -> None:
+        """A query failed: the node is asked again (at once during start-up, then at
+        the next node refresh) until ``max_node_failures`` queries in a row failed;
+        then it is refused. A failed query of a returning node is a failure of its
+        partition too (as many exclude it), so it is not queried for ever."""
+        limit = self.settings.max_node_failures
+        self.query_failures[node_id] += 1
+        if self.query_failures[node_id] < limit:
+            self.node_ids_seen.discard(node_id)
+        elif self.query_failures[node_id] == limit:
+            self.ledger.count("nodes_refused")
+            last = f"{limit} failed queries in a row; last: {why}"
+            log(WARNING, "[async] node %d refused: %s", node_id, last)
+        for node in self.nodes.values():
+            if node.node_id == node_id and node.state == "lost":
+                node.failures += 1
+                if node.failures >= limit:
+                    why = f"{node.failures} failures in a row; {why}"
+                    node_states.exclude(self.nodes, self.ledger, node.partition_id, why)
 
     def key_for(self, node_id: int) -> int:
         """The key of a node without a partition-id: its old key, else the next free one.
@@ -224,15 +276,15 @@ class Membership:
             if not identified:
                 log(INFO, "[async] node %d registered without a partition-id, as %d", node_id, pid)
             return self.started
+        if node.excluded:
+            self.ledger.count("nodes_refused")
+            why = f"partition-id {pid} was excluded from the run ({node.excluded})"
+            log(WARNING, "[async] node %d refused: %s", node_id, why)
+            return False
         if node.active and node.node_id != node_id and not self.started:
             self.ledger.count("nodes_refused")
-            log(
-                WARNING,
-                "[async] node %d refused: partition-id %d is already node %d's",
-                node_id,
-                pid,
-                node.node_id,
-            )
+            why = f"partition-id {pid} is already node {node.node_id}'s"
+            log(WARNING, "[async] node %d refused: %s", node_id, why)
             return False
         if node.active and node.node_id != node_id:
             # A restarted SuperNode: the old node id is gone, its work is lost.
@@ -240,8 +292,8 @@ class Membership:
         node.node_id = node_id
         if node.active:
             return False
-        node.active = True
-        node.errors_in_row = node.rejections_in_row = 0
+        node.active, node.retry_at = True, None
+        node.rejections_in_row = 0  # failures stay: only a valid reply resets them
         return True
 
     def mark_lost(self, pid: int, may_return: bool) -> Node | None:
@@ -269,10 +321,11 @@ class Membership:
             node = self.nodes.get(pid)
             if node is None:  # its SuperNode did not come back: known but inactive
                 node = self.nodes[pid] = Node(pid, -1, saved["speed"], active=False)
-            node.dispatches, node.errors_in_row, node.speed = (
-                saved["dispatches"],
-                saved["errors_in_row"],
-                saved["speed"],
-            )
+            node.dispatches, node.speed = saved["dispatches"], saved["speed"]
+            # Checkpoints written before the back-off counted "errors_in_row".
+            node.failures = saved.get("failures", saved.get("errors_in_row", 0))
             node.rejections_in_row = saved["rejections_in_row"]
             node.active = node.active and saved["active"]
+            node.excluded = saved.get("excluded", "")
+            node.may_return = saved.get("may_return", node.may_return)
+            node.retry_at = None if node.active else saved.get("retry_at")

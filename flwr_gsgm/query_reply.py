@@ -21,6 +21,7 @@ from flwr.app import Message, MetricRecord
 from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 
+from flwr_gsgm.error_codes import error_summary
 from flwr_gsgm.reply_intake import metadata_int
 
 __all__ = ["NO_PARTITION", "QueryAnswer", "read_query_reply"]
@@ -43,12 +44,13 @@ class QueryAnswer:
 
 
 def read_query_reply(
-    node_id: int, reply: Message, started: bool, num_partitions: int
+    node_id: int, reply: Message, started: bool, num_partitions: int, ttl: float = 0.0
 ) -> QueryAnswer:
     """Read ``node_id``'s ``reply`` to its query; log what it means.
 
     ``started`` and ``num_partitions`` describe the run: once training started, a
-    node must report the run's ``num-partitions``. Never raises on a reply.
+    node must report the run's ``num-partitions``. ``ttl``: the query's TTL in
+    seconds, named in the log of a TTL expiry. Never raises on a reply.
     """
     if reply.has_error():
         reason = (reply.error.reason or "").strip().splitlines()
@@ -61,7 +63,8 @@ def read_query_reply(
                 last,
             )
             return QueryAnswer(NO_PARTITION)
-        log(WARNING, "[async] node %d answered its query with error: %s", node_id, last)
+        why = error_summary(reply, ttl)
+        log(WARNING, "[async] node %d answered its query with error %s", node_id, why)
         return QueryAnswer(None)
     metrics = reply.content.get("metrics")
     if not isinstance(metrics, MetricRecord) or "partition-id" not in metrics:

@@ -37,6 +37,8 @@ __all__ = [
     "optimizer_params_from",
     "parse_run_config",
     "strategy_keys",
+    "check_deadlines",
+    "REMOVED_KEYS",
 ]
 
 #: The registered server rules, in registry order (GSGM first).
@@ -163,14 +165,51 @@ RUN_CONFIG: dict[str, RunConfigKey] = {
     "slow-factor": _key(4.0, lambda v: v >= 1, ">= 1", "how many times slower a slow node is"),
     "jitter": _key(0.1, lambda v: 0 <= v < 1, "in [0, 1)", "relative jitter of each duration"),
     # engine
-    "message-ttl": _key(600.0, _positive, "> 0 seconds", "TTL of every message"),
-    "reply-timeout": _key(300.0, _positive, "> 0 seconds", "a node silent this long is lost"),
+    "message-ttl": _key(
+        600.0,
+        _positive,
+        "> 0 seconds",
+        "TTL of every train and evaluate message (above dispatch-timeout)",
+    ),
+    "startup-timeout": _key(
+        300.0,
+        _positive,
+        "> 0 seconds",
+        "start-up deadline: wall seconds for min-nodes to answer the query (also a joining "
+        "node's query, and a query's TTL)",
+    ),
+    "dispatch-timeout": _key(
+        300.0,
+        _positive,
+        "> 0 seconds, below message-ttl",
+        "per-dispatch deadline: wall seconds a train message may go unanswered before the "
+        "node fails",
+    ),
+    "max-node-failures": _key(
+        5,
+        _positive,
+        "an integer > 0",
+        "failures in a row (time-outs, error replies; each backs the node off) that exclude a node",
+    ),
+    "rejoin-timeout": _key(
+        120.0,
+        _non_negative,
+        ">= 0 seconds",
+        "with no node left training, wall seconds to wait for a lost node before the run fails",
+    ),
     "poll-interval": _key(0.01, _non_negative, ">= 0 seconds", "sleep between pulls when idle"),
     "max-consecutive-rejections": _key(
         10,
         _non_negative,
         "an integer >= 0 (0 = never)",
-        "a node whose updates are rejected this often in a row is lost",
+        "a node whose updates are rejected this often in a row is excluded",
+    ),
+    "max-norm-ratio": _key(
+        10.0,
+        _non_negative,
+        ">= 0 (0 = off)",
+        "reject an update whose L2 norm exceeds this times the median of the last 100 "
+        "accepted (after 10)",
     ),
     "min-nodes": _key(1, _positive, "an integer > 0", "nodes to wait for before training"),
     "max-in-flight": _key(
@@ -204,6 +243,34 @@ RUN_CONFIG: dict[str, RunConfigKey] = {
     "run-name": _key("", _ANY, "a folder name", "outputs/<run-name>/ (empty = strategy and time)"),
     "output-dir": _key("outputs", _ANY, "a folder", "where run folders go"),
 }
+
+
+#: Keys a run config may no longer use, and what replaced each.
+REMOVED_KEYS = {
+    "reply-timeout": "startup-timeout (the start-up deadline) and dispatch-timeout (the "
+    "per-dispatch deadline, below message-ttl)",
+}
+
+
+def check_deadlines(message_ttl: float, dispatch_timeout: float) -> None:
+    """Refuse time settings that contradict each other.
+
+    A train message expires on the SuperLink after ``message-ttl`` seconds, so a
+    per-dispatch deadline at or above it could never fire before the message is gone
+    (docs/DEPLOYMENT.md: the deadline stays below the TTL).
+
+    Raises
+    ------
+    ValueError
+        If ``message_ttl <= dispatch_timeout``; the message names both keys and values.
+    """
+    if not message_ttl > dispatch_timeout:
+        raise ValueError(
+            f"run config message-ttl={message_ttl!r} must be greater than "
+            f"dispatch-timeout={dispatch_timeout!r}: a message expires after message-ttl, so "
+            "the per-dispatch deadline must come first; raise message-ttl or lower "
+            "dispatch-timeout"
+        )
 
 
 def _coerce(key: str, value: Any, spec: RunConfigKey) -> Any:
@@ -242,11 +309,17 @@ def parse_run_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
     Raises
     ------
     ValueError
-        For an unknown key, a value of the wrong type or out of range,
-        ``classes-per-node`` above the data set's number of classes, or a
-        ``federated-eval-every`` that is not a multiple of ``eval-every``; the
+        For an unknown or removed key (``reply-timeout``), a value of the wrong type
+        or out of range, ``classes-per-node`` above the data set's number of classes,
+        a ``federated-eval-every`` that is not a multiple of ``eval-every``, or
+        ``message-ttl`` not above ``dispatch-timeout`` (:func:`check_deadlines`); the
         message names the key, the value and what was expected.
     """
+    removed = sorted(set(run_config) & set(REMOVED_KEYS))
+    if removed:
+        raise ValueError(
+            "; ".join(f"run config key {k!r} was removed: use {REMOVED_KEYS[k]}" for k in removed)
+        )
     unknown = sorted(set(run_config) - set(RUN_CONFIG))
     if unknown:
         raise ValueError(f"run config key(s) {unknown} unknown; known keys: {sorted(RUN_CONFIG)}")
@@ -265,6 +338,7 @@ def parse_run_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
         raise ValueError(
             "run config resume=true: expected a run-name naming the run folder to resume"
         )
+    check_deadlines(cfg["message-ttl"], cfg["dispatch-timeout"])
     num_classes = DATASET_CLASSES[cfg["dataset"]]
     if cfg["partitioner"] == "pathological" and cfg["classes-per-node"] > num_classes:
         raise ValueError(

@@ -112,16 +112,22 @@ def summarize(
     staleness_max: int,
     wall_seconds: float,
     virtual_seconds: float,
+    report: Any = None,
 ) -> dict[str, Any]:
     """Summary figures of one run (GSGM.md, "Measuring stability").
 
     ``counters`` uses the same names as the summary (the engine's
     :meth:`flwr_gsgm.ledger.Ledger.report_counters`); a missing one counts 0.
     Accuracy figures are fractions in [0, 1]; MASD and std are over the second half
-    of the evaluations; times are seconds.
+    of the evaluations; times are seconds. ``report`` (the engine's
+    :class:`~flwr_gsgm.async_engine.EngineReport`, absent for Flower's synchronous
+    strategies) adds ``status`` ("completed" or "failed") and ``status_reason``,
+    ``per_node`` (counts and state per partition-id) and ``warnings``.
     """
     acc = [float(r["accuracy"]) for r in rows]
     return {
+        "status": getattr(report, "status", "completed"),
+        "status_reason": getattr(report, "status_reason", ""),
         "diverged": bool(counters.get("diverged", 0)),
         "final_accuracy": stability.final_accuracy(acc),
         "masd": stability.masd(acc),
@@ -134,16 +140,21 @@ def summarize(
         "rejected_by_reason": dict(sorted(rejections.items())),
         "dropped": int(counters.get("dropped", 0)),
         "error_replies": int(counters.get("error_replies", 0)),
+        "dispatch_timeouts": int(counters.get("dispatch_timeouts", 0)),
+        "node_backoffs": int(counters.get("node_backoffs", 0)),
         # a dict: runs.csv (simulations/results.py) takes the scalar figures only
         "federated_evaluation": {
             key: int(counters.get(key, 0))
             for key in ("federated_eval_sent", "federated_eval_replies", "federated_eval_failed")
         },
         "nodes_lost": int(counters.get("nodes_lost", 0)),
+        "nodes_excluded": int(counters.get("nodes_excluded", 0)),
         "staleness_mean": float(staleness_mean),
         "staleness_max": int(staleness_max),
         "virtual_seconds": float(virtual_seconds),
         "wall_seconds": float(wall_seconds),
+        "per_node": dict(getattr(report, "per_node", {})),
+        "warnings": list(getattr(report, "warnings", [])),
     }
 
 

@@ -56,10 +56,14 @@ def engine_settings_from(cfg: Mapping[str, Any], run_dir: Path | None = None) ->
     """
     return EngineSettings(
         message_ttl=cfg["message-ttl"],
-        reply_timeout=cfg["reply-timeout"],
+        startup_timeout=cfg["startup-timeout"],
+        dispatch_timeout=cfg["dispatch-timeout"],
+        max_node_failures=cfg["max-node-failures"],
+        rejoin_timeout=cfg["rejoin-timeout"],
         poll_interval=cfg["poll-interval"],
         min_nodes=cfg["min-nodes"],
         max_consecutive_rejections=cfg["max-consecutive-rejections"],
+        max_norm_ratio=cfg["max-norm-ratio"] or None,
         checkpoint_every=cfg["checkpoint-every"],
         checkpoint_path=(run_dir / "checkpoint.pt") if run_dir is not None else None,
         resume=cfg["resume"],

@@ -5,7 +5,10 @@
 # strategy='"asgd"' or strategy=\"asgd\"). Flower's state (config.toml, the local
 # SuperLink, the run log) lives in $FLWR_HOME, default .flwr/ of this project. The
 # local SuperLink that `flwr run` starts is stopped when the run ends, and the exit
-# code is the run's (flwr run --stream exits 0 even when the ServerApp failed).
+# code is the run's (flwr run --stream exits 0 even when the ServerApp failed). If
+# Flower's simulation runtime does not end the run END_GRACE seconds (default 120)
+# after the ServerApp ended (a ClientApp that never returns), it is stopped and the
+# script exits 1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NUM_NODES=${1:-10}
@@ -41,10 +44,67 @@ stop_superlink() {
 }
 trap stop_superlink EXIT
 
+descendants() {
+  local child
+  for child in $(pgrep -P "$1" 2>/dev/null); do
+    echo "$child"
+    descendants "$child"
+  done
+}
+
+stop_run_tree() {
+  # Our local SuperLink and every process it started (the simulation runtime, its Ray
+  # workers), listed before any is stopped (orphans would leave the tree).
+  local link pids
+  link=$(pgrep -f "flower-superlink.*$FLWR_HOME/local-superlink" 2>/dev/null || true)
+  [ -n "$link" ] || return 0
+  pids="$link $(for p in $link; do descendants "$p"; done)"
+  kill -TERM $pids 2>/dev/null || true
+  sleep 5
+  for p in $pids; do  # still there (an idle Ray worker): by pid, if still one of ours
+    if ps -o args= -p "$p" 2>/dev/null | grep -qE "ray|flwr|flower"; then
+      kill -KILL "$p" 2>/dev/null || true
+    fi
+  done
+}
+
 args=(run . local --stream)
 if [ $# -gt 0 ]; then args+=(--run-config "$*"); fi
 log="$FLWR_HOME/last-run.log"
-flwr "${args[@]}" 2>&1 | tee "$log"
+: > "$log"
+flwr "${args[@]}" > "$log" 2>&1 &
+flwr_pid=$!
+tail -n +1 -f --pid="$flwr_pid" "$log" &
+tail_pid=$!
+# Flower's simulation runtime ends a run only once every ClientApp call has returned:
+# a ClientApp that never returns keeps `flwr run` waiting after the ServerApp ended.
+# The ServerApp logs "[flwr-gsgm] run ended: <status>" last (serverapp/server_app.py);
+# if `flwr run` is still there END_GRACE seconds later, stop it and fail.
+END_GRACE=${END_GRACE:-120}
+ended_at=""
+stuck=""
+while kill -0 "$flwr_pid" 2>/dev/null; do
+  if [ -z "$ended_at" ] && grep -q "\[flwr-gsgm\] run ended:" "$log"; then
+    ended_at=$(date +%s)
+  fi
+  if [ -n "$ended_at" ] && [ $(( $(date +%s) - ended_at )) -ge "$END_GRACE" ]; then
+    stuck=1
+    stop_run_tree
+    kill -TERM "$flwr_pid" 2>/dev/null || true
+    break
+  fi
+  sleep 1
+done
+wait "$flwr_pid" 2>/dev/null || true
+wait "$tail_pid" 2>/dev/null || true
+if [ -n "$stuck" ]; then
+  ended=$(grep -o "\[flwr-gsgm\] run ended: .*" "$log" | head -1)
+  echo "the ServerApp ended (${ended#*run ended: }) but Flower's simulation runtime did" \
+       "not end the run within END_GRACE=${END_GRACE} s: a ClientApp call that never" \
+       "returns holds it (or the runtime is slow to stop); stopped the local SuperLink" \
+       "and its processes. log: $log" >&2
+  exit 1
+fi
 run_id=$(grep -o "Successfully started run [0-9]*" "$log" | grep -o "[0-9]*$" || true)
 if [ -z "$run_id" ]; then
   echo "flwr run did not start a run (see above)" >&2

@@ -29,6 +29,7 @@ from clients.training import evaluate
 from flwr_gsgm import run_outputs
 from flwr_gsgm.federated_evaluation import column_name
 from flwr_gsgm.run_config import SYNC_STRATEGIES
+from flwr_gsgm.run_end import RunFailed
 from flwr_gsgm.run_outputs import run_dir_for
 from flwr_gsgm.strategy_from_config import build_strategy, virtual_clock_from
 
@@ -80,6 +81,12 @@ def run_experiment(
         A run config validated by :func:`flwr_gsgm.run_config.parse_run_config`.
     run_dir : Path, optional
         Output folder; default :func:`run_dir_for`.
+
+    Raises
+    ------
+    flwr_gsgm.run_end.RunFailed
+        If no node was left to train before the budget was spent, after the outputs
+        (``status`` "failed" and ``status_reason`` in summary.json) are written.
     """
     torch.set_num_threads(cfg["client-threads"])
     run_dir = run_dir or run_dir_for(cfg)
@@ -101,14 +108,18 @@ def run_experiment(
             rows[-1]["virtual_time"] if rows else 0.0,
         )
     else:
-        result = build_strategy(cfg, run_dir).start(
-            grid,
-            initial,
-            max_updates=cfg["max-updates"],
-            max_seconds=_none_if_zero(cfg["max-seconds"]),
-            evaluate_fn=evaluate_fn,
-            eval_every=cfg["eval-every"],
-        )
+        failed: RunFailed | None = None
+        try:
+            result = build_strategy(cfg, run_dir).start(
+                grid,
+                initial,
+                max_updates=cfg["max-updates"],
+                max_seconds=_none_if_zero(cfg["max-seconds"]),
+                evaluate_fn=evaluate_fn,
+                eval_every=cfg["eval-every"],
+            )
+        except RunFailed as err:  # write what the run did, then fail with the reason
+            failed, result = err, err.result
         rep = result.report
         rows = result.rows
         run_outputs.write_model(run_dir, result.arrays)
@@ -120,7 +131,17 @@ def run_experiment(
             rep.staleness_max,
             rep.wall_seconds,
             rep.virtual_seconds,
+            report=rep,
         )
+        if failed is not None:
+            _write_outputs(run_dir, cfg, rows, summary, grid)
+            raise failed
+    _write_outputs(run_dir, cfg, rows, summary, grid)
+    return summary
+
+
+def _write_outputs(run_dir: Path, cfg: Mapping[str, Any], rows, summary, grid: Grid) -> None:
+    """metrics.csv, summary.json and accuracy.png; the final log line."""
     run_outputs.write_metrics(run_dir, rows)
     run_outputs.write_summary(run_dir, summary)
     run_outputs.plot_accuracy(run_dir, rows, _title(cfg, summary, len(list(grid.get_node_ids()))))
@@ -131,7 +152,6 @@ def run_experiment(
         summary["masd"],
         run_dir,
     )
-    return summary
 
 
 def _title(cfg: Mapping[str, Any], summary: Mapping[str, Any], num_nodes: int) -> str:
@@ -295,7 +315,7 @@ def _run_synchronous(grid: Grid, cfg: Mapping[str, Any], initial: ArrayRecord, e
         num_rounds=rounds,
         train_config=train_config,
         evaluate_fn=eval_and_record,
-        timeout=cfg["reply-timeout"],
+        timeout=cfg["dispatch-timeout"],
     )
     for row in rows:  # the federated columns of the async runs (run_outputs.metric_columns)
         metrics = result.evaluate_metrics_clientapp.get(row["version"])

@@ -8,7 +8,10 @@ raises ``ValueError`` naming the key before any message is sent.
 
 from __future__ import annotations
 
+from logging import ERROR, INFO
+
 from flwr.app import Context
+from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
 from flwr_gsgm.run_config import parse_run_config
@@ -16,9 +19,24 @@ from serverapp.experiment import run_experiment
 
 app = ServerApp()
 
+#: The ServerApp's last log line starts with this; ``scripts/run_simulation.sh`` reads
+#: it (Flower's simulation runtime may keep ``flwr run`` waiting for a ClientApp that
+#: never returns after the ServerApp has ended).
+END_MARKER = "[flwr-gsgm] run ended:"
+
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    """Validate the run config, then run the experiment it describes on ``grid``."""
-    cfg = parse_run_config(context.run_config)
-    run_experiment(grid, cfg)
+    """Validate the run config, then run the experiment it describes on ``grid``.
+
+    Logs :data:`END_MARKER` with the run's status ("completed", or "failed: <why>")
+    last, and re-raises any error (a failed run raises
+    :class:`~flwr_gsgm.run_end.RunFailed`), so Flower marks the run failed.
+    """
+    try:
+        cfg = parse_run_config(context.run_config)
+        summary = run_experiment(grid, cfg)
+    except BaseException as err:
+        log(ERROR, "%s failed: %s", END_MARKER, getattr(err, "reason", None) or err)
+        raise
+    log(INFO, "%s %s", END_MARKER, summary["status"])

@@ -13,7 +13,9 @@ Status of a run (column ``status``):
   ``diverged_reason`` says which (``non-finite loss``, ``non-finite accuracy``,
   ``final accuracy at chance``, ``non-finite weights``);
 - ``"failed"``: the run's process exited with an error or was killed before writing
-  ``summary.json`` (``error`` holds the last line of its log);
+  ``summary.json`` (``error`` holds the last line of its log), or the engine ended it
+  with no node left to train (``summary.json`` ``status`` "failed";
+  ``status_reason`` says why);
 - ``"pending"``: not run yet.
 
 Diverged runs are kept and counted in every table; their accuracy and stability
@@ -56,7 +58,10 @@ SUMMARY_FIELDS = (
     "rejected",
     "dropped",
     "error_replies",
+    "dispatch_timeouts",
+    "node_backoffs",
     "nodes_lost",
+    "nodes_excluded",
     "staleness_mean",
     "staleness_max",
     "virtual_seconds",
@@ -87,6 +92,8 @@ RUN_COLUMNS = (
     "updates_to_target",
     *SUMMARY_FIELDS,
     "rejected_by_reason",
+    "status_reason",
+    "warnings",
     "run_seconds",
     "error",
     "run_dir",
@@ -164,6 +171,8 @@ def run_row(
         value = summary.get(key)
         row[key] = math.nan if value is None else value
     row["rejected_by_reason"] = json.dumps(summary.get("rejected_by_reason", {}), sort_keys=True)
+    row["status_reason"] = summary.get("status_reason", "")
+    row["warnings"] = json.dumps(summary.get("warnings", []))
     metrics = read_metrics(run_dir / "metrics.csv") if (run_dir / "metrics.csv").is_file() else []
     acc = [r["accuracy"] for r in metrics]
     finite = [a for a in acc if math.isfinite(a)]
@@ -182,6 +191,8 @@ def run_row(
     row["diverged"] = bool(reason)
     row["diverged_reason"] = reason
     row["status"] = "diverged" if reason else "ok"
+    if summary.get("status") == "failed":  # no node left to train (flwr_gsgm.run_end)
+        row["status"] = "failed"
     return row
 
 
@@ -220,7 +231,10 @@ _INT_COLUMNS = {
     "rejected",
     "dropped",
     "error_replies",
+    "dispatch_timeouts",
+    "node_backoffs",
     "nodes_lost",
+    "nodes_excluded",
     "staleness_max",
 }
 _FLOAT_COLUMNS = {

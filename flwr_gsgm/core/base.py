@@ -85,8 +85,10 @@ CORE_REASONS: tuple[str, ...] = (
 #: metadata that is not what the protocol says (a partition-id, model-version or
 #: num-examples that is not an integer, a train-loss that is not a number), a
 #: partition-id or model-version other than the message's, other array keys, arrays
-#: that cannot be decoded; and ``"duplicate"``: a replayed reply (a second reply to a
-#: message, a reply to a message not in flight or from another node), ignored.
+#: that cannot be decoded; ``"duplicate"``: a replayed reply (a second reply to a
+#: message, a reply to a message not in flight or from another node), ignored; and
+#: ``"norm-ratio"``: an update far larger than the recent accepted ones (the engine's
+#: relative norm bound, ``flwr_gsgm.norm_bound``).
 INTAKE_REASONS: tuple[str, ...] = (
     "missing-arrays",
     "missing-metrics",
@@ -96,6 +98,7 @@ INTAKE_REASONS: tuple[str, ...] = (
     "array-keys",
     "array-format",
     "duplicate",
+    "norm-ratio",
 )
 #: Every rejection reason of a run, the one list ``rejected_by_reason`` is keyed by.
 REASONS: tuple[str, ...] = INTAKE_REASONS + CORE_REASONS

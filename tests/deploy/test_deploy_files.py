@@ -99,7 +99,7 @@ def test_deployment_run_config_is_valid():
     overrides = tomli.loads((DEPLOY / "run-config.toml").read_text())
     cfg = parse_run_config(overrides)
     assert cfg["virtual-clock"] is False
-    assert cfg["reply-timeout"] < cfg["message-ttl"]
+    assert cfg["dispatch-timeout"] < cfg["message-ttl"]  # parse_run_config checks it too
     # Each poll is an HTTPS request to the SuperLink: 20 per second at most.
     assert cfg["poll-interval"] == 0.05
     assert cfg["prefetch"] is False

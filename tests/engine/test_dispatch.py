@@ -162,7 +162,7 @@ def test_max_in_flight_at_or_above_the_nodes_equals_no_limit(strategy_cls):
             np.testing.assert_array_equal(limited.arrays[k].numpy(), v.numpy())
 
 
-def test_a_node_that_keeps_failing_is_lost_and_its_slot_goes_to_another(engine_log):
+def test_a_node_that_keeps_failing_is_excluded_and_its_slot_goes_to_another(engine_log):
     result, grid = run(
         num_nodes=4,
         max_updates=60,
@@ -171,9 +171,11 @@ def test_a_node_that_keeps_failing_is_lost_and_its_slot_goes_to_another(engine_l
         dispatch="scheduled",
     )
     c = result.report.counters
-    assert c["error_replies"] == 3 and c["nodes_lost"] == 1
+    # Backed off after each of its first 4 failures, excluded at the 5th (max-node-failures).
+    assert c["error_replies"] == 5 and c["node_backoffs"] == 4 and c["nodes_excluded"] == 1
+    assert c["nodes_lost"] == 0
     assert c["updates_received"] == 60
-    assert grid.trained.count(1) == 3  # three failures, then never again
+    assert grid.trained.count(1) == 5  # five failures, then never again
     assert max(engine_log["in_flight"]) == 2
     assert 1 not in engine_log["received"]
 
@@ -181,13 +183,13 @@ def test_a_node_that_keeps_failing_is_lost_and_its_slot_goes_to_another(engine_l
 def test_a_vanished_node_is_lost_under_the_limit_and_frees_its_slot(engine_log):
     # One slot, scheduled: round robin 0, 1, 2, 3, 0, ... The 10th update (partition 1)
     # sends partition 2 its work, then partition 2's node vanishes: the run stalls on
-    # it until reply-timeout, loses it and goes on with the other three.
+    # it until dispatch-timeout, loses it and goes on with the other three.
     grid = RecordingGrid(make_app(), 4, run_config={})
     strategy = ASGD(
         server_learning_rate=0.1,
         virtual_clock=None,
         engine=EngineSettings(
-            reply_timeout=0.3, poll_interval=0.001, max_in_flight=1, dispatch="scheduled"
+            dispatch_timeout=0.3, poll_interval=0.001, max_in_flight=1, dispatch="scheduled"
         ),
     )
 

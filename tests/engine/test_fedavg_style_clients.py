@@ -150,14 +150,14 @@ def test_nodes_without_a_query_answer_are_registered_at_once(caplog):
         server_learning_rate=0.1,
         client_mode="weights",
         virtual_clock=CLOCK,
-        engine=EngineSettings(reply_timeout=300.0),
+        engine=EngineSettings(startup_timeout=300.0),
     )
     t0 = time.monotonic()
     grid = InProcessGrid(mixed_app(calls), 3, run_config={}, workers=2)
     with grid:
         result = start(strategy, None, max_updates=30, grid=grid)
     elapsed = time.monotonic() - t0
-    # Waiting for the reply-timeout (300 s) would take 10x this generous bound.
+    # Waiting for the startup-timeout (300 s) would take 10x this generous bound.
     assert elapsed < 30.0, elapsed
     assert result.report.counters["updates_received"] == 30
     assert result.report.rejections == {}
@@ -209,9 +209,14 @@ def test_a_query_error_other_than_a_client_exception_registers_nothing(caplog):
     strategy = ASGD(server_learning_rate=0.1, client_mode="weights")
     result = start(strategy, None, max_updates=10, grid=InProcessGrid(app, 2, run_config={}))
     logged = [r.getMessage() for r in caplog.records]
-    assert "[async] node 2 answered its query with error: no app" in logged
+    error = (
+        "[async] node 2 answered its query with error code 1: the ClientApp failed to load: no app"
+    )
+    # Asked again (a failed query), then refused after max-node-failures (5) of them.
+    assert logged.count(error) == 5
     assert any("1 nodes (partition-ids [0])" in line for line in logged)
     assert result.report.counters["updates_received"] == 10
+    assert result.report.counters["nodes_refused"] == 1
 
 
 def test_the_project_client_app_in_weights_mode_trains_as_in_delta_mode(tmp_path):

@@ -123,5 +123,5 @@ def test_readme_tables_are_the_generated_ones():
         assert lines[0] == header and len(lines) > 10
         assert "\n".join(lines) + "\n" in readme, f"run: python {path.name} --write README.md"
     names = [line.split("`")[1] for line in module.strategy_table()[2:]]
-    for argument in ("client_mode", "local_steps", "reply_timeout", "max_staleness", "max_norm"):
+    for argument in ("client_mode", "local_steps", "dispatch_timeout", "max_staleness", "max_norm"):
         assert argument in names

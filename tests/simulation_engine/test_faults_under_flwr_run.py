@@ -1,0 +1,149 @@
+"""Issue 12 items 1 and 6 under ``flwr run`` (Flower's simulation engine, Ray).
+
+A copy of the project whose ``clientapp`` component is one of the misbehaving
+ClientApps of ``faulty_apps.py`` runs through ``scripts/run_simulation.sh`` (what
+``make run`` calls). Each run must end within ``BOUND`` seconds with a clear status:
+the script's exit code, its message, and ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.simulation_engine.test_flower_simulation import ROOT, free_port
+
+# Wall seconds a run may take here: Ray's start on a loaded 2-core machine (up to a
+# minute), the run itself, and END_GRACE after the ServerApp ended.
+BOUND = 600
+END_GRACE = 20
+
+
+def project_copy(tmp_path: Path, clientapp: str) -> Path:
+    """The project's tracked source files, with ``clientapp`` as the ClientApp component."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    copy = tmp_path / "project"
+    for name in listed:
+        if name.endswith((".py", ".toml", ".sh")) or name == ".gitignore":
+            (copy / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, copy / name)
+    pyproject = copy / "pyproject.toml"
+    lines = pyproject.read_text().splitlines()
+    lines = [
+        f'clientapp = "tests.simulation_engine.faulty_apps:{clientapp}"'
+        if line.startswith("clientapp = ")
+        else line
+        for line in lines
+    ]
+    pyproject.write_text("\n".join(lines) + "\n")
+    return copy
+
+
+def flwr_run(tmp_path: Path, clientapp: str, num_nodes: int, overrides: dict) -> tuple:
+    """Run the copy under ``flwr run``; return (exit code, output, run folder, seconds)."""
+
+    def toml(v: object) -> str:
+        return f'"{v}"' if isinstance(v, str) else str(v)
+
+    project = project_copy(tmp_path, clientapp)
+    out = tmp_path / "outputs"
+    config = {
+        "max-updates": 20,
+        "eval-every": 20,
+        "eval-examples": 200,
+        **overrides,
+        "output-dir": str(out),
+        "run-name": "sim",
+    }
+    env = {
+        **os.environ,
+        "FLWR_HOME": str(tmp_path / "flwr-home"),
+        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(free_port()),
+        "FLWR_LOCAL_CONTROL_API_PORT": str(free_port()),
+        "END_GRACE": str(END_GRACE),
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+    }
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [
+            "bash",
+            str(project / "scripts" / "run_simulation.sh"),
+            str(num_nodes),
+            *[f"{k}={toml(v)}" for k, v in config.items()],
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=BOUND,
+    )
+    return proc.returncode, proc.stdout + proc.stderr, out / "sim", time.monotonic() - t0
+
+
+def test_a_hung_client_app_under_flwr_run(tmp_path):
+    # Partition 0's ClientApp never returns. The engine excludes it after its first
+    # time-out and trains with the others; Flower's runtime then waits for the hung
+    # call, so the script stops it END_GRACE s after the ServerApp ended and exits 1.
+    code, output, run_dir, seconds = flwr_run(
+        tmp_path,
+        "hung_partition_0",
+        3,
+        {"dispatch-timeout": 20.0, "message-ttl": 40.0, "max-node-failures": 1},
+    )
+    assert code == 1, output[-3000:]
+    assert (
+        "the ServerApp ended (completed) but Flower's simulation runtime did not end the run "
+        f"within END_GRACE={END_GRACE} s: a ClientApp call that never returns holds it"
+    ) in output, output[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["updates_received"] == 20
+    assert summary["per_node"]["0"]["excluded"] == (
+        "1 failures in a row (max-node-failures=1); last: no reply within dispatch-timeout=20.0 s"
+    )
+    assert summary["nodes_excluded"] == 1 and summary["dispatch_timeouts"] == 1
+    assert seconds < BOUND
+
+
+def test_a_ttl_shorter_than_training_under_flwr_run(tmp_path):
+    # Every train takes 30 s, the TTL is 8 s and the per-dispatch deadline 5 s: every
+    # node times out twice and is excluded; the run fails, naming why, and the script
+    # exits 1.
+    code, output, run_dir, seconds = flwr_run(
+        tmp_path,
+        "slow_training",
+        2,
+        {"message-ttl": 8.0, "dispatch-timeout": 5.0, "max-node-failures": 2},
+    )
+    assert code == 1, output[-3000:]
+    why = "2 failures in a row (max-node-failures=2); last: no reply within dispatch-timeout=5.0 s"
+    reason = (
+        f"no node left to train after 0 of 20 updates: partition 0 excluded ({why}); "
+        f"partition 1 excluded ({why})"
+    )
+    assert f"run ended: failed: {reason}" in output, output[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["status"], summary["status_reason"]) == ("failed", reason)
+    assert seconds < BOUND
+
+
+def test_a_ttl_below_the_dispatch_deadline_is_refused_under_flwr_run(tmp_path):
+    # The issue's deployment case: message-ttl=10 with a deadline of 100 s.
+    code, output, run_dir, _ = flwr_run(
+        tmp_path, "slow_training", 2, {"message-ttl": 10.0, "dispatch-timeout": 100.0}
+    )
+    assert code == 1, output[-3000:]
+    assert (
+        "[flwr-gsgm] run ended: failed: run config message-ttl=10.0 must be greater than "
+        "dispatch-timeout=100.0"
+    ) in output, output[-3000:]
+    assert not run_dir.exists()  # refused before the run folder was made
