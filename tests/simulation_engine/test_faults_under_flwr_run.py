@@ -9,17 +9,17 @@ the script's exit code, its message, and ``summary.json``.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-from tests.simulation_engine.test_flower_simulation import ROOT, free_port
+from tests.simulation_engine.local_superlink import local_superlink
+from tests.simulation_engine.test_flower_simulation import ROOT
 
-# Wall seconds a run may take here: Ray's start on a loaded 2-core machine (up to a
-# minute), the run itself, and END_GRACE after the ServerApp ended.
+# Wall seconds the script may take here (the local SuperLink is up before it starts):
+# Ray's start on a loaded 2-core machine (up to a minute), the run itself, and
+# END_GRACE after the ServerApp ended.
 BOUND = 600
 END_GRACE = 20
 
@@ -66,28 +66,24 @@ def flwr_run(tmp_path: Path, clientapp: str, num_nodes: int, overrides: dict) ->
         "output-dir": str(out),
         "run-name": "sim",
     }
-    env = {
-        **os.environ,
-        "FLWR_HOME": str(tmp_path / "flwr-home"),
-        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(free_port()),
-        "FLWR_LOCAL_CONTROL_API_PORT": str(free_port()),
-        "END_GRACE": str(END_GRACE),
-        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-    }
-    t0 = time.monotonic()
-    proc = subprocess.run(
-        [
-            "bash",
-            str(project / "scripts" / "run_simulation.sh"),
-            str(num_nodes),
-            *[f"{k}={toml(v)}" for k, v in config.items()],
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=BOUND,
-    )
-    return proc.returncode, proc.stdout + proc.stderr, out / "sim", time.monotonic() - t0
+    # A local SuperLink of the test's own (local_superlink.py), stopped with every
+    # process it started (the hung ClientApp's Ray worker too) when the test ends.
+    with local_superlink(tmp_path / "flwr-home") as env:
+        t0 = time.monotonic()
+        proc = subprocess.run(
+            [
+                "bash",
+                str(project / "scripts" / "run_simulation.sh"),
+                str(num_nodes),
+                *[f"{k}={toml(v)}" for k, v in config.items()],
+            ],
+            env={**env, "END_GRACE": str(END_GRACE)},
+            capture_output=True,
+            text=True,
+            timeout=BOUND,
+        )
+        seconds = time.monotonic() - t0
+    return proc.returncode, proc.stdout + proc.stderr, out / "sim", seconds
 
 
 def test_a_hung_client_app_under_flwr_run(tmp_path):
