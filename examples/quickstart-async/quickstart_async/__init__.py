@@ -1,0 +1,1 @@
+"""quickstart-async: a Flower quickstart app trained asynchronously with flwr-gsgm."""
