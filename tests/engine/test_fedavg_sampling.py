@@ -60,3 +60,26 @@ def test_fedavg_samples_max_in_flight_nodes_and_times_rounds_by_the_slowest_samp
         expected.append(round(t, 6))
     assert [float(r["virtual_time"]) for r in rows] == expected
     assert summary["updates_received"] == 8
+
+
+class ReversingGrid(InProcessGrid):
+    """Hands each synchronous round's replies back in reverse order."""
+
+    def send_and_receive(self, messages, *, timeout=None):
+        return list(super().send_and_receive(messages, timeout=timeout))[::-1]
+
+
+def test_fedavg_gives_the_same_bits_whatever_the_order_replies_arrive_in(tmp_path):
+    # Flower's FedAvg sums replies in arrival order; float32 sums in another order
+    # differ in their last bits. The experiment sorts the replies by node id.
+    cfg = parse_run_config(
+        {"strategy": "fedavg", "max-updates": 12, "eval-every": 4, "eval-examples": 300}
+    )
+    outputs = []
+    for name, grid_cls in (("arrival", InProcessGrid), ("reversed", ReversingGrid)):
+        run_experiment(grid_cls(client_app, 4, run_config=cfg), cfg, tmp_path / name)
+        with open(tmp_path / name / "metrics.csv") as fh:
+            rows = list(csv.DictReader(fh))
+        outputs.append([(r["updates"], r["accuracy"], r["loss"]) for r in rows])
+    assert [u for u, _, _ in outputs[0]] == ["0", "4", "8", "12"]
+    assert outputs[0] == outputs[1]
