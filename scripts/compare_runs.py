@@ -32,8 +32,9 @@ The sets (default: ``small``):
   the same virtual clock; several times faster).
 
 ``metrics.csv`` is compared byte for byte after dropping the ``wall_time`` column
-(the only column that depends on the machine), and so is ``summary.json`` without
-``wall_seconds``. Runs go one at a time (CPU use: one core plus evaluation threads).
+(the only column that depends on the machine), and so is every ``summary.json`` value
+of the reference but ``wall_seconds`` (keys only the newer tree writes are named).
+Runs go one at a time (CPU use: one core plus evaluation threads).
 """
 
 from __future__ import annotations
@@ -172,13 +173,32 @@ def main(argv: list[str]) -> int:
         if argv[0] == "record":
             path.write_text(got)
             print(f"{name}: recorded -> {path}", flush=True)
-        elif path.is_file() and path.read_text() == got:
-            print(f"{name}: IDENTICAL", flush=True)
-        else:
+            continue
+        before = path.read_text() if path.is_file() else "(none recorded)"
+        verdict = compare(before, got)
+        print(f"{name}: {verdict}", flush=True)
+        if not verdict.startswith("IDENTICAL"):
             status = 1
-            before = path.read_text() if path.is_file() else "(none recorded)"
-            print(f"{name}: DIFFERENT\n--- reference\n{before}\n--- now\n{got}", flush=True)
+            print(f"--- reference\n{before}\n--- now\n{got}", flush=True)
     return status
+
+
+def compare(before: str, got: str) -> str:
+    """``IDENTICAL`` when metrics.csv is the same byte for byte and every summary.json
+    key of the reference has the same value now (keys a later tree adds, such as
+    issue 12's ``per_node`` and ``status``, are named, not compared); else
+    ``DIFFERENT`` and what differs."""
+    if "\n{" not in before:
+        return "DIFFERENT (no reference recorded)"
+    metrics_before, summary_before = before.split("\n{", 1)
+    metrics_now, summary_now = got.split("\n{", 1)
+    old, new = json.loads("{" + summary_before), json.loads("{" + summary_now)
+    changed = sorted(k for k in old if old[k] != new.get(k, object()))
+    if metrics_before != metrics_now or changed:
+        what = ["metrics.csv"] if metrics_before != metrics_now else []
+        return f"DIFFERENT ({', '.join(what + [f'summary {k}' for k in changed])})"
+    added = sorted(set(new) - set(old))
+    return "IDENTICAL" + (f" (summary keys added since: {', '.join(added)})" if added else "")
 
 
 if __name__ == "__main__":
