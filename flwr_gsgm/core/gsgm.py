@@ -160,10 +160,13 @@ class GSGMRule(ServerOptimizer):
     ``cycles_time_budget`` (closes for those reasons), ``slots_applied``,
     ``table_rows_expired`` and ``table_empty`` (``table_max_age``).
 
-    Node churn: a lost node leaves ``A`` and ``W``, its slot is dropped (counted in
-    ``slots_dropped``) and, in table mode, its row; the cycle may close because of it.
-    A node that joins enters ``W`` at the next cycle; an update it sends meanwhile
-    goes to its slot, applied at that next cycle's start.
+    Node churn: a lost node leaves ``A``, ``W`` and the cycle's members, its slot is
+    dropped (counted in ``slots_dropped``) and, in table mode, its row; the cycle may
+    close because of it. A node that joins, or rejoins after a loss, is not a member
+    of the current cycle: it enters ``W`` at the next cycle, an update it sends
+    meanwhile goes to its slot (applied at that next cycle's start), and neither its
+    join nor a contribution it made before it was lost counts toward this cycle's
+    quorum (that contribution stays in ``S`` and ``k``: it was applied to ``w``).
     """
 
     name: ClassVar[str] = "gsgm"
@@ -293,6 +296,9 @@ class GSGMRule(ServerOptimizer):
         self._momentum_ready = False  # has a cycle closed with k > 0 (set M)?
         self._cycle_index = 0
         self._white: set[int] = set(self._active) if self._scheduling else set()
+        # The cycle's members: the white list at its start less the nodes lost since.
+        # A node that (re)joins mid-cycle is not one (docs/GSGM.md, "Node churn").
+        self._members: set[int] = set(self._white)
         self._contributed: set[int] = set()
         # node -> [flat slot buffer, count, base version of its newest update];
         # insertion order = oldest first.
@@ -344,6 +350,15 @@ class GSGMRule(ServerOptimizer):
     def white_list(self) -> frozenset[int]:
         """Active nodes that may still contribute in the current cycle (``W``)."""
         return frozenset(self._white)
+
+    @property
+    def members(self) -> frozenset[int]:
+        """The current cycle's members: the white list at its start less nodes lost since.
+
+        The quorum counts contributions of members only; a node that joins (or
+        rejoins) during the cycle is a member from the next cycle on.
+        """
+        return frozenset(self._members)
 
     @property
     def contributed(self) -> frozenset[int]:
@@ -419,6 +434,7 @@ class GSGMRule(ServerOptimizer):
 
     def _lost(self, partition_id: int, now: float) -> None:
         self._white.discard(partition_id)
+        self._members.discard(partition_id)
         if self._slots.pop(partition_id, None) is not None:
             self._counters["slots_dropped"] += 1
         if self._table_sum is not None and self._table.pop(partition_id, None) is not None:
@@ -438,9 +454,10 @@ class GSGMRule(ServerOptimizer):
             # cycle) it restarts so that they enter the white list.
             return "complete" if (self._k > 0 or self._active) else None
         if self._cycle_quorum < 1.0:
-            done = len(self._contributed & self._active)
-            members = done + len(self._white)
-            needed = max(1, math.ceil(self._cycle_quorum * members - 1e-9))
+            # Only members count: a node lost after contributing and back since is
+            # not one, so neither its earlier contribution nor its join closes the cycle.
+            done = len(self._contributed & self._members)
+            needed = max(1, math.ceil(self._cycle_quorum * len(self._members) - 1e-9))
             if done >= needed:
                 return "quorum"
         if self._cycle_max_updates is not None and self._cycle_arrivals >= self._cycle_max_updates:
@@ -483,6 +500,7 @@ class GSGMRule(ServerOptimizer):
         if not self._scheduling:
             return
         self._white = set(self._active)
+        self._members = set(self._white)
         while self._slots:
             partition_id = next(iter(self._slots))
             buf, _count, base = self._slots.pop(partition_id)
@@ -688,6 +706,7 @@ class GSGMRule(ServerOptimizer):
             "momentum_ready": self._momentum_ready,
             "cycle_index": self._cycle_index,
             "white_list": sorted(self._white),
+            "members": sorted(self._members),
             "contributed": sorted(self._contributed),
             "slot_nodes": list(self._slots),
             "slot_counts": [int(s[1]) for s in self._slots.values()],
@@ -721,6 +740,13 @@ class GSGMRule(ServerOptimizer):
                 f"state['white_list'] holds node(s) {sorted(white & contributed)} that "
                 "contributed in this cycle (state['contributed'])"
             )
+        if "members" in state:  # states written before the members rule derive them
+            members = _state_nodes(state["members"], "members", within=active)
+            if not white <= members:
+                raise ValueError(
+                    f"state['white_list'] holds node(s) {sorted(white - members)} that are "
+                    "not members of the cycle (state['members'])"
+                )
         slots = _state_nodes(state["slot_nodes"], "slot_nodes", within=active)
         for i, count in enumerate(state["slot_counts"]):
             _state_int(count, "slot_counts", i, low=1)
@@ -750,6 +776,16 @@ class GSGMRule(ServerOptimizer):
         ):
             raise ValueError(f"state['cycle_start'] is {start!r}, expected None or a finite number")
 
+    @staticmethod
+    def _state_members(state: dict[str, Any]) -> set[int]:
+        """The cycle's members of a state; for a state without them (written before the
+        members rule), the white list and the active nodes that contributed."""
+        if "members" in state:
+            return {int(n) for n in state["members"]}
+        active = {int(n) for n in state["active_nodes"]}
+        white = {int(n) for n in state["white_list"]}
+        return white | ({int(n) for n in state["contributed"]} & active)
+
     def _load_extra(self, state: dict[str, Any]) -> None:
         M = self._flat_array(state["momentum"], "momentum")
         S = self._flat_array(state["cycle_sum"], "cycle_sum")
@@ -777,6 +813,7 @@ class GSGMRule(ServerOptimizer):
         self._momentum_ready = bool(state["momentum_ready"])
         self._cycle_index = int(state["cycle_index"])
         self._white = {int(n) for n in state["white_list"]}
+        self._members = self._state_members(state)
         self._contributed = {int(n) for n in state["contributed"]}
         self._slots = {n: [v, c, b] for n, c, v, b in zip(partition_ids, counts, values, sversions)}
         start = state["cycle_start"]

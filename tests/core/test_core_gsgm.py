@@ -253,6 +253,42 @@ def test_node_joining_enters_the_next_cycle():
     assert opt.on_update(3, [f32(2, 2)], 3) is Outcome.DEFERRED
 
 
+def test_a_member_lost_and_back_mid_cycle_neither_counts_nor_closes_the_cycle():
+    # docs/GSGM.md "Members that rejoin mid-cycle": quorum 0.6 over nodes 0, 1, 2,
+    # heavy-ball, lr 0.5, beta 0.5, slot averaging, one scalar weight w = 0.
+    opt = GSGMRule([f32(0)], [0, 1, 2], **{**GSGM_STRICT, "cycle_quorum": 0.6}, lr=0.5, beta=0.5)
+    # node 0 [2]: in W, w = 0 - 0.5 * 2 = -1; S = 2, k = 1; 1 of ceil(0.6 * 3) = 2.
+    assert opt.on_update(0, [f32(2)], 0) is Outcome.APPLIED
+    assert (opt.members, opt.white_list, opt.cycle_index) == ({0, 1, 2}, {1, 2}, 0)
+    # node 0 lost: members {1, 2}; its contribution no longer counts: 0 of ceil(1.2) = 2.
+    opt.on_node_lost(0)
+    assert (opt.members, opt.white_list, opt.contributed) == ({1, 2}, {1, 2}, {0})
+    # node 1 [4]: w = -1 - 0.5 * 4 = -3; S = 6, k = 2; 1 of 2.
+    assert opt.on_update(1, [f32(4)], 1) is Outcome.APPLIED
+    # node 0 rejoins: not a member of this cycle, so still 1 of 2: no close. (Counting
+    # it made the join itself close the cycle, with M = 6 / 2 = 3.)
+    opt.on_node_joined(0)
+    assert opt.cycle_index == 0 and opt.counters["cycles"] == 0
+    assert (opt.members, opt.white_list, opt.active_nodes) == ({1, 2}, {2}, {0, 1, 2})
+    assert_bits_equal(opt.momentum, f32(0))
+    # node 0 [10] after its rejoin: not in W, its slot waits for the next cycle.
+    assert opt.on_update(0, [f32(10)], 2) is Outcome.DEFERRED
+    assert_bits_equal(opt.weights[0], f32(-3))
+    # node 2 [6]: w = -3 - 0.5 * 6 = -6; S = 12, k = 3 (node 0's early contribution
+    # stays: it moved w); W is empty: the cycle closes, M = 12 / 3 = 4. The new cycle
+    # (members 0, 1, 2) starts with node 0's slot: w = -6 - 0.5 * (10 + 0.5 * 4) = -12.
+    assert opt.on_update(2, [f32(6)], 2) is Outcome.APPLIED
+    assert opt.cycle_index == 1 and opt.counters["cycles_quorum"] == 0
+    assert_bits_equal(opt.momentum, f32(4))
+    assert_bits_equal(opt.weights[0], f32(-12))
+    assert_bits_equal(opt.cycle_sum, f32(10))
+    assert (opt.members, opt.white_list, opt.contributed) == ({0, 1, 2}, {1, 2}, {0})
+    # The members survive a state round trip (checkpoints).
+    fresh = GSGMRule([f32(0)], [0], **{**GSGM_STRICT, "cycle_quorum": 0.6}, lr=0.5, beta=0.5)
+    fresh.load_state_dict(opt.state_dict())
+    assert fresh.members == {0, 1, 2}
+
+
 def test_join_into_a_cycle_without_members_restarts_it():
     opt = make(nodes=())
     assert opt.white_list == frozenset()
