@@ -24,7 +24,15 @@ from .fedbuff import FedBuffRule  # isort: skip
 from .ca2fl import CA2FLRule  # isort: skip
 from .ace import ACERule  # isort: skip
 from .delay_adaptive_asgd import DelayAdaptiveASGDRule  # isort: skip
-from .base import CORE_REASONS, INTAKE_REASONS, REASONS, Outcome, ServerOptimizer, UpdateRejected
+from .base import (
+    CORE_REASONS,
+    INTAKE_REASONS,
+    REASONS,
+    STATE_LIMIT,
+    Outcome,
+    ServerOptimizer,
+    UpdateRejected,
+)
 from .params import Param
 from .registry import OPTIMIZERS, declared_params, make_optimizer, optimizer_params
 
@@ -49,6 +57,7 @@ __all__ = [
     "UpdateRejected",
     "REASONS",
     "CORE_REASONS",
+    "STATE_LIMIT",
     "INTAKE_REASONS",
     "declared_params",
     "make_optimizer",

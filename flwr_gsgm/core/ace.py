@@ -106,6 +106,15 @@ class ACERule(ServerOptimizer):
         self._sum = np.zeros(self._size, dtype=_F32)
         self._changes = 0  # row changes since Sigma was last recomputed
 
+    _LABELS: ClassVar[dict[str, str]] = {"_rows": "row of node", "_sum": "table sum"}
+
+    def _step_bound(self, norm: float) -> tuple[float, float]:
+        # Rows <= u; Sigma sums them (x2 for the rounding drift of a running sum).
+        u = max(self._bound_u, norm)
+        terms = 2.0 * (len(self._rows) + 3)
+        w_after = self._bound_w + self._lr * terms * u
+        return w_after + (1.0 + self._lr) * terms * u, w_after
+
     # ---------------------------------------------------------------- introspection
     @property
     def table(self) -> dict[int, np.ndarray]:

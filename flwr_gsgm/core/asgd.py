@@ -34,6 +34,11 @@ class ASGDRule(ServerOptimizer):
 
     name: ClassVar[str] = "asgd"
 
+    def _step_bound(self, norm: float) -> tuple[float, float]:
+        # lr * g, then w - lr * g.
+        w_after = self._bound_w + self._lr * norm
+        return w_after + (1.0 + self._lr) * norm, w_after
+
     def _on_valid(
         self, partition_id: int, parts: Parts, base_version: int, staleness: int, now: float
     ) -> Outcome:

@@ -33,6 +33,7 @@ from .params import Param, describe, resolve, server_learning_rate
 
 __all__ = [
     "CHUNK",
+    "STATE_LIMIT",
     "CORE_REASONS",
     "INTAKE_REASONS",
     "REASONS",
@@ -50,6 +51,15 @@ _F32 = np.dtype(np.float32)
 
 #: Version of the layout returned by ``state_dict``.
 STATE_FORMAT = 1
+
+#: The largest magnitude any value of an optimizer's state may reach: float32's
+#: largest value (about 2**128) less a margin of 2**28, so that a sum of up to 2**28
+#: values of the state (a cycle sum, a table sum, a buffer) can never overflow. A step
+#: whose result would leave it is rejected with reason ``"step-range"``.
+STATE_LIMIT = 2.0**100
+# A step whose bound (see ``_step_bound``) stays below this takes the fast path: the
+# margin of 2 covers the rounding of the update's norm computed in float32.
+_FAST_LIMIT = STATE_LIMIT / 2
 
 # A source of float32 values laid out like ``w``: a list of ``(offset, flat view)``
 # pairs, each covering ``flat.size`` elements of ``w`` starting at ``offset``.
@@ -79,6 +89,7 @@ CORE_REASONS: tuple[str, ...] = (
     "norm",
     "unknown-node",
     "base-version",
+    "step-range",
 )
 #: Rejection reasons of the engine's reply intake (:mod:`flwr_gsgm.reply_intake`),
 #: checked before the optimizer sees an update: no ArrayRecord / MetricRecord, a
@@ -205,6 +216,33 @@ def _state_nodes(value: Any, what: str, within: set[int] | None = None) -> set[i
     return set(partition_ids)
 
 
+def _max_abs(arr: np.ndarray) -> float:
+    """The largest magnitude in ``arr`` (NaN if it holds one), without a temporary."""
+    if arr.size == 0:
+        return 0.0
+    with np.errstate(invalid="ignore"):
+        return float(max(arr.max(), -arr.min()))
+
+
+def _check_state_values(state: dict[str, Any]) -> None:
+    """Raise ValueError naming the field if an array of ``state`` holds a value that is
+    not finite or beyond :data:`STATE_LIMIT` (a corrupted checkpoint, say)."""
+    for key, value in state.items():
+        items = value if isinstance(value, list) else [value]
+        for i, arr in enumerate(items):
+            if not isinstance(arr, np.ndarray) or arr.dtype.kind != "f":
+                continue
+            flat = arr.reshape(-1)
+            if _max_abs(flat) <= STATE_LIMIT:
+                continue
+            j = int(np.argmax(~(np.abs(flat) <= STATE_LIMIT)))
+            where = f"state[{key!r}]" + (f"[{i}]" if isinstance(value, list) else "")
+            raise ValueError(
+                f"{where} holds {flat[j].item()!r} at flat index {j}: not finite or beyond the "
+                "state range +-2**100 (float32's largest value less a margin of 2**28 for sums)"
+            )
+
+
 def chunks(parts: Parts) -> Iterator[tuple[int, int, np.ndarray]]:
     """Yield ``(lo, hi, values)``: ``values`` covers ``w[lo:hi]``, at most CHUNK long."""
     chunk = CHUNK
@@ -238,13 +276,15 @@ class ServerOptimizer(abc.ABC):
 
     Raises:
         ValueError: a parameter that is not declared or out of range (the message
-            names it, the value and what was expected), ``weights`` is empty or not
-            numeric, holds NaN or infinity, or a value the float32 copy would change
-            other than by rounding a float: a finite value out of float32 range
-            (``|x| > 3.4028235e38``, which would become infinity), or an integer not
-            exactly representable in float32 (``2**24 + 1`` would become ``2**24``).
-            The message names the array (``weights[i]``), the value and its index.
-            A float64 value in range is rounded to the nearest float32.
+            names it, the value and what was expected), ``weights`` is empty, not
+            real numbers, an integer array (the rules step float32 weights and never
+            cast an integer array, whose float32 copy would change its dtype and,
+            above ``2**24``, its values: keep integer arrays such as BatchNorm's
+            ``num_batches_tracked`` out of the optimizer), holds NaN or infinity, or
+            a float value out of float32 range (``|x| > 3.4028235e38``, which a
+            float32 copy would turn into infinity). The message names the array
+            (``weights[i]``), the value and its index. A float64 value in range is
+            rounded to the nearest float32.
         TypeError: ``weights`` is a single array instead of a sequence of arrays.
 
     Validation of ``on_update`` happens before anything changes, in this order (cheap
@@ -288,6 +328,9 @@ class ServerOptimizer(abc.ABC):
             run_config_key="max-norm",
         ),
     )
+    #: Parameters that shape the state (which buffers exist and what they mean): a
+    #: state is loaded only into an optimizer with the same values of these.
+    STATE_LAYOUT: ClassVar[tuple[str, ...]] = ()
     _counter_names: ClassVar[tuple[str, ...]] = (
         "arrivals",
         "applied",
@@ -295,7 +338,14 @@ class ServerOptimizer(abc.ABC):
         "stale",
         "rejected",
         "slots_dropped",
+        "range_checks",
     )
+    #: How the result check names an array attribute (a subclass adds its own).
+    _LABELS: ClassVar[dict[str, str]] = {"_w": "weights", "_backups": "weights sent to node"}
+    #: Attributes that hold ``w`` or copies of it (bounded by ``_bound_w``).
+    _W_LIKE: ClassVar[tuple[str, ...]] = ("_w", "_backups")
+    #: Array attributes recomputed from the state (not part of it, never checked).
+    _DERIVED: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -344,7 +394,14 @@ class ServerOptimizer(abc.ABC):
         arrays = []
         for i, a in enumerate(weights):
             arr = np.asarray(a)
-            if arr.dtype.kind not in "fiu":
+            if arr.dtype.kind in "iu":
+                raise ValueError(
+                    f"weights[{i}] is an integer array ({arr.dtype}): the server rules step "
+                    "float32 weights and never cast an integer array (its float32 copy would "
+                    "change its dtype, and above 2**24 its values); keep integer arrays, such "
+                    "as BatchNorm's num_batches_tracked, out of the optimizer's weights"
+                )
+            if arr.dtype.kind != "f":
                 raise ValueError(f"weights[{i}] must hold real numbers, got dtype {arr.dtype}")
             _check_float32_cast(arr, f"weights[{i}]")
             arrays.append(arr)
@@ -359,22 +416,32 @@ class ServerOptimizer(abc.ABC):
         self._w_views = self._views(self._w)
         for view, a in zip(self._w_views, arrays):
             np.copyto(view, a, casting="unsafe")
-        for i, view in enumerate(self._w_views):
-            finite = np.isfinite(view)
-            if not finite.all():
-                j = int(np.argmin(finite.reshape(-1)))
-                raise ValueError(
-                    f"weights[{i}] holds {view.reshape(-1)[j].item()!r} at flat index {j}; "
-                    "weights must be finite (no NaN or infinity)"
-                )
         scratch = max(1, min(CHUNK, self._size))
         self._scr_a = np.empty(scratch, dtype=_F32)
         self._scr_b = np.empty(scratch, dtype=_F32)
+
+        for i, view in enumerate(self._w_views):
+            if _max_abs(view) <= STATE_LIMIT:  # no temporary array: also catches NaN
+                continue
+            flat = view.reshape(-1)
+            j = int(np.argmax(~(np.abs(flat) <= STATE_LIMIT)))
+            if not np.isfinite(flat[j]):
+                raise ValueError(
+                    f"weights[{i}] holds {flat[j].item()!r} at flat index {j}; "
+                    "weights must be finite (no NaN or infinity)"
+                )
+            raise ValueError(
+                f"weights[{i}] holds {flat[j].item()!r} at flat index {j}: beyond the state "
+                "range +-2**100 (float32's largest value less a margin of 2**28 for sums)"
+            )
 
         self._version = 0
         self._active: set[int] = {_check_partition_id(n) for n in partition_ids}
         self._counters: dict[str, int] = {k: 0 for k in self._counter_names}
         self._last_staleness: int | None = None
+        # Bounds of the result check (see _checked_step): |w| and the updates so far.
+        self._bound_w: float | None = _max_abs(self._w)
+        self._bound_u = 0.0
 
     # ------------------------------------------------------------------ read-only API
     @property
@@ -454,23 +521,156 @@ class ServerOptimizer(abc.ABC):
             The :class:`Outcome` of the update.
 
         Raises:
-            UpdateRejected: validation failed; ``counters["rejected"]`` was
-                incremented and nothing else changed.
+            UpdateRejected: validation failed, or (reason ``"step-range"``) the step
+                would take a value of the state beyond :data:`STATE_LIMIT` or overflow
+                float32; ``counters["rejected"]`` was incremented and nothing else
+                changed.
             ValueError: ``now`` is not a finite number (a caller bug; not counted).
         """
         now = _check_now(now)
-        parts = self._validate(partition_id, update, base_version)
+        parts, norm = self._validate(partition_id, update, base_version)
         partition_id = int(partition_id)
+        base = int(base_version)
+        return self._checked_step(
+            partition_id, norm, lambda: self._handle_update(partition_id, parts, base, now)
+        )
+
+    def _handle_update(
+        self, partition_id: int, parts: Parts, base_version: int, now: float
+    ) -> Outcome:
+        """The clock, the staleness bound, then the rule, for a validated update."""
         self._tick(now)
         self._counters["arrivals"] += 1
-        staleness = self._version - int(base_version)
+        staleness = self._version - base_version
         self._last_staleness = staleness
         if self._max_staleness is not None and staleness > self._max_staleness:
             outcome = self._on_stale(partition_id, now)
         else:
-            outcome = self._on_valid(partition_id, parts, int(base_version), staleness, now)
+            outcome = self._on_valid(partition_id, parts, base_version, staleness, now)
         self._counters[outcome.value] += 1
         return outcome
+
+    # ------------------------------------------------------- the result of a step
+    # Every value of the state stays within +-STATE_LIMIT. Checking the result of
+    # every step exactly would cost a pass over the state (or a copy to roll back);
+    # instead each rule bounds what one call can compute (``_step_bound``) from two
+    # tracked numbers: ``_bound_w`` >= |w| and every copy of w, and ``_bound_u`` >=
+    # every update folded into the state (an L2 norm bounds every value). A step
+    # whose bound stays below _FAST_LIMIT runs as is; only one near the limit (an
+    # absurd update, or a state grown huge) is run on the state with a copy to roll
+    # back to, and its result checked value by value.
+    def _checked_step(self, partition_id: int, norm: float, step: Any) -> Outcome:
+        """Run ``step()`` (the rule on a validated update of L2 norm ``norm``) so that
+        its result stays within :data:`STATE_LIMIT`; else roll back and reject."""
+        if self._bound_w is None:  # a join or a loss may have stepped: measure again
+            self._measure_bounds()
+        total, w_after = self._step_bound(norm)
+        if not total <= _FAST_LIMIT:
+            self._measure_bounds()  # the tracked bounds only grow: measure them
+            total, w_after = self._step_bound(norm)
+        if total <= _FAST_LIMIT:
+            with np.errstate(over="raise", invalid="raise"):
+                try:
+                    outcome = step()
+                except FloatingPointError as err:  # the bound is a proof: a bug
+                    raise RuntimeError(
+                        f"{self.name}: a step bounded by {total:.6g} overflowed ({err}); "
+                        "the state is left changed: this is a bug of _step_bound"
+                    ) from err
+            self._bound_w = w_after
+            self._bound_u = max(self._bound_u, norm)
+            return outcome
+        return self._checked_exactly(partition_id, norm, step)
+
+    def _checked_exactly(self, partition_id: int, norm: float, step: Any) -> Outcome:
+        """Run ``step()`` with a copy of the state to roll back to; check every value."""
+        snapshot = self.state_dict()
+        last_staleness = self._last_staleness
+        try:
+            with np.errstate(over="raise", invalid="raise", divide="raise"):
+                outcome = step()
+        except FloatingPointError:
+            outcome = None
+        bad = self._out_of_range()
+        if bad is None and outcome is None:
+            bad = ("state", math.inf, 0)  # an intermediate overflowed, nothing stored yet
+        if bad is not None:
+            self._load(snapshot)
+            self._last_staleness = last_staleness
+            self._counters["range_checks"] += 1
+            label, value, index = bad
+            raise self._reject(
+                "step-range",
+                f"the update of partition-id {partition_id} (L2 norm {norm:.6g}) would take "
+                f"the {label} to {value:.6g} at flat index {index}, beyond the state range "
+                f"+-2**100 (float32's largest value less a margin of 2**28 for sums); "
+                "the state is unchanged",
+            )
+        self._counters["range_checks"] += 1
+        self._measure_bounds()
+        return outcome
+
+    def _step_bound(self, norm: float) -> tuple[float, float]:
+        """Bounds of one call with an update of L2 norm ``norm``: ``(total, w_after)``.
+
+        ``total`` bounds the magnitude of every value the call may compute or store
+        (intermediates included), ``w_after`` that of ``w`` after it, given
+        ``|w|, |copies of w| <= self._bound_w`` and ``|every update folded so far|
+        <= self._bound_u``. The default, infinity, checks every step exactly (correct
+        but slow): each rule overrides it.
+        """
+        return math.inf, math.inf
+
+    def _measure_bounds(self) -> None:
+        """Set ``_bound_w`` and ``_bound_u`` to the state's exact largest magnitudes.
+
+        ``_bound_u`` then bounds every stored update-derived value (slots, rows,
+        caches, sums, momentum), which each rule's ``_step_bound`` accepts in place
+        of the largest update folded so far.
+        """
+        bound_w = bound_u = 0.0
+        for attr, _label, arr in self._named_arrays():
+            m = _max_abs(arr)
+            if attr in self._W_LIKE:
+                bound_w = max(bound_w, m)
+            else:
+                bound_u = max(bound_u, m)
+        self._bound_w, self._bound_u = bound_w, bound_u
+
+    def _out_of_range(self) -> tuple[str, float, int] | None:
+        """The first value of the state beyond :data:`STATE_LIMIT` (or NaN), as
+        ``(what, value, flat index)``; None if there is none."""
+        for _attr, label, arr in self._named_arrays():
+            for lo, _hi, values in chunks([(0, arr)]):
+                m = _max_abs(values)
+                if not m <= STATE_LIMIT:
+                    bad = ~(np.abs(values) <= STATE_LIMIT)
+                    j = int(np.argmax(bad))
+                    return label, float(values[j]), lo + j
+        return None
+
+    def _named_arrays(self) -> Iterator[tuple[str, str, np.ndarray]]:
+        """``(attribute, label, flat array)`` of every array of the state.
+
+        Scratch buffers (``_scr*``) and those in ``_DERIVED`` (recomputed from the
+        state) are left out; arrays held in dicts (per-node slots, rows, caches,
+        copies of w) are labelled with their node.
+        """
+        labels: dict[str, str] = {}
+        for klass in reversed(type(self).__mro__):
+            labels.update(klass.__dict__.get("_LABELS", {}))
+        for attr, value in vars(self).items():
+            if attr.startswith("_scr") or attr in self._DERIVED:
+                continue
+            label = labels.get(attr, attr.lstrip("_"))
+            if isinstance(value, np.ndarray):
+                yield attr, label, value
+            elif isinstance(value, dict):
+                for key, item in value.items():
+                    if isinstance(item, list) and item and isinstance(item[0], np.ndarray):
+                        item = item[0]
+                    if isinstance(item, np.ndarray):
+                        yield attr, f"{label} {key}", item
 
     def on_node_joined(self, partition_id: int, now: float = 0.0) -> None:
         """``partition_id`` becomes active (no-op if it already is)."""
@@ -481,6 +681,7 @@ class ServerOptimizer(abc.ABC):
         self._tick(now)
         self._active.add(partition_id)
         self._joined(partition_id, now)
+        self._bound_w = None  # it may have closed a cycle and stepped: measure again
 
     def on_node_lost(self, partition_id: int, now: float = 0.0) -> None:
         """``partition_id`` failed, timed out or left (no-op if it is not active).
@@ -494,6 +695,7 @@ class ServerOptimizer(abc.ABC):
         self._tick(now)
         self._active.discard(partition_id)
         self._lost(partition_id, now)
+        self._bound_w = None  # it may have closed a cycle and stepped: measure again
 
     # ---------------------------------------------------------------- checkpointing
     def state_dict(self) -> dict[str, Any]:
@@ -518,12 +720,16 @@ class ServerOptimizer(abc.ABC):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a ``state_dict()`` (of an optimizer of the same class and shapes).
 
-        Hyperparameters are restored too, as in PyTorch optimizers. The arrays of
-        ``weights`` keep their identity (values are copied into the buffer).
+        Hyperparameters are restored too, as in PyTorch optimizers, except those of
+        :attr:`STATE_LAYOUT` (GSGM's ``averaging``, ``apply`` and ``scheduling``),
+        which must already be equal: a state never switches the optimizer's mode.
+        The arrays of ``weights`` keep their identity (values are copied into the
+        buffer).
 
         Raises:
             ValueError: the state belongs to another optimizer, other shapes or a
-                different layout, or is inconsistent (a count or version that is not
+                different layout (a :attr:`STATE_LAYOUT` parameter differs: the
+                message names each), or is inconsistent (a count or version that is not
                 an integer >= 0, a node listed twice, a rule's node that is not in
                 ``active_nodes``, rule data its params do not have: see
                 :meth:`_check_state`); the message names the field. The optimizer is
@@ -545,6 +751,7 @@ class ServerOptimizer(abc.ABC):
                 f"state shapes {list(shapes)} differ from the optimizer's "
                 f"{[list(s) for s in self._shapes]}"
             )
+        self._check_layout(state)
         self._check_state(state)
         backup = self.state_dict()
         try:
@@ -552,6 +759,7 @@ class ServerOptimizer(abc.ABC):
         except Exception:
             self._load(backup)
             raise
+        self._measure_bounds()
 
     # ------------------------------------------------------------ subclass interface
     @abc.abstractmethod
@@ -599,6 +807,24 @@ class ServerOptimizer(abc.ABC):
             )
         return arr.copy()
 
+    def _check_layout(self, state: dict[str, Any]) -> None:
+        """Raise ValueError naming each :attr:`STATE_LAYOUT` parameter the state differs in."""
+        params = state.get("params")
+        if not isinstance(params, dict):
+            raise ValueError(f"state['params'] is {params!r}, expected a dict of parameters")
+        mine = self.params
+        diff = [
+            f"{k}={params.get(k)!r} (the optimizer's: {mine[k]!r})"
+            for k in self.STATE_LAYOUT
+            if params.get(k) != mine[k]
+        ]
+        if diff:
+            raise ValueError(
+                f"state of a {self.name!r} optimizer with {', '.join(diff)} cannot be loaded: "
+                f"the state's buffers belong to that mode; build the optimizer with the "
+                f"state's {', '.join(k for k in self.STATE_LAYOUT if params.get(k) != mine[k])}"
+            )
+
     def _check_state(self, state: dict[str, Any]) -> None:
         """Raise ValueError, naming the field, if ``state`` is not consistent.
 
@@ -614,6 +840,7 @@ class ServerOptimizer(abc.ABC):
             self._check_state_extra(state, version, active)
         except (TypeError, KeyError) as err:
             raise ValueError(f"state is malformed: {err!r}") from None
+        _check_state_values(state)
 
     def _check_state_extra(self, state: dict[str, Any], version: int, active: set[int]) -> None:
         """Hook: validate the rule's fields of ``state`` (raise ValueError naming one)."""
@@ -651,8 +878,8 @@ class ServerOptimizer(abc.ABC):
         self._counters["rejected"] += 1
         return UpdateRejected(reason, message)
 
-    def _validate(self, partition_id: Any, update: Any, base_version: Any) -> Parts:
-        """Return the update as parts of ``w``, or raise UpdateRejected."""
+    def _validate(self, partition_id: Any, update: Any, base_version: Any) -> tuple[Parts, float]:
+        """Return the update as parts of ``w`` and its L2 norm, or raise UpdateRejected."""
         if (
             isinstance(partition_id, bool)
             or not isinstance(partition_id, numbers.Integral)
@@ -738,14 +965,13 @@ class ServerOptimizer(abc.ABC):
                     # rule's own writes: the rule works on a copy.
                     flat = flat.copy()
                 parts.append((self._offsets[i], flat))
-        if self._max_norm is not None:
-            norm = math.sqrt(sq)
-            if not norm <= self._max_norm:
-                raise self._reject(
-                    "norm",
-                    f"update L2 norm {norm:.6g} exceeds max_norm {self._max_norm:.6g}",
-                )
-        return parts
+        norm = math.sqrt(sq)
+        if self._max_norm is not None and not norm <= self._max_norm:
+            raise self._reject(
+                "norm",
+                f"update L2 norm {norm:.6g} exceeds max_norm {self._max_norm:.6g}",
+            )
+        return parts, norm
 
     # Element-wise kernels shared by the rules (all in place, chunked).
     def _sgd_step(self, parts: Parts, lr: float) -> None:

@@ -99,6 +99,20 @@ class CA2FLRule(ServerOptimizer):
         self._buf = np.zeros(self._size, dtype=_F32)
         self._count = 0
 
+    _LABELS: ClassVar[dict[str, str]] = {
+        "_buf": "buffer sum",
+        "_h": "cache mean",
+        "_caches": "cache of node",
+    }
+
+    def _step_bound(self, norm: float) -> tuple[float, float]:
+        # Entries Delta - h_i <= 2u, at most M of them in B; v = h + B / M; the
+        # recompute of h sums the caches.
+        u = max(self._bound_u, norm)
+        terms = 2 * self._buffer_size + 3 + len(self._caches) + 1
+        w_after = self._bound_w + self._lr * terms * u
+        return w_after + (1.0 + self._lr) * terms * u, w_after
+
     # ---------------------------------------------------------------- introspection
     @property
     def buffer_count(self) -> int:

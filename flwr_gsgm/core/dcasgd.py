@@ -52,6 +52,13 @@ class DCASGDRule(DispatchBackups):
         Param("dc_lambda", 0.04, "delay compensation lambda", low=0.0, run_config_key="dc-lambda"),
     )
 
+    def _step_bound(self, norm: float) -> tuple[float, float]:
+        # w_t - w_tau <= 2r; * g * g * lambda; g~ = g + that; w - lr * g~.
+        r, lr, lam = self._bound_w, self._lr, self._dc_lambda
+        comp = 2.0 * r * max(1.0, norm) ** 2 * max(1.0, lam)
+        w_after = r + lr * (norm + comp)
+        return w_after + (1.0 + lr) * (norm + comp), w_after
+
     def _on_valid(
         self, partition_id: int, parts: Parts, base_version: int, staleness: int, now: float
     ) -> Outcome:

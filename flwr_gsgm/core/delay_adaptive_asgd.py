@@ -68,6 +68,11 @@ class DelayAdaptiveASGDRule(ServerOptimizer):
     )
     _counter_names: ClassVar[tuple[str, ...]] = ServerOptimizer._counter_names + ("steps_shrunk",)
 
+    def _step_bound(self, norm: float) -> tuple[float, float]:
+        # The step is at most lr: as ASGD.
+        w_after = self._bound_w + self._lr * norm
+        return w_after + (1.0 + self._lr) * norm, w_after
+
     def step_size(self, staleness: int) -> float:
         """``lr * m / max(m, staleness)`` with the current ``m`` (a python float)."""
         m = self._threshold()

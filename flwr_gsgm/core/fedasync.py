@@ -66,6 +66,11 @@ class FedAsyncRule(DispatchBackups):
         Param("poly_a", 0.5, "staleness exponent", low=0.0, run_config_key="fedasync-a"),
     )
 
+    def _step_bound(self, norm: float) -> tuple[float, float]:
+        # w_tau - lr * g, mixed with w: a convex combination.
+        w_after = self._bound_w + self._lr * norm
+        return 2.0 * w_after + (1.0 + self._lr) * norm, w_after
+
     def mixing_weight(self, staleness: int) -> float:
         """``a_s = alpha * (staleness + 1) ** (-poly_a)``."""
         return self._alpha * float(staleness + 1) ** (-self._poly_a)

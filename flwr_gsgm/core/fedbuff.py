@@ -59,6 +59,15 @@ class FedBuffRule(ServerOptimizer):
         self._buf = np.zeros(self._size, dtype=np.float32)
         self._count = 0
 
+    _LABELS: ClassVar[dict[str, str]] = {"_buf": "buffer sum"}
+
+    def _step_bound(self, norm: float) -> tuple[float, float]:
+        # The buffer sums at most K updates (its mean is at most one).
+        k = self._buffer_size + 1
+        u = max(self._bound_u, norm)
+        w_after = self._bound_w + self._lr * k * u
+        return w_after + (1.0 + self._lr) * k * u, w_after
+
     @property
     def buffer_count(self) -> int:
         """Number of updates in the buffer."""

@@ -60,16 +60,15 @@ class GSGMRule(ServerOptimizer):
       contribution to the new cycle (the node leaves ``W``); a cycle complete again
       right away closes again.
 
-    Memory: ``w``, ``M``, ``S``, one scratch buffer of ``size(w)`` (the momentum
-    term ``lr * beta * M``, constant within a cycle and refreshed at each close, so
-    that a step costs 4 element-wise passes), chunk-sized scratch (at most ``CHUNK``
-    float32 each) and one slot of ``size(w)`` float32 per node that has a pending
-    update: at most ``(4 + number of nodes with a slot) * size(w)`` float32. The
-    ``"table"`` variant adds one row of ``size(w)`` per active node that has
-    contributed and their running sum: ``(|A| + 1) * size(w)`` more. Steps are
-    computed as ``w - (c * u + lr * beta * M)`` with ``c = lr`` or
-    ``lr * (1 - beta)``: the formulas above up to float32 rounding order. With
-    ``apply = "cycle"`` the scratch buffer of ``size(w)`` is not allocated.
+    Memory (model copies, ``size(w)`` float32 each): ``w``, ``M``, ``S`` and one
+    slot per node that has a pending update (``s < |A|`` of them): ``3 + s``, at most
+    ``2 + |A|``; the ``"table"`` variant adds one row per active node that has
+    contributed and their running sum, ``|A| + 1`` more: at most ``3 + 2 * |A|``.
+    Besides, chunk-sized scratch (at most ``CHUNK`` float32 each); a new slot or row
+    is allocated while the step runs. Steps are computed as
+    ``w - (c * u + lr * beta * M)`` with ``c = lr`` or ``lr * (1 - beta)``: the
+    formulas above up to float32 rounding order; the momentum term is computed chunk
+    by chunk, not kept.
 
     Options (defaults give the rule above):
 
@@ -266,6 +265,14 @@ class GSGMRule(ServerOptimizer):
             optional=True,
         ),
     )
+    STATE_LAYOUT: ClassVar[tuple[str, ...]] = ("averaging", "apply", "scheduling")
+    _LABELS: ClassVar[dict[str, str]] = {
+        "_M": "momentum",
+        "_S": "cycle sum",
+        "_slots": "slot of node",
+        "_table": "table row of node",
+        "_table_sum": "table sum",
+    }
     _counter_names: ClassVar[tuple[str, ...]] = ServerOptimizer._counter_names + (
         "cycles",
         "cycles_quorum",
@@ -288,10 +295,6 @@ class GSGMRule(ServerOptimizer):
 
         self._M = np.zeros(self._size, dtype=_F32)
         self._S = np.zeros(self._size, dtype=_F32)
-        # lr' * beta * M (lr' = the per-step learning rate it was computed with): the
-        # momentum part of every per-arrival step; not needed when apply = "cycle".
-        self._m_step = np.zeros(self._size, dtype=_F32) if self._apply == "arrival" else None
-        self._m_step_lr = self._step_lr()
         self._k = 0
         self._momentum_ready = False  # has a cycle closed with k > 0 (set M)?
         self._cycle_index = 0
@@ -391,6 +394,19 @@ class GSGMRule(ServerOptimizer):
         return self._momentum_ready
 
     # ------------------------------------------------------------------------ rule
+    def _step_bound(self, norm: float) -> tuple[float, float]:
+        # Slots and rows are means of updates (<= u); a contribution (an update, a
+        # slot, or the table mean: x2 for the running sum's drift) <= 2u; S sums the
+        # cycle's contributions, the table sum the rows; M <= 2u / (1 - beta). One
+        # call makes at most 1 + |slots| contributions (a close applies the slots)
+        # and as many closes, each step moving w by at most lr * 4u / (1 - beta).
+        u = max(self._bound_u, norm)
+        per_step = 4.0 * u / (1.0 - self._beta)
+        contributions = 1 + len(self._slots)
+        w_after = self._bound_w + (2 * contributions + 1) * self._lr * per_step
+        terms = len(self._active) + len(self._table) + self._k + contributions + 2
+        return w_after + (1.0 + self._lr) * per_step * terms, w_after
+
     def _on_valid(
         self, partition_id: int, parts: Parts, base_version: int, staleness: int, now: float
     ) -> Outcome:
@@ -545,7 +561,6 @@ class GSGMRule(ServerOptimizer):
                 np.multiply(m, beta, out=m)
                 np.add(t, m, out=m)
         self._momentum_ready = True
-        self._refresh_m_step()
 
     # ------------------------------------------------------------------ the steps
     def _contribute(self, partition_id: int, parts: Parts, base: int) -> None:
@@ -593,16 +608,14 @@ class GSGMRule(ServerOptimizer):
 
         ``lr'`` is the per-step learning rate (``lr``, or ``lr / c`` with
         ``lr_scaling = "cycle"``); ``coef`` is ``lr'`` (heavy-ball, and ema before
-        the first close) or ``lr' * (1 - beta)`` (ema); the momentum term
-        ``lr' * beta * M`` is constant while ``M`` and ``lr'`` are and kept in
-        ``_m_step`` (4 element-wise passes per step).
+        the first close) or ``lr' * (1 - beta)`` (ema). The momentum term
+        ``lr' * beta * M`` is computed chunk by chunk in cache (a model-sized copy of
+        it would cost memory and save no memory traffic: M is read either way).
         """
         lr = self._step_lr()
-        if lr != self._m_step_lr:  # |A| changed the scaled lr: one extra pass
-            self._m_step_lr = lr
-            self._refresh_m_step()
-        w, S, C = self._w, self._S, self._m_step
-        a, c = self._scr_a, self._scr_c
+        w, S, M = self._w, self._S, self._M
+        a, b, c = self._scr_a, self._scr_b, self._scr_c
+        m_coef = lr * self._beta
         if self._momentum_form == "ema" and self._momentum_ready:
             coef = lr * (1.0 - self._beta)
         else:
@@ -617,18 +630,13 @@ class GSGMRule(ServerOptimizer):
             d = a[:n]
             np.multiply(u, coef, out=d)
             if use_m:
-                np.add(d, C[lo:hi], out=d)
+                t = b[:n]
+                np.multiply(M[lo:hi], m_coef, out=t)
+                np.add(d, t, out=d)
             ws = w[lo:hi]
             np.subtract(ws, d, out=ws)
             ss = S[lo:hi]
             np.add(ss, u, out=ss)
-
-    def _refresh_m_step(self) -> None:
-        """``_m_step <- lr' * beta * M`` (after M or lr' changed; apply = "arrival")."""
-        if self._m_step is None:
-            return
-        self._m_step_lr = self._step_lr()
-        np.multiply(self._M, self._m_step_lr * self._beta, out=self._m_step)
 
     def _fold(self, partition_id: int, parts: Parts, base: int) -> None:
         """Fold ``g`` into the node's slot: ``P <- P + (g - P) / n``."""
@@ -805,8 +813,6 @@ class GSGMRule(ServerOptimizer):
         tsum = state["table_sum"]
         if (tsum is None) != (self._averaging != "table"):
             raise ValueError("state table_sum does not match the averaging mode")
-        if (self._m_step is None) != (self._apply == "cycle"):
-            self._m_step = np.zeros(self._size, dtype=_F32) if self._apply == "arrival" else None
         self._M[...] = M
         self._S[...] = S
         self._k = int(state["cycle_count"])
@@ -822,4 +828,3 @@ class GSGMRule(ServerOptimizer):
         self._table = dict(zip(tnodes, tvalues))
         self._table_base = dict(zip(tnodes, tversions))
         self._table_sum = None if tsum is None else self._flat_array(tsum, "table_sum")
-        self._refresh_m_step()

@@ -42,6 +42,7 @@ class MomentumASGDRule(ServerOptimizer):
 
     name: ClassVar[str] = "masgd"
     PARAMS: ClassVar[tuple[Param, ...]] = (BETA,)
+    _LABELS: ClassVar[dict[str, str]] = {"_v": "velocity"}
 
     def __init__(
         self, weights: Sequence[np.ndarray], partition_ids: Iterable[int], **params: Any
@@ -53,6 +54,12 @@ class MomentumASGDRule(ServerOptimizer):
     def velocity(self) -> np.ndarray:
         """A flat float32 copy of the velocity ``v``."""
         return self._v.copy()
+
+    def _step_bound(self, norm: float) -> tuple[float, float]:
+        # v is a beta-weighted sum of the updates: |v| <= u / (1 - beta).
+        v = max(self._bound_u, norm) / (1.0 - self._beta)
+        w_after = self._bound_w + self._lr * v
+        return w_after + (1.0 + self._lr) * v, w_after
 
     def _on_valid(
         self, partition_id: int, parts: Parts, base_version: int, staleness: int, now: float

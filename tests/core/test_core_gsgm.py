@@ -460,7 +460,7 @@ def test_weights_are_views_of_one_flat_buffer():
 
 def test_memory_bound_is_documented():
     doc = GSGMRule.__doc__
-    assert "Memory" in doc and "one slot" in doc and "|A| * size(w)" in doc
+    assert "Memory" in doc and "one\n    slot per node" in doc and "3 + 2 * |A|" in doc
 
 
 @pytest.mark.parametrize(

@@ -173,7 +173,7 @@ def test_table_max_age_arrival_mode():
     # state_dict round trip of the new state (row and slot versions) is exact.
     state = opt.state_dict()
     assert state["table_versions"] == [4] and state["slot_versions"] == []
-    fresh = make(lr=0.25)
+    fresh = make(lr=0.25, averaging="table")  # other params, the same mode
     fresh.load_state_dict(pickle.loads(pickle.dumps(state)))
     assert_state_equal(state, fresh.state_dict())
     for o in (opt, fresh):

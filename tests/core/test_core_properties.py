@@ -229,7 +229,9 @@ def test_save_restore_at_a_random_point_is_bit_identical(config, evs, data):
     blob = pickle.dumps(first.state_dict())
     snap = eng1.snapshot()
     del first
-    fresh = make_optimizer(name, [np.zeros(s, np.float32) for s in SHAPES], [], lr=0.5)
+    # The same mode (STATE_LAYOUT); every other parameter comes from the state.
+    layout = {k: v for k, v in params.items() if k in OPTIMIZERS[name].STATE_LAYOUT}
+    fresh = make_optimizer(name, [np.zeros(s, np.float32) for s in SHAPES], [], lr=0.5, **layout)
     fresh.load_state_dict(pickle.loads(blob))
     eng2 = Engine(fresh, [])
     eng2.restore(fresh, snap)

@@ -165,7 +165,11 @@ def test_restored_mid_cycle_continues_bit_identically(name, kw):
     snap = eng.snapshot()
     continue_run(opt, eng)
 
-    fresh = make_optimizer(name, arrays(0, 0, 0, 0, 0, 0), [9], lr=0.25)  # other params
+    # Other params (the state's are restored), but the same mode (STATE_LAYOUT).
+    layout = {
+        k: v for k, v in with_strict(name, kw).items() if k in ("averaging", "apply", "scheduling")
+    }
+    fresh = make_optimizer(name, arrays(0, 0, 0, 0, 0, 0), [9], lr=0.25, **layout)
     views = fresh.weights
     fresh.load_state_dict(pickle.loads(blob))
     assert (
@@ -282,12 +286,17 @@ def test_registry_accepts_run_config_keys():
 
 # ------------------------------------------------ float32 input checks (issue 12 C)
 def test_weights_an_exact_float32_copy_would_change_are_refused_by_name():
-    with pytest.raises(ValueError) as info:
-        GSGMRule([f32(0, 0), np.array([3, 2**24 + 1], np.int64)], [1])
-    assert str(info.value) == (
-        "weights[1] holds 16777217 (int64) at flat index 1: not exactly representable "
-        "in float32 (it would become 16777216.0)"
-    )
+    # An integer array is never cast (it would become float32: another dtype, and
+    # above 2**24 other values), whether or not float32 holds its values exactly.
+    for ints in (np.array([3, 2**24 + 1], np.int64), np.array([3, 2], np.int64)):
+        with pytest.raises(ValueError) as info:
+            GSGMRule([f32(0, 0), ints], [1])
+        assert str(info.value) == (
+            "weights[1] is an integer array (int64): the server rules step float32 weights "
+            "and never cast an integer array (its float32 copy would change its dtype, and "
+            "above 2**24 its values); keep integer arrays, such as BatchNorm's "
+            "num_batches_tracked, out of the optimizer's weights"
+        )
     with pytest.raises(ValueError) as info:
         GSGMRule([np.array([[0.5], [1e39]])], [1])
     assert str(info.value) == (
@@ -298,10 +307,17 @@ def test_weights_an_exact_float32_copy_would_change_are_refused_by_name():
         GSGMRule([f32(0, 0), f32(1, np.nan)], [1])
     assert "weights[1] holds nan at flat index 1" in str(info.value)
     assert "must be finite" in str(info.value)
-    # What float32 holds exactly is taken as is; a float64 in range is rounded.
-    opt = GSGMRule([np.array([2**24, -3, 2**60], np.int64), np.array([0.1, 1e38])], [1])
-    assert_bits_equal(opt.weights[0], f32(2**24, -3, 2**60))
-    assert_bits_equal(opt.weights[1], f32(0.1, 1e38))
+    # Within float32 but beyond the state range (sums of the state must stay finite).
+    with pytest.raises(ValueError) as info:
+        GSGMRule([f32(0, -1e31)], [1])
+    assert str(info.value) == (
+        "weights[0] holds -9.999999848243207e+30 at flat index 1: beyond the state range "
+        "+-2**100 (float32's largest value less a margin of 2**28 for sums)"
+    )
+    # A float64 in range is rounded to the nearest float32.
+    opt = GSGMRule([np.array([0.1, 1e29]), f32(2**24, -3)], [1])
+    assert_bits_equal(opt.weights[0], f32(0.1, 1e29))
+    assert_bits_equal(opt.weights[1], f32(2**24, -3))
 
 
 def test_a_float64_update_out_of_float32_range_names_the_real_reason():
@@ -390,17 +406,23 @@ def test_an_inconsistent_state_is_refused_by_field_and_changes_nothing(edit, mes
     assert_state_equal(before, target.state_dict())
 
 
-def test_a_table_state_loads_into_a_slot_optimizer_with_its_own_params():
-    # load_state_dict restores hyperparameters (as PyTorch optimizers do): the
-    # table-mode state turns the slot-mode optimizer into a table-mode one, which
-    # then continues bit-identically.
-    table, eng = busy("gsgm", averaging="table")
-    snap = eng.snapshot()
-    slot = make_optimizer("gsgm", arrays(0, 0, 0, 0, 0, 0), [9], lr=0.25, **GSGM_STRICT)
-    slot.load_state_dict(table.state_dict())
-    assert slot.params == table.params and slot.params["averaging"] == "table"
-    eng2 = Engine.__new__(Engine)
-    eng2.restore(slot, snap)
-    continue_run(table, eng)
-    continue_run(slot, eng2)
-    assert_state_equal(table.state_dict(), slot.state_dict())
+def test_a_state_of_another_mode_is_refused_by_name_and_changes_nothing():
+    # A table-averaging state into a slot-averaging optimizer: the state's buffers
+    # (rows, their sum) mean nothing in slot mode, so the optimizer never switches.
+    table, _ = busy("gsgm", averaging="table")
+    slot, _ = busy("gsgm")
+    before = slot.state_dict()
+    with pytest.raises(ValueError) as info:
+        slot.load_state_dict(table.state_dict())
+    assert str(info.value) == (
+        "state of a 'gsgm' optimizer with averaging='table' (the optimizer's: 'slot') cannot "
+        "be loaded: the state's buffers belong to that mode; build the optimizer with the "
+        "state's averaging"
+    )
+    assert_state_equal(before, slot.state_dict())
+    once, _ = busy("gsgm", apply="cycle", scheduling=False)
+    with pytest.raises(ValueError) as info:
+        slot.load_state_dict(once.state_dict())
+    assert "apply='cycle' (the optimizer's: 'arrival'), scheduling=False" in str(info.value)
+    assert str(info.value).endswith("build the optimizer with the state's apply, scheduling")
+    assert_state_equal(before, slot.state_dict())
