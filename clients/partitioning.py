@@ -24,10 +24,13 @@ Partitioners (run config key ``partitioner``):
 - ``"dirichlet"``: :class:`~flwr_datasets.partitioner.DirichletPartitioner` with
   ``alpha = dirichlet-alpha``, ``partition_by="label"``, ``min_partition_size``
   :data:`DIRICHLET_MIN_PARTITION_SIZE` (it resamples until every node has at least that
-  many rows, up to 10 times, then raises ``ValueError``), seeded.
+  many rows, up to 10 times), seeded. When it gives up, :class:`ImpossiblePartitioning`
+  says so with the smallest partition of its first draw and the smallest
+  ``dirichlet-alpha`` (of 2, 5, 10, 20, 50, 100 times the value) that works.
 
 The partitioning is a pure function of (labels, :class:`PartitionConfig`): the same
-config gives the same partitions in every process.
+config gives the same partitions in every process, so the ServerApp checks, before
+any message, what every node will compute (:func:`check_partitioning`).
 """
 
 from __future__ import annotations
@@ -47,16 +50,27 @@ from clients.datasets import load_dataset
 __all__ = [
     "DIRICHLET_MIN_PARTITION_SIZE",
     "PARTITIONERS",
+    "ImpossiblePartitioning",
     "PartitionConfig",
     "all_partition_indices",
+    "check_partitioning",
     "load_partition",
     "partition_indices",
+    "partitioning_warnings",
 ]
 
 logger = logging.getLogger(__name__)
 
 PARTITIONERS = ("iid", "pathological", "dirichlet")
 DIRICHLET_MIN_PARTITION_SIZE = 5
+
+
+class ImpossiblePartitioning(ValueError):
+    """The run config asks for a split the partitioner cannot make.
+
+    The message names the run config key and value, the smallest partition and
+    what to change.
+    """
 
 
 def _is_int(value: object) -> bool:
@@ -141,8 +155,11 @@ def _check_partition_id(partition_id: object, num_partitions: int) -> None:
         )
 
 
-def _build_partitioner(labels: np.ndarray, num_classes: int, config: PartitionConfig):
-    """Return a flwr-datasets partitioner with its dataset attached."""
+def _build_partitioner(
+    labels: np.ndarray, num_classes: int, config: PartitionConfig, assign: bool = True
+):
+    """Return a flwr-datasets partitioner with its dataset attached (and, with
+    ``assign``, its rows assigned: raises :class:`ImpossiblePartitioning`)."""
     # Imported here: `datasets` is heavy and only needed when partitioning.
     import datasets
     from flwr_datasets.partitioner import (
@@ -171,16 +188,8 @@ def _build_partitioner(labels: np.ndarray, num_classes: int, config: PartitionCo
             shuffle=True,
             seed=config.seed,
         )
-        used = config.num_partitions + config.classes_per_node - 1
-        if used < num_classes:
-            logger.warning(
-                "pathological partitioning with num-partitions=%d and "
-                "classes-per-node=%d uses only classes 0..%d of %d",
-                config.num_partitions,
-                config.classes_per_node,
-                used - 1,
-                num_classes,
-            )
+        for warning in partitioning_warnings(config, num_classes):
+            logger.warning("%s", warning)
     else:
         partitioner = DirichletPartitioner(
             num_partitions=config.num_partitions,
@@ -192,7 +201,132 @@ def _build_partitioner(labels: np.ndarray, num_classes: int, config: PartitionCo
             seed=config.seed,
         )
     partitioner.dataset = table
+    if assign:
+        _assign(partitioner, labels, num_classes, config)
     return partitioner
+
+
+def partitioning_warnings(config: PartitionConfig, num_classes: int) -> list[str]:
+    """What is legal but probably not meant in ``config`` (a list of sentences).
+
+    Pathological partitioning with ``num_partitions + classes_per_node - 1`` below
+    the number of classes uses only the first classes (5 nodes, k=2: classes 0..5).
+    """
+    used = config.num_partitions + config.classes_per_node - 1
+    if config.partitioner == "pathological" and used < num_classes:
+        return [
+            f"pathological partitioning with num-partitions={config.num_partitions} and "
+            f"classes-per-node={config.classes_per_node} uses only classes 0..{used - 1} "
+            f"of {num_classes}"
+        ]
+    return []
+
+
+def _assign(partitioner, labels: np.ndarray, num_classes: int, config: PartitionConfig):
+    """Run the partitioner's row assignment (lazy in flwr-datasets); return it.
+
+    Raises
+    ------
+    ImpossiblePartitioning
+        The Dirichlet partitioner gave up, or a partition is empty.
+    """
+    with warnings.catch_warnings():
+        # PathologicalPartitioner's "classes will NOT be used" warning points to a
+        # constructor option that does not exist; we log our own (see above). The
+        # Dirichlet partitioner warns at every redraw: its failure is ours to report.
+        warnings.filterwarnings("ignore", message=r"Classes: .* will NOT be used")
+        warnings.filterwarnings("ignore", message=r"The specified min_partition_size")
+        try:
+            _ = partitioner.num_partitions  # public; triggers the lazy assignment
+        except ValueError as err:
+            if config.partitioner != "dirichlet":
+                raise
+            raise ImpossiblePartitioning(_dirichlet_failure(labels, num_classes, config)) from err
+    mapping = getattr(partitioner, "_partition_id_to_indices", None)
+    if isinstance(mapping, dict) and mapping:
+        sizes = {p: len(rows) for p, rows in mapping.items()}
+        smallest = min(sizes, key=lambda p: (sizes[p], p))
+        if sizes[smallest] == 0:
+            raise ImpossiblePartitioning(
+                f"partitioner={config.partitioner} with num-partitions={config.num_partitions} "
+                f"leaves partition {smallest} with 0 examples: use fewer nodes"
+                + (" or more classes-per-node" if config.partitioner == "pathological" else "")
+            )
+    return mapping
+
+
+def _dirichlet_sizes(labels: np.ndarray, num_classes: int, config: PartitionConfig, alpha: float):
+    """Partition sizes of the first Dirichlet draw (the partitioner's own, same seed)."""
+    from flwr_datasets.partitioner import DirichletPartitioner
+
+    first = DirichletPartitioner(
+        num_partitions=config.num_partitions,
+        partition_by="label",
+        alpha=float(alpha),
+        min_partition_size=0,  # one draw, kept whatever its sizes
+        self_balancing=False,
+        shuffle=True,
+        seed=config.seed,
+    )
+    first.dataset = _build_partitioner(labels, num_classes, config, assign=False).dataset
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"The specified min_partition_size")
+        _ = first.num_partitions
+    return [len(rows) for rows in first._partition_id_to_indices.values()]
+
+
+def _dirichlet_failure(labels: np.ndarray, num_classes: int, config: PartitionConfig) -> str:
+    """The message of a Dirichlet split that gave up: smallest partition, what to change."""
+    alpha, n = float(config.dirichlet_alpha), config.num_partitions
+    sizes = _dirichlet_sizes(labels, num_classes, config, alpha)
+    smallest = min(range(len(sizes)), key=lambda p: (sizes[p], p))
+    works = next(
+        (
+            alpha * f
+            for f in (2, 5, 10, 20, 50, 100)
+            if min(_dirichlet_sizes(labels, num_classes, config, alpha * f))
+            >= DIRICHLET_MIN_PARTITION_SIZE
+        ),
+        None,
+    )
+    hint = (
+        f" (dirichlet-alpha={works:g} gives every node at least "
+        f"{DIRICHLET_MIN_PARTITION_SIZE} at its first draw)"
+        if works is not None
+        else ""
+    )
+    return (
+        f"dirichlet-alpha={alpha:g} with num-partitions={n} cannot give every node "
+        f"{DIRICHLET_MIN_PARTITION_SIZE} examples: the first draw leaves partition {smallest} "
+        f"with {sizes[smallest]} of {len(labels)} (flwr-datasets' DirichletPartitioner gave "
+        f"up after 10 draws). Raise dirichlet-alpha{hint} or use fewer nodes"
+    )
+
+
+def check_partitioning(dataset: str, root: str | os.PathLike[str], config: PartitionConfig):
+    """Compute the split every node of ``config`` will compute; return its warnings.
+
+    The ServerApp calls it before any message. The partitioner stays cached (an
+    in-process ClientApp then reuses it).
+
+    Returns
+    -------
+    list[str]
+        :func:`partitioning_warnings` of the config.
+
+    Raises
+    ------
+    ValueError
+        An invalid config (naming the key); :class:`ImpossiblePartitioning` if the
+        split cannot be made (naming the key, the value, the smallest partition and
+        what to change).
+    FileNotFoundError
+        Dataset files missing.
+    """
+    train, _ = load_dataset(dataset, root)
+    config.validate(train.num_classes, len(train))
+    _cached_partitioner(dataset, os.fspath(root), config)
+    return partitioning_warnings(config, train.num_classes)
 
 
 def _load_index(partitioner, partition_id: int) -> torch.Tensor:
@@ -207,10 +341,8 @@ def _load_index(partitioner, partition_id: int) -> torch.Tensor:
     ``load_partition``. ``tests/clients`` checks that both paths agree.
     """
     with warnings.catch_warnings():
-        # PathologicalPartitioner's "classes will NOT be used" warning points to a
-        # constructor option that does not exist; we log our own (see above).
         warnings.filterwarnings("ignore", message=r"Classes: .* will NOT be used")
-        _ = partitioner.num_partitions  # public; triggers the lazy assignment
+        _ = partitioner.num_partitions  # assigned by _build_partitioner already
         mapping = getattr(partitioner, "_partition_id_to_indices", None)
         if (
             getattr(partitioner, "_partition_id_to_indices_determined", False) is True

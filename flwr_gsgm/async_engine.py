@@ -159,7 +159,7 @@ class AsyncEngine:
             On SIGTERM with checkpoints on, once the checkpoint is saved.
         """
         self.t0 = time.monotonic()
-        self._start()
+        self._start(engine_state.load_for_resume(self))  # fails before any message
         with checkpoint.on_sigterm(
             self.settings.checkpoint_every, lambda: setattr(self, "stop_requested", True)
         ):
@@ -176,13 +176,12 @@ class AsyncEngine:
         self.federated.finish(self.rows, self.settings.poll_interval)
         return build_report(self)
 
-    def _start(self) -> None:
+    def _start(self, saved: dict[str, Any] | None) -> None:
         """Discover the nodes, build the optimizer, then resume or send the first work."""
         pids = self.members.discover(self.lose)
         self.optimizer = ModelOptimizer(self.layout, self.initial, self.make_optimizer, pids)
         self.members.start(pids)
         self.dispatcher.describe()
-        saved = checkpoint.load_for_resume(self.settings.checkpoint_path, self.settings.resume)
         if saved is not None:
             engine_state.restore_state(self, saved)
             self.top_up()

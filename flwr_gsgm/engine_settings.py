@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -77,7 +78,15 @@ class EngineSettings:
     checkpoint_path : Path | None
         Where the checkpoint goes (written atomically); required if ``checkpoint_every``.
     resume : bool
-        Continue from ``checkpoint_path`` if it exists [``resume``].
+        Continue from ``checkpoint_path`` [``resume``]; without a checkpoint there
+        the run fails (it never starts afresh in silence).
+    run_config : Mapping | None
+        The resolved run config, recorded in checkpoints: a resume whose config
+        differs in what changes the result is refused (:mod:`flwr_gsgm.resume_check`).
+        None (a strategy started from Python): the rule's parameters and the train
+        config are compared instead.
+    resume_allow_changes : tuple[str, ...]
+        Keys that may differ on resume, each change logged [``resume-allow-changes``].
     virtual_clock : VirtualClock | None
         Simulation clock, or None to use real arrival order (deployment).
     seed : int
@@ -141,6 +150,8 @@ class EngineSettings:
     dispatch: str = _run_default("dispatch")
     federated_evaluation: FederatedEvaluation | None = None
     prefetch: bool = _run_default("prefetch")
+    run_config: Mapping[str, Any] | None = None
+    resume_allow_changes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         checks = {

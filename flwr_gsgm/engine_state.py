@@ -4,23 +4,39 @@ The state is plain numpy/python values (see :mod:`flwr_gsgm.checkpoint` for the
 file). Its top-level keys are those of checkpoints written before the engine was
 split into parts, so such checkpoints still load (their ``last_digest``, the
 memory of the content-based replay check that is gone, is ignored).
+
+A resume (:func:`check_settings`, :func:`restore_state`) is refused, naming the
+checkpoint and each key, if the run's settings differ from the checkpoint's in what
+changes the result (:mod:`flwr_gsgm.resume_check`) or its nodes report another
+number of partitions, unless run config ``resume-allow-changes`` lists the key.
+Every node that answers at the restart is in the run again: one lost before the
+checkpoint rejoins, one active then but silent now is lost until it comes back.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict
-from logging import INFO
+from logging import INFO, WARNING
 from typing import TYPE_CHECKING, Any
 
 from flwr.common.logger import log
 
 from flwr_gsgm import checkpoint
 from flwr_gsgm.in_flight import Dispatch
+from flwr_gsgm.resume_check import ResumeRefused, check_resume, fingerprint
 
 if TYPE_CHECKING:
     from flwr_gsgm.async_engine import AsyncEngine
 
-__all__ = ["save_state", "restore_state", "save_checkpoint"]
+__all__ = ["check_settings", "load_for_resume", "save_state", "restore_state", "save_checkpoint"]
+
+#: Top-level keys every engine checkpoint has (later ones are optional).
+REQUIRED = ("keys", "optimizer", "nodes", "speeds", "num_partitions", "in_flight", "rows")
+
+
+def _fingerprint(engine: AsyncEngine, with_optimizer: bool) -> dict[str, Any]:
+    params = engine.optimizer.params if with_optimizer and engine.optimizer is not None else {}
+    return fingerprint(engine.settings.run_config, params, dict(engine.dispatcher.train_config))
 
 
 def save_state(engine: AsyncEngine) -> dict[str, Any]:
@@ -48,23 +64,114 @@ def save_state(engine: AsyncEngine) -> dict[str, Any]:
         "dispatch": engine.policy.state_dict(),
         "node_stats": engine.stats.state_dict(),
         "norm_bound": engine.norm_bound.state_dict(),
+        "fingerprint": _fingerprint(engine, with_optimizer=True),
     }
+
+
+def load_for_resume(engine: AsyncEngine) -> dict[str, Any] | None:
+    """The verified checkpoint to resume from (None without ``resume``), checked
+    against the run's settings: called before any message is sent.
+
+    Raises
+    ------
+    CheckpointError
+        No checkpoint, or a damaged one (:func:`flwr_gsgm.checkpoint.load`), or not
+        an engine state.
+    ResumeRefused
+        The run config differs in what changes the result (:func:`check_settings`).
+    """
+    saved = checkpoint.load_for_resume(engine.settings.checkpoint_path, engine.settings.resume)
+    if saved is not None:
+        check_settings(engine, saved)
+    return saved
+
+
+def check_settings(engine: AsyncEngine, state: dict[str, Any]) -> None:
+    """Before any message: ``state`` is an engine state whose run config matches.
+
+    Raises
+    ------
+    ValueError
+        A key every engine state has is missing (not a checkpoint of this engine), or
+        the run config differs in a key that changes the result and
+        ``resume-allow-changes`` does not list it (:func:`resume_check.check_resume`).
+    """
+    missing = [k for k in REQUIRED if k not in state]
+    if missing:
+        raise checkpoint.CheckpointError(
+            f"checkpoint {engine.settings.checkpoint_path} is not an engine state of "
+            f"flwr-gsgm: it lacks {missing}"
+        )
+    if engine.settings.run_config is None:
+        return  # compared once the optimizer exists (restore_state)
+    if "fingerprint" not in state:
+        log(
+            WARNING,
+            "[async] resume: checkpoint %s was written before checkpoints recorded the "
+            "run config; the settings are not compared",
+            engine.settings.checkpoint_path,
+        )
+        return
+    check_resume(
+        engine.settings.checkpoint_path,
+        state["fingerprint"],
+        _fingerprint(engine, with_optimizer=False),
+        engine.settings.resume_allow_changes,
+    )
 
 
 def restore_state(engine: AsyncEngine, state: dict[str, Any]) -> None:
     """Load :func:`save_state`'s output into ``engine`` and re-send its in-flight work.
 
+    The rule's parameters are this run's (equal to the checkpoint's, or changed as
+    ``resume-allow-changes`` allowed).
+
     Raises
     ------
-    ValueError
-        If the checkpoint's model keys, optimizer or dispatch policy differ from the run's.
+    ResumeRefused
+        The nodes report another number of partitions (unless allowed), or (a
+        strategy started without a run config) the rule's parameters or train
+        config differ.
+    CheckpointError
+        Anything else in the state does not fit the run (model keys, optimizer
+        state, dispatch policy): the message names the checkpoint and the cause.
     """
+    try:
+        _restore(engine, state)
+    except (ResumeRefused, checkpoint.CheckpointError):
+        raise
+    except (ValueError, KeyError, TypeError) as err:
+        raise checkpoint.CheckpointError(
+            f"checkpoint {engine.settings.checkpoint_path} cannot be resumed: "
+            f"{type(err).__name__}: {err}"
+        ) from err
+
+
+def _restore(engine: AsyncEngine, state: dict[str, Any]) -> None:
     assert engine.optimizer is not None
+    settings = engine.settings
     if state["keys"] != engine.keys:
         raise ValueError(f"checkpoint model keys {state['keys'][:3]}... differ from the model's")
-    engine.optimizer.load_state_dict(state["optimizer"])
+    if settings.run_config is None and "fingerprint" in state:
+        check_resume(
+            settings.checkpoint_path,
+            state["fingerprint"],
+            _fingerprint(engine, with_optimizer=True),
+            settings.resume_allow_changes,
+        )
+    check_resume(
+        settings.checkpoint_path,
+        {"num-partitions": state["num_partitions"]},
+        {"num-partitions": engine.members.num_partitions},
+        settings.resume_allow_changes,
+    )
+    optimizer_state = dict(state["optimizer"])
+    optimizer_state["params"] = engine.optimizer.params  # this run's (checked above)
+    engine.optimizer.load_state_dict(optimizer_state)
     engine.ledger.load_state_dict(state)
+    num_partitions = engine.members.num_partitions
     engine.members.load_state_dict(state)
+    engine.members.num_partitions = num_partitions
     engine.rows = [dict(r) for r in state["rows"]]
     engine.received, engine.diverged = state["received"], state["diverged"]
     engine.dispatcher.seq, engine.clock_now = state["seq"], state["clock_now"]
@@ -73,6 +180,7 @@ def restore_state(engine: AsyncEngine, state: dict[str, Any]) -> None:
     if "node_stats" in state:  # ... and before the per-node counts and the norm bound
         engine.stats.load_state_dict(state["node_stats"])
         engine.norm_bound.load_state_dict(state["norm_bound"])
+    _reconcile_nodes(engine)
     for saved in state["in_flight"]:
         dispatch = Dispatch(**saved)
         node = engine.members.nodes[dispatch.partition_id]
@@ -94,3 +202,25 @@ def save_checkpoint(engine: AsyncEngine) -> None:
         return
     checkpoint.save(settings.checkpoint_path, save_state(engine))
     log(INFO, "[async] checkpoint at %d updates -> %s", engine.received, settings.checkpoint_path)
+
+
+def _reconcile_nodes(engine: AsyncEngine) -> None:
+    """The nodes that answered now are the run's: rejoin the ones lost before the
+    checkpoint, lose those active then that did not answer (they rejoin if they come)."""
+    assert engine.optimizer is not None
+    before = engine.optimizer.active_nodes
+    for pid, node in sorted(engine.members.nodes.items()):
+        if node.active and pid not in before:
+            engine.optimizer.on_node_joined(pid, now=engine.clock_now)
+            engine.ledger.count("nodes_joined")
+            log(INFO, "[async] partition %d rejoined at the resume (node %d)", pid, node.node_id)
+        elif not node.active and pid in before:
+            node.may_return = True
+            engine.optimizer.on_node_lost(pid, now=engine.clock_now)
+            engine.ledger.count("nodes_lost")
+            log(
+                WARNING,
+                "[async] partition %d lost: it did not answer at the resume (it rejoins "
+                "when it comes back)",
+                pid,
+            )

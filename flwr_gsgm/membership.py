@@ -315,17 +315,19 @@ class Membership:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`; a saved partition not present now stays inactive."""
+        """Restore :meth:`state_dict` over the nodes that answered at this start.
+
+        A node that answered is active again (one lost before the checkpoint rejoins,
+        with clean failure and rejection counts), unless it was excluded (it stays
+        out for the rest of the run) or backing off (it still is, until the engine
+        time saved). A saved partition that did not answer is inactive and may
+        return (queried when it shows up), unless excluded.
+        """
         self.speeds, self.num_partitions = dict(state["speeds"]), state["num_partitions"]
         for pid, saved in state["nodes"].items():
             node = self.nodes.get(pid)
-            if node is None:  # its SuperNode did not come back: known but inactive
-                node = self.nodes[pid] = Node(pid, -1, saved["speed"], active=False)
-            node.dispatches, node.speed = saved["dispatches"], saved["speed"]
-            # Checkpoints written before the back-off counted "errors_in_row".
-            node.failures = saved.get("failures", saved.get("errors_in_row", 0))
-            node.rejections_in_row = saved["rejections_in_row"]
-            node.active = node.active and saved["active"]
-            node.excluded = saved.get("excluded", "")
-            node.may_return = saved.get("may_return", node.may_return)
-            node.retry_at = None if node.active else saved.get("retry_at")
+            if node is None:  # its SuperNode did not come back: known, may return
+                node = self.nodes[pid] = Node(
+                    pid, -1, saved["speed"], active=False, may_return=True
+                )
+            node_states.restore(node, saved)

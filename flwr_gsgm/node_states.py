@@ -10,7 +10,7 @@ seconds); an excluded one is inactive for the rest of the run, with the reason.
 from __future__ import annotations
 
 from logging import WARNING
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from flwr.common.logger import log
 
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from flwr_gsgm.ledger import Ledger
     from flwr_gsgm.membership import Node
 
-__all__ = ["due_back", "exclude", "next_retry", "set_aside"]
+__all__ = ["due_back", "exclude", "next_retry", "restore", "set_aside"]
 
 
 def set_aside(nodes: dict[int, Node], pid: int, retry_at: float) -> Node | None:
@@ -44,6 +44,27 @@ def next_retry(nodes: dict[int, Node]) -> float | None:
     """The earliest end of a back-off (engine seconds), or None if no node backs off."""
     times = [n.retry_at for n in nodes.values() if n.state == "backing-off"]
     return min(times) if times else None  # type: ignore[type-var]
+
+
+def restore(node: Node, saved: dict[str, Any]) -> None:
+    """Restore ``node`` from its checkpoint record ``saved`` (``Node.SAVED``) at a resume.
+
+    ``node.active``: it answered at this start. An excluded node stays out for the
+    rest of the run; one backing off at the checkpoint still is (until the engine
+    time saved); one lost before the checkpoint that answered now rejoins with clean
+    failure and rejection counts.
+    """
+    node.dispatches, node.speed = saved["dispatches"], saved["speed"]
+    node.excluded = saved.get("excluded", "")
+    backing_off = not saved["active"] and saved.get("retry_at") is not None
+    if saved["active"] or backing_off or node.excluded or not node.active:
+        # Checkpoints written before the back-off counted "errors_in_row".
+        node.failures = saved.get("failures", saved.get("errors_in_row", 0))
+        node.rejections_in_row = saved["rejections_in_row"]
+    if node.excluded:  # out for the rest of the run, whether it answered or not
+        node.active = node.may_return = False
+    elif node.active and backing_off:
+        node.active, node.retry_at = False, saved["retry_at"]
 
 
 def exclude(nodes: dict[int, Node], ledger: Ledger, pid: int, why: str) -> Node | None:

@@ -14,6 +14,7 @@ order, and turns a parsed run config back into a rule's keyword arguments
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -238,7 +239,18 @@ RUN_CONFIG: dict[str, RunConfigKey] = {
         "an integer >= 0 (0 = never)",
         "save the server state every N client updates (and on SIGTERM)",
     ),
-    "resume": _key(False, _ANY, "true or false", "continue from outputs/<run-name>/checkpoint.pt"),
+    "resume": _key(
+        False,
+        _ANY,
+        "true or false",
+        "continue from outputs/<run-name>/checkpoint.pt (fails without one)",
+    ),
+    "resume-allow-changes": _key(
+        "",
+        _ANY,
+        "comma-separated run config keys",
+        "keys that may differ from the checkpoint's on resume (each change logged)",
+    ),
     # outputs
     "run-name": _key("", _ANY, "a folder name", "outputs/<run-name>/ (empty = strategy and time)"),
     "output-dir": _key("outputs", _ANY, "a folder", "where run folders go"),
@@ -287,6 +299,10 @@ def _coerce(key: str, value: Any, spec: RunConfigKey) -> Any:
             return int(value)
     elif kind is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(value):  # inf passes "> 0" checks: refuse it by name
+                raise ValueError(
+                    f"run config {key}={value!r}: expected {spec.expected}, a finite number"
+                )
             return float(value)
     elif isinstance(value, str):
         return value
@@ -334,6 +350,9 @@ def parse_run_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
             f"run config federated-eval-every={cfg['federated-eval-every']}: expected a "
             f"multiple of eval-every={cfg['eval-every']} (each point goes into an evaluation row)"
         )
+    from flwr_gsgm.resume_check import parse_allowed  # imports flwr: only when parsing
+
+    parse_allowed(cfg["resume-allow-changes"], RUN_CONFIG)
     if cfg["resume"] and not cfg["run-name"]:
         raise ValueError(
             "run config resume=true: expected a run-name naming the run folder to resume"

@@ -113,6 +113,7 @@ def summarize(
     wall_seconds: float,
     virtual_seconds: float,
     report: Any = None,
+    warnings: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Summary figures of one run (GSGM.md, "Measuring stability").
 
@@ -122,7 +123,9 @@ def summarize(
     of the evaluations; times are seconds. ``report`` (the engine's
     :class:`~flwr_gsgm.async_engine.EngineReport`, absent for Flower's synchronous
     strategies) adds ``status`` ("completed" or "failed") and ``status_reason``,
-    ``per_node`` (counts and state per partition-id) and ``warnings``.
+    ``per_node`` (counts and state per partition-id) and its ``warnings``;
+    ``warnings`` adds sentences about the run that the log also holds (a
+    pathological split that uses only some classes) after the report's.
     """
     acc = [float(r["accuracy"]) for r in rows]
     return {
@@ -154,7 +157,7 @@ def summarize(
         "virtual_seconds": float(virtual_seconds),
         "wall_seconds": float(wall_seconds),
         "per_node": dict(getattr(report, "per_node", {})),
-        "warnings": list(getattr(report, "warnings", [])),
+        "warnings": list(getattr(report, "warnings", [])) + list(warnings),
     }
 
 

@@ -19,6 +19,7 @@ from typing import Any
 from flwr_gsgm.async_strategy import AsyncStrategy
 from flwr_gsgm.engine_settings import EngineSettings
 from flwr_gsgm.federated_evaluation import FederatedEvaluation
+from flwr_gsgm.resume_check import parse_allowed
 from flwr_gsgm.run_config import optimizer_params_from
 from flwr_gsgm.strategies import STRATEGIES
 from flwr_gsgm.virtual_clock import VirtualClock
@@ -70,6 +71,8 @@ def engine_settings_from(cfg: Mapping[str, Any], run_dir: Path | None = None) ->
         max_in_flight=cfg["max-in-flight"] or None,
         dispatch=cfg["dispatch"],
         prefetch=cfg["prefetch"],
+        run_config=dict(cfg),
+        resume_allow_changes=parse_allowed(cfg["resume-allow-changes"], cfg),
     )
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping
-from logging import INFO
+from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from flwr.serverapp.strategy import FedAvg, FedAvgM
 
 from clients.datasets import load_dataset
 from clients.models import build_model
+from clients.partitioning import PartitionConfig, check_partitioning
 from clients.training import evaluate
 from flwr_gsgm import run_outputs
 from flwr_gsgm.federated_evaluation import column_name
@@ -62,6 +63,37 @@ def make_evaluate_fn(cfg: Mapping[str, Any]):
     return evaluate_fn
 
 
+def check_partitions(grid: Grid, cfg: Mapping[str, Any]) -> list[str]:
+    """Compute the split the nodes will compute, before any message; return warnings.
+
+    In a simulation (``virtual-clock`` on: Flower's simulation engine and the
+    in-process grid) every node holds partition-id i of num-partitions = the number
+    of nodes, cut from the data set by :mod:`clients.partitioning`, a pure function
+    of the labels and the run config: the ServerApp computes the same split. In
+    deployment nodes may hold their own data (node config ``data-dir``) and connect
+    later, so a node reports an impossible split itself, in its error replies.
+
+    Raises
+    ------
+    clients.partitioning.ImpossiblePartitioning
+        Naming the key, the value, the smallest partition and what to change.
+    """
+    num_nodes = len(list(grid.get_node_ids()))
+    if not cfg["virtual-clock"] or num_nodes == 0:
+        return []
+    config = PartitionConfig(
+        partitioner=cfg["partitioner"],
+        num_partitions=num_nodes,
+        classes_per_node=cfg["classes-per-node"],
+        dirichlet_alpha=cfg["dirichlet-alpha"],
+        seed=cfg["seed"],
+    )
+    found = check_partitioning(cfg["dataset"], cfg["data-root"], config)
+    for warning in found:
+        log(WARNING, "[flwr-gsgm] %s", warning)
+    return found
+
+
 def _initial_arrays(cfg: Mapping[str, Any]) -> ArrayRecord:
     torch.manual_seed(cfg["seed"])
     state = build_model(cfg["dataset"]).state_dict()
@@ -89,6 +121,7 @@ def run_experiment(
         (``status`` "failed" and ``status_reason`` in summary.json) are written.
     """
     torch.set_num_threads(cfg["client-threads"])
+    warnings = check_partitions(grid, cfg)  # an impossible split fails here, at once
     run_dir = run_dir or run_dir_for(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     run_outputs.write_config(run_dir, cfg)
@@ -106,6 +139,7 @@ def run_experiment(
             0,
             time.monotonic() - t0,
             rows[-1]["virtual_time"] if rows else 0.0,
+            warnings=warnings,
         )
     else:
         failed: RunFailed | None = None
@@ -132,6 +166,7 @@ def run_experiment(
             rep.wall_seconds,
             rep.virtual_seconds,
             report=rep,
+            warnings=warnings,
         )
         if failed is not None:
             _write_outputs(run_dir, cfg, rows, summary, grid)

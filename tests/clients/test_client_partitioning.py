@@ -10,10 +10,12 @@ import torch
 
 from clients.datasets import load_dataset
 from clients.partitioning import (
+    ImpossiblePartitioning,
     PartitionConfig,
     all_partition_indices,
     load_partition,
     partition_indices,
+    partitioning_warnings,
 )
 
 FMNIST_ROOT = Path("/usr/share/datasets/fashion-mnist")
@@ -147,3 +149,30 @@ def test_fast_index_path_equals_public_load_partition(labels, cfg):
     for pid in (0, 9):
         public = partitioner.load_partition(pid)["index"].to_numpy()
         assert torch.equal(partition_indices(labels, cfg, pid), torch.from_numpy(np.array(public)))
+
+
+def test_an_impossible_dirichlet_split_names_key_value_smallest_partition_and_fix():
+    # What every node of such a run raises (its error reply in deployment): 30 nodes,
+    # alpha 0.01, 1,000 labels of 10 classes. The Dirichlet partitioner redraws 10
+    # times and gives up; the message says why and what to change.
+    labels = np.repeat(np.arange(10), 100)
+    with pytest.raises(ImpossiblePartitioning) as info:
+        partition_indices(labels, PartitionConfig("dirichlet", 30, 2, 0.01, seed=0), 0)
+    assert str(info.value) == (
+        "dirichlet-alpha=0.01 with num-partitions=30 cannot give every node 5 examples: the "
+        "first draw leaves partition 4 with 0 of 1000 (flwr-datasets' DirichletPartitioner "
+        "gave up after 10 draws). Raise dirichlet-alpha (dirichlet-alpha=0.2 gives every node "
+        "at least 5 at its first draw) or use fewer nodes"
+    )
+    # The suggested value does work.
+    parts = all_partition_indices(labels, PartitionConfig("dirichlet", 30, 2, 0.2, seed=0))
+    assert min(len(p) for p in parts) >= 5
+
+
+def test_a_pathological_split_that_skips_classes_is_a_warning():
+    assert partitioning_warnings(PartitionConfig("pathological", 5, 2), 10) == [
+        "pathological partitioning with num-partitions=5 and classes-per-node=2 uses only "
+        "classes 0..5 of 10"
+    ]
+    assert partitioning_warnings(PartitionConfig("pathological", 10, 2), 10) == []
+    assert partitioning_warnings(PartitionConfig("dirichlet", 5, 2), 10) == []

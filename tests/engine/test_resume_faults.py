@@ -1,0 +1,289 @@
+"""Resume gaps (issue 12 item 4): kill the ServerApp, rerun with resume=true.
+
+- every node of the run is queried again and may rejoin, a node lost before the
+  crash too;
+- a resume whose settings differ from the checkpoint's in what changes the result is
+  refused naming each key, unless ``resume-allow-changes`` lists it (then logged);
+- the checkpoint carries a checksum: a truncated, empty, garbage or one-byte-changed
+  file is refused naming the file and the cause, before any message is sent;
+- ``resume=true`` without a checkpoint fails.
+
+The quadratic ClientApp (node p returns w - target_p) and the virtual clock make each
+run reproducible; "killing" the ServerApp is an exception out of its evaluation.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+import numpy as np
+import pytest
+from flwr.app import MetricRecord
+
+from flwr_gsgm.async_engine import EngineSettings
+from flwr_gsgm.checkpoint import CheckpointError, load
+from flwr_gsgm.inprocess_grid import InProcessGrid
+from flwr_gsgm.resume_check import ResumeRefused
+from flwr_gsgm.strategies import ASGD, GSGM
+from flwr_gsgm.virtual_clock import VirtualClock
+from tests.engine.quadratic_app import initial_arrays, make_app
+
+CLOCK = VirtualClock(seed=3, base_duration=1.0, slow_fraction=0.25, slow_factor=4.0, jitter=0.1)
+RUN_CONFIG = {"server-learning-rate": 0.1, "beta": 0.5, "seed": 3, "client-mode": "gradient"}
+
+
+class CountingGrid(InProcessGrid):
+    """In-process grid counting the messages pushed and the train messages per partition."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.pushed = 0
+        self.trained: list[int] = []
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        self.pushed += len(messages)
+        for msg in messages:
+            if msg.metadata.message_type == "train":
+                ctx = self.contexts[msg.metadata.dst_node_id]
+                self.trained.append(int(ctx.node_config["partition-id"]))
+        return super().push_messages(messages)
+
+
+def dies_at(updates):
+    """An evaluate_fn that kills the run (like SIGKILL) at ``updates``."""
+
+    def evaluate(step, arrays):
+        if step == updates:
+            raise KeyboardInterrupt("killed")
+        return MetricRecord({"accuracy": float(arrays["w"].numpy()[0]), "loss": 0.0})
+
+    return evaluate
+
+
+def start(
+    path,
+    *,
+    cls=GSGM,
+    nodes=3,
+    app=None,
+    resume=False,
+    run_config=RUN_CONFIG,
+    allow=(),
+    lr=0.1,
+    evaluate_fn=None,
+    max_updates=60,
+):
+    settings = EngineSettings(
+        checkpoint_path=path,
+        checkpoint_every=10,
+        resume=resume,
+        run_config=run_config,
+        resume_allow_changes=tuple(allow),
+        reply_timeout=30.0,
+    )
+    grid = CountingGrid(app or make_app(), nodes, run_config={})
+    strategy = cls(server_learning_rate=lr, virtual_clock=CLOCK, seed=3, engine=settings)
+    result = strategy.start(
+        grid,
+        initial_arrays(),
+        max_updates=max_updates,
+        eval_every=10,
+        evaluate_fn=evaluate_fn
+        or (lambda s, a: MetricRecord({"accuracy": float(a["w"].numpy()[0]), "loss": 0.0})),
+    )
+    return result, grid
+
+
+def killed_run(path, **kw):
+    """Run until the evaluation at 30 updates kills it (checkpoint at 20 on disk)."""
+    with pytest.raises(KeyboardInterrupt):
+        start(path, evaluate_fn=dies_at(30), **kw)
+    assert path.exists()
+
+
+# ------------------------------------------------------------ checkpoint files
+def test_resume_without_a_checkpoint_fails_before_any_message(tmp_path):
+    path = tmp_path / "run" / "checkpoint.pt"
+    grid = CountingGrid(make_app(), 3, run_config={})
+    strategy = GSGM(
+        virtual_clock=CLOCK,
+        engine=EngineSettings(checkpoint_path=path, checkpoint_every=10, resume=True),
+    )
+    with pytest.raises(CheckpointError) as info:
+        strategy.start(grid, initial_arrays(), max_updates=20)
+    assert str(info.value) == (
+        f"resume=true, but there is no checkpoint at {path}: check run-name and output-dir "
+        "(the run folder of the run to continue), and that the run had checkpoint-every > 0; "
+        "to start afresh, set resume=false"
+    )
+    assert grid.pushed == 0
+
+
+def damage(path, how):
+    data = path.read_bytes()
+    if how == "truncated":
+        path.write_bytes(data[: len(data) // 2])
+    elif how == "empty":
+        path.write_bytes(b"")
+    elif how == "garbage":
+        path.write_bytes(b"\x00garbage\xff" * 100)
+    elif how == "one byte":
+        # A byte in the middle of the data (a weight, say): the checksum line is intact.
+        i = len(data) // 2
+        path.write_bytes(data[:i] + bytes([data[i] ^ 0x40]) + data[i + 1 :])
+    return len(data)
+
+
+@pytest.mark.parametrize("how", ["truncated", "empty", "garbage", "one byte"])
+def test_a_damaged_checkpoint_is_refused_naming_the_file_and_cause(tmp_path, how):
+    path = tmp_path / "checkpoint.pt"
+    killed_run(path)
+    size = damage(path, how)
+    with pytest.raises(CheckpointError) as info:
+        start(path, resume=True)
+    message = str(info.value)
+    assert message.startswith(f"checkpoint {path} ")
+    if how == "truncated":
+        assert message == (
+            f"checkpoint {path} ({size // 2} bytes) has no checksum line at its end: it is "
+            "truncated, was written before checkpoints had checksums, or is not a flwr-gsgm "
+            "checkpoint (it starts with b'PK\\x03\\x04\\x00\\x00\\x08\\x08\\x00\\x00\\x00\\x00"
+            "\\x00\\x00\\x00\\x00')"
+        )
+    elif how == "empty":
+        assert message == f"checkpoint {path} is empty (0 bytes)"
+    elif how == "garbage":
+        assert "has no checksum line at its end" in message
+        assert message.endswith("(it starts with b'\\x00garbage\\xff\\x00garbag')")
+    else:
+        assert re.fullmatch(
+            rf"checkpoint {re.escape(str(path))} is damaged: the SHA-256 of its \d+ bytes of "
+            r"data is [0-9a-f]{64}, its checksum line records [0-9a-f]{64}",
+            message,
+        )
+
+
+def test_a_damaged_checkpoint_stops_the_resume_before_any_message(tmp_path):
+    path = tmp_path / "checkpoint.pt"
+    killed_run(path)
+    damage(path, "one byte")
+    grid = CountingGrid(make_app(), 3, run_config={})
+    strategy = GSGM(
+        virtual_clock=CLOCK,
+        engine=EngineSettings(checkpoint_path=path, checkpoint_every=10, resume=True),
+    )
+    with pytest.raises(CheckpointError):
+        strategy.start(grid, initial_arrays(), max_updates=60)
+    assert grid.pushed == 0  # not even the start-up query
+
+
+def test_an_intact_checkpoint_resumes_to_the_uninterrupted_run(tmp_path):
+    whole, _ = start(tmp_path / "whole.pt")
+    path = tmp_path / "checkpoint.pt"
+    killed_run(path)
+    resumed, _ = start(path, resume=True)
+    assert resumed.report.counters == whole.report.counters
+    for k, v in whole.arrays.items():
+        np.testing.assert_array_equal(resumed.arrays[k].numpy(), v.numpy())
+
+
+# ------------------------------------------------------------------- settings
+def test_a_changed_setting_is_refused_naming_each_key(tmp_path):
+    path = tmp_path / "checkpoint.pt"
+    killed_run(path)
+    changed = {**RUN_CONFIG, "server-learning-rate": 0.05, "beta": 0.9}
+    grid_pushed = []
+    with pytest.raises(ResumeRefused) as info:
+        try:
+            start(path, resume=True, run_config=changed, lr=0.05)
+        finally:
+            grid_pushed.append(True)
+    assert str(info.value) == (
+        f"resume refused: the run differs from checkpoint {path} in what changes its result: "
+        "beta: 0.5 in the checkpoint, 0.9 now; server-learning-rate: 0.1 in the checkpoint, "
+        "0.05 now. Resume with the checkpoint's values, or allow the change with "
+        'resume-allow-changes="beta,server-learning-rate"'
+    )
+
+
+def test_a_budget_or_timeout_may_change_on_resume(tmp_path):
+    path = tmp_path / "checkpoint.pt"
+    killed_run(path)
+    longer = {**RUN_CONFIG, "max-updates": 80, "reply-timeout": 60.0}
+    result, _ = start(path, resume=True, run_config=longer, max_updates=80)
+    assert result.report.counters["updates_received"] == 80
+
+
+def test_an_allowed_change_is_logged_and_applies(tmp_path, caplog):
+    path = tmp_path / "checkpoint.pt"
+    killed_run(path)
+    changed = {**RUN_CONFIG, "server-learning-rate": 0.05}
+    caplog.set_level(logging.WARNING, logger="flwr")
+    result, _ = start(
+        path, resume=True, run_config=changed, lr=0.05, allow=["server-learning-rate"]
+    )
+    assert "resume: server-learning-rate changed from 0.1 to 0.05 (allowed)" in caplog.text
+    assert result.report.counters["updates_received"] == 60
+    # The new rate applies after the resume: the result differs from both whole runs.
+    fast, _ = start(tmp_path / "a.pt")
+    slow, _ = start(tmp_path / "b.pt", run_config=changed, lr=0.05)
+    w = result.arrays["w"].numpy()
+    assert not np.array_equal(w, fast.arrays["w"].numpy())
+    assert not np.array_equal(w, slow.arrays["w"].numpy())
+
+
+def test_a_changed_rule_parameter_without_run_config_is_refused(tmp_path):
+    # A strategy started from Python: the rule's parameters and train config compare.
+    path = tmp_path / "checkpoint.pt"
+    killed_run(path, run_config=None)
+    with pytest.raises(ResumeRefused) as info:
+        start(path, resume=True, run_config=None, lr=0.05)
+    assert "optimizer.lr: 0.1 in the checkpoint, 0.05 now" in str(info.value)
+
+
+def test_another_number_of_nodes_is_refused(tmp_path):
+    path = tmp_path / "checkpoint.pt"
+    killed_run(path)
+    with pytest.raises(ResumeRefused) as info:
+        start(path, resume=True, nodes=4)
+    assert str(info.value) == (
+        f"resume refused: the run differs from checkpoint {path} in what changes its result: "
+        "num-partitions: 3 in the checkpoint, 4 now. Resume with the checkpoint's values, or "
+        'allow the change with resume-allow-changes="num-partitions"'
+    )
+
+
+# ---------------------------------------------------------------------- nodes
+def test_a_node_lost_before_the_crash_rejoins_after_the_resume(tmp_path):
+    # Partition 0 (a fast node) raises in its ClientApp: after 3 error replies it is
+    # lost. The ServerApp is then killed at 30 updates (checkpoint at 20: node 0 lost).
+    path = tmp_path / "checkpoint.pt"
+    killed_run(path, app=make_app(raise_for={0}), cls=ASGD)
+    saved = load(path)
+    assert saved["nodes"][0]["active"] is False and saved["counters"]["nodes_lost"] == 1
+    # Resumed with partition 0 healthy again: it answers the start-up query and trains.
+    resumed, grid = start(path, resume=True, cls=ASGD, max_updates=90)
+    counters = resumed.report.counters
+    assert counters["nodes_joined"] == 1
+    assert counters["updates_received"] == 90
+    # Of the 70 updates after the resume, node 0 (as fast as node 1; node 2 is 4x
+    # slower) computes about 4 / 9: 31; before the fix it got none.
+    assert grid.trained.count(0) >= 25
+
+
+def test_a_node_silent_at_the_resume_is_lost_and_the_others_go_on(tmp_path):
+    path = tmp_path / "checkpoint.pt"
+    killed_run(path)
+    # Partition 1's SuperNode does not come back: 2 nodes answer out of 3.
+    settings = EngineSettings(
+        checkpoint_path=path, checkpoint_every=10, resume=True, run_config=RUN_CONFIG
+    )
+    grid = CountingGrid(make_app(), 3, run_config={})
+    grid.remove_node(2)  # node id 2 holds partition 1
+    strategy = GSGM(server_learning_rate=0.1, virtual_clock=CLOCK, seed=3, engine=settings)
+    result = strategy.start(grid, initial_arrays(), max_updates=60, eval_every=10)
+    assert result.report.counters["updates_received"] == 60
+    assert 1 not in grid.trained
+    assert result.report.counters["nodes_lost"] >= 1
