@@ -413,11 +413,23 @@ def _reusable_model(dataset: str) -> torch.nn.Module:
     return cache[dataset]
 
 
+def _record(msg: Message, key: str, kind: type):
+    """``msg.content[key]`` if it is a ``kind`` record, else None.
+
+    Not ``RecordDict.array_records`` / ``config_records``: in Flower 1.42 they leave a
+    reference cycle that keeps the whole message (a model copy) alive until the
+    garbage collector runs, one per message.
+    """
+    record = msg.content.get(key)
+    return record if isinstance(record, kind) else None
+
+
 def _model_from_message(msg: Message, settings: RunSettings) -> tuple[torch.nn.Module, list[str]]:
-    if "arrays" not in msg.content.array_records:
+    received = _record(msg, "arrays", ArrayRecord)
+    if received is None:
         raise ValueError("Message content has no ArrayRecord named 'arrays'")
     model = _reusable_model(settings.dataset)
-    source = _load_received(model, msg.content.array_records["arrays"])
+    source = _load_received(model, received)
     return model, source
 
 
@@ -442,7 +454,7 @@ def train(msg: Message, context: Context) -> Message:
     """Compute an update (gradient / delta) or new weights; see module docstring."""
     settings = RunSettings.from_context(context)
     settings.apply_threads()
-    config = dict(msg.content.config_records.get("config", ConfigRecord()))
+    config = dict(_record(msg, "config", ConfigRecord) or ConfigRecord())
     d = DEFAULT_TRAIN_CONFIG
     mode = _get_str(config, "mode", d["mode"])
     if mode not in MODES:
@@ -478,7 +490,7 @@ def train(msg: Message, context: Context) -> Message:
     compute_time = time.perf_counter() - start
 
     by_received_key = dict(zip(source, update))
-    received = msg.content.array_records["arrays"]
+    received = _record(msg, "arrays", ArrayRecord)
     out = ArrayRecord()
     for key in received.keys():  # same keys, same order as received
         out[key] = Array.from_numpy_ndarray(by_received_key[key])

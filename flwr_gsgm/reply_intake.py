@@ -128,13 +128,13 @@ class ReplyIntake:
         Raises
         ------
         UpdateRejected
-            On a missing record or ``num-examples``, malformed metadata
+            On a missing record or ``num-examples``, a second ArrayRecord, malformed metadata
             (``"metadata"``: a partition-id, model-version or num-examples that is not
             an integer >= 0, a train-loss that is not a number), a partition-id or
             model-version other than the message's, or arrays that do not match the
-            model by name (:meth:`ModelLayout.match`: ``"array-keys"``,
-            ``"array-format"``, ``"dtype"``, ``"shape"``, ``"non-finite"``, naming
-            the key).
+            model by name
+            (:meth:`ModelLayout.match`: ``"array-keys"``, ``"array-format"``,
+            ``"dtype"``, ``"shape"``, ``"non-finite"``, naming the key).
         """
         arrays, metrics = self._records(reply)
         self._check_metrics(dispatch, metrics, self.identified(dispatch.partition_id))
@@ -153,6 +153,16 @@ class ReplyIntake:
         arrays, metrics = content.get("arrays"), content.get("metrics")
         if not isinstance(arrays, ArrayRecord):
             raise ReplyRejected("missing-arrays", "reply has no ArrayRecord under 'arrays'")
+        # As Flower's own strategies: exactly one ArrayRecord, or which is the update?
+        # (Not RecordDict.array_records: in Flower 1.42 it leaves a reference cycle that
+        # keeps the whole reply, a model copy, alive until the garbage collector runs.)
+        names = [k for k, v in content.items() if isinstance(v, ArrayRecord)]
+        if len(names) > 1:
+            raise ReplyRejected(
+                "extra-arrays",
+                f"reply has {len(names)} ArrayRecords {names}; exactly one is expected, "
+                "under 'arrays'",
+            )
         if not isinstance(metrics, MetricRecord):
             raise ReplyRejected("missing-metrics", "reply has no MetricRecord under 'metrics'")
         return arrays, metrics

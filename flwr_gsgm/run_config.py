@@ -134,7 +134,12 @@ RUN_CONFIG: dict[str, RunConfigKey] = {
         "an integer > 0",
         "ClientApp evaluate handler (federated evaluation): test images per node",
     ),
-    "client-threads": _key(1, _positive, "an integer > 0", "torch threads per ClientApp"),
+    "client-threads": _key(
+        1,
+        _positive,
+        "an integer > 0",
+        "torch threads per ClientApp (another value changes the bits of a run)",
+    ),
     # data
     "dataset": _key(
         "fashion-mnist",

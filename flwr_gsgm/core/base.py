@@ -92,7 +92,8 @@ CORE_REASONS: tuple[str, ...] = (
     "step-range",
 )
 #: Rejection reasons of the engine's reply intake (:mod:`flwr_gsgm.reply_intake`),
-#: checked before the optimizer sees an update: no ArrayRecord / MetricRecord, a
+#: checked before the optimizer sees an update: no ArrayRecord / MetricRecord, more
+#: than one ArrayRecord (which one is the update?), a
 #: metadata that is not what the protocol says (a partition-id, model-version or
 #: num-examples that is not an integer, a train-loss that is not a number), a
 #: partition-id or model-version other than the message's, other array keys, arrays
@@ -102,6 +103,7 @@ CORE_REASONS: tuple[str, ...] = (
 #: relative norm bound, ``flwr_gsgm.norm_bound``).
 INTAKE_REASONS: tuple[str, ...] = (
     "missing-arrays",
+    "extra-arrays",
     "missing-metrics",
     "metadata",
     "partition-id",

@@ -72,11 +72,18 @@ def make_app(
                 "train-loss": float(0.5 * np.sum(grad["w"] ** 2)),
             }
         )
+        extra: dict = {}
         if pid in (misbehave or {}):
-            grad, metrics = misbehave[pid](pid, grad, metrics)
+            # (grad, metrics), or (grad, metrics, more records for the reply)
+            grad, metrics, *more = misbehave[pid](pid, grad, metrics)
+            extra = more[0] if more else {}
         return Message(
             RecordDict(
-                {"arrays": ArrayRecord({k: Array(v) for k, v in grad.items()}), "metrics": metrics}
+                {
+                    "arrays": ArrayRecord({k: Array(v) for k, v in grad.items()}),
+                    "metrics": metrics,
+                    **extra,
+                }
             ),
             reply_to=msg,
         )

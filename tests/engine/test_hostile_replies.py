@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 
 import numpy as np
-from flwr.app import Error, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, Error, Message, MetricRecord, RecordDict
 
 from flwr_gsgm.async_engine import EngineSettings
 from flwr_gsgm.inprocess_grid import InProcessGrid
@@ -58,6 +58,11 @@ def _norm(g, m):
     return g, m
 
 
+def _second_arrays(g, m):
+    # Which of two ArrayRecords is the update? Flower's strategies expect exactly one.
+    return g, m, {"arrays-2": ArrayRecord({"w": Array(np.zeros(2, np.float32))})}
+
+
 # Each kind of bad reply and the reason it must be counted under.
 KINDS = [
     (_nan, "non-finite"),
@@ -68,6 +73,7 @@ KINDS = [
     (_missing_metrics, "missing-metrics"),
     (_foreign_partition, "partition-id"),
     (_norm, "norm"),
+    (_second_arrays, "extra-arrays"),
 ]
 
 
@@ -154,6 +160,10 @@ def test_every_bad_reply_is_rejected_counted_and_never_touches_the_model(caplog)
     messages = [r.getMessage() for r in caplog.records]
     logged = [m for m in messages if "rejected update from partition 3" in m]
     assert len(logged) == hostile_replies
+    assert (
+        "[async] rejected update from partition 3 (extra-arrays): reply has 2 ArrayRecords "
+        "['arrays', 'arrays-2']; exactly one is expected, under 'arrays'"
+    ) in logged
     replayed = [m for m in messages if "ignored a replayed reply (duplicate)" in m]
     assert len(replayed) == grid.replays
     for why in ("a second reply to message", "which is not in flight", "from node 1, the message"):

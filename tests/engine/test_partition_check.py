@@ -14,9 +14,9 @@ import pytest
 
 from clients.client_app import app as client_app
 from clients.partitioning import ImpossiblePartitioning
-from serverapp.experiment import run_experiment
 from flwr_gsgm.inprocess_grid import InProcessGrid
 from flwr_gsgm.run_config import parse_run_config
+from serverapp.experiment import run_experiment
 
 
 class CountingGrid(InProcessGrid):
