@@ -180,6 +180,7 @@ class AsyncEngine:
         """Discover the nodes, build the optimizer, then resume or send the first work."""
         pids = self.members.discover(self.lose)
         self.optimizer = ModelOptimizer(self.layout, self.initial, self.make_optimizer, pids)
+        self.initial = []  # the optimizer holds its own copy: no model copy kept here
         self.members.start(pids)
         self.dispatcher.describe()
         if saved is not None:

@@ -35,7 +35,8 @@ REQUIRED = ("keys", "optimizer", "nodes", "speeds", "num_partitions", "in_flight
 
 
 def _fingerprint(engine: AsyncEngine, with_optimizer: bool) -> dict[str, Any]:
-    params = engine.optimizer.params if with_optimizer and engine.optimizer is not None else {}
+    optimizer = engine.optimizer
+    params = optimizer.rule.params if with_optimizer and optimizer is not None else {}
     return fingerprint(engine.settings.run_config, params, dict(engine.dispatcher.train_config))
 
 
@@ -165,9 +166,8 @@ def _restore(engine: AsyncEngine, state: dict[str, Any]) -> None:
         {"num-partitions": engine.members.num_partitions},
         settings.resume_allow_changes,
     )
-    optimizer_state = dict(state["optimizer"])
-    optimizer_state["params"] = engine.optimizer.params  # this run's (checked above)
-    engine.optimizer.load_state_dict(optimizer_state)
+    # The rule's parameters are this run's (equal, or allowed to change: checked above).
+    engine.optimizer.load_state_dict(_with_params(state["optimizer"], engine.optimizer.rule.params))
     engine.ledger.load_state_dict(state)
     num_partitions = engine.members.num_partitions
     engine.members.load_state_dict(state)
@@ -204,11 +204,22 @@ def save_checkpoint(engine: AsyncEngine) -> None:
     log(INFO, "[async] checkpoint at %d updates -> %s", engine.received, settings.checkpoint_path)
 
 
+def _with_params(optimizer_state: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    """``optimizer_state`` (a ModelOptimizer's, or a rule's alone) with the rule's
+    parameters replaced by ``params``."""
+    state = dict(optimizer_state)
+    if isinstance(state.get("rule"), dict):
+        state["rule"] = {**state["rule"], "params": dict(params)}
+    else:  # written before models had buffers: the rule's state alone
+        state["params"] = dict(params)
+    return state
+
+
 def _reconcile_nodes(engine: AsyncEngine) -> None:
     """The nodes that answered now are the run's: rejoin the ones lost before the
     checkpoint, lose those active then that did not answer (they rejoin if they come)."""
     assert engine.optimizer is not None
-    before = engine.optimizer.active_nodes
+    before = engine.optimizer.rule.active_nodes
     for pid, node in sorted(engine.members.nodes.items()):
         if node.active and pid not in before:
             engine.optimizer.on_node_joined(pid, now=engine.clock_now)
