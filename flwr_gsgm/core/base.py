@@ -295,11 +295,16 @@ class ServerOptimizer(abc.ABC):
     no dispatch recorded at that version), ``"num-arrays"``, per array
     ``"dtype"`` (must be a numpy float32 array) and ``"shape"``, ``"non-finite"``
     (NaN or infinity), ``"norm"``. A failing update raises :class:`UpdateRejected`
-    after ``counters["rejected"]`` is incremented; nothing else changes.
+    after ``counters["rejected"]`` is incremented; nothing else changes. Then the
+    result of the step is checked (``"step-range"``): no value of the state may end
+    beyond :data:`STATE_LIMIT` nor overflow on the way; such a step is rolled back,
+    bit for bit, and rejected the same way (see ``_checked_step``).
 
     Counters (``counters`` returns a copy): ``arrivals`` (valid updates),
     ``applied`` / ``deferred`` / ``stale`` (their outcomes, so that
-    ``arrivals == applied + deferred + stale``), ``rejected``, ``slots_dropped``
+    ``arrivals == applied + deferred + stale``), ``rejected``, ``range_checks``
+    (steps checked value by value because their bound came near the range),
+    ``slots_dropped``
     (GSGM slots of lost nodes), plus rule-specific ones. ``version`` counts the steps
     taken on ``w`` (t of the spec); it is not always ``applied``: a FedBuff step
     consumes several arrivals, a GSGM slot step applies an averaged set of arrivals.

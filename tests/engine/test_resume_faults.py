@@ -81,7 +81,6 @@ def start(
         resume=resume,
         run_config=run_config,
         resume_allow_changes=tuple(allow),
-        reply_timeout=30.0,
     )
     grid = CountingGrid(app or make_app(), nodes, run_config={})
     strategy = cls(server_learning_rate=lr, virtual_clock=CLOCK, seed=3, engine=settings)
@@ -211,7 +210,7 @@ def test_a_changed_setting_is_refused_naming_each_key(tmp_path):
 def test_a_budget_or_timeout_may_change_on_resume(tmp_path):
     path = tmp_path / "checkpoint.pt"
     killed_run(path)
-    longer = {**RUN_CONFIG, "max-updates": 80, "reply-timeout": 60.0}
+    longer = {**RUN_CONFIG, "max-updates": 80, "message-ttl": 900.0}
     result, _ = start(path, resume=True, run_config=longer, max_updates=80)
     assert result.report.counters["updates_received"] == 80
 
