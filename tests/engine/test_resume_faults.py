@@ -74,6 +74,8 @@ def start(
     lr=0.1,
     evaluate_fn=None,
     max_updates=60,
+    grid=None,
+    **engine,
 ):
     settings = EngineSettings(
         checkpoint_path=path,
@@ -81,8 +83,9 @@ def start(
         resume=resume,
         run_config=run_config,
         resume_allow_changes=tuple(allow),
+        **engine,
     )
-    grid = CountingGrid(app or make_app(), nodes, run_config={})
+    grid = grid or CountingGrid(app or make_app(), nodes, run_config={})
     strategy = cls(server_learning_rate=lr, virtual_clock=CLOCK, seed=3, engine=settings)
     result = strategy.start(
         grid,
@@ -210,7 +213,16 @@ def test_a_changed_setting_is_refused_naming_each_key(tmp_path):
 def test_a_budget_or_timeout_may_change_on_resume(tmp_path):
     path = tmp_path / "checkpoint.pt"
     killed_run(path)
-    longer = {**RUN_CONFIG, "max-updates": 80, "message-ttl": 900.0}
+    # ... and the time-outs and failure bound of the fault handling (issue 12 items 1, 6)
+    longer = {
+        **RUN_CONFIG,
+        "max-updates": 80,
+        "message-ttl": 900.0,
+        "startup-timeout": 60.0,
+        "dispatch-timeout": 100.0,
+        "rejoin-timeout": 10.0,
+        "max-node-failures": 3,
+    }
     result, _ = start(path, resume=True, run_config=longer, max_updates=80)
     assert result.report.counters["updates_received"] == 80
 
@@ -255,21 +267,74 @@ def test_another_number_of_nodes_is_refused(tmp_path):
 
 
 # ---------------------------------------------------------------------- nodes
+def leaves_at(grid, updates, node_id):
+    """An evaluate_fn whose node ``node_id`` leaves the federation at ``updates``; the
+    run is killed at 30 updates (checkpoint at 20)."""
+    kill = dies_at(30)
+
+    def evaluate(step, arrays):
+        if step == updates:
+            grid.remove_node(node_id)
+        return kill(step, arrays)
+
+    return evaluate
+
+
 def test_a_node_lost_before_the_crash_rejoins_after_the_resume(tmp_path):
-    # Partition 0 (a fast node) raises in its ClientApp: after 3 error replies it is
-    # lost. The ServerApp is then killed at 30 updates (checkpoint at 20: node 0 lost).
+    # Partition 0 (node id 1, a fast node) leaves the federation at 10 updates: its
+    # dispatch times out and, its node id gone, it is lost (it may return). The
+    # ServerApp is then killed at 30 updates (checkpoint at 20: node 0 lost).
     path = tmp_path / "checkpoint.pt"
-    killed_run(path, app=make_app(raise_for={0}), cls=ASGD)
+    grid = CountingGrid(make_app(), 3, run_config={})
+    with pytest.raises(KeyboardInterrupt):
+        start(path, cls=ASGD, grid=grid, evaluate_fn=leaves_at(grid, 10, 1), dispatch_timeout=0.3)
     saved = load(path)
-    assert saved["nodes"][0]["active"] is False and saved["counters"]["nodes_lost"] == 1
-    # Resumed with partition 0 healthy again: it answers the start-up query and trains.
+    assert saved["nodes"][0]["active"] is False and saved["nodes"][0]["may_return"] is True
+    assert saved["counters"]["nodes_lost"] == 1
+    # Resumed with partition 0's SuperNode back: it answers the start-up query and trains.
     resumed, grid = start(path, resume=True, cls=ASGD, max_updates=90)
     counters = resumed.report.counters
     assert counters["nodes_joined"] == 1
     assert counters["updates_received"] == 90
+    assert resumed.report.per_node["0"]["state"] == "active"
     # Of the 70 updates after the resume, node 0 (as fast as node 1; node 2 is 4x
     # slower) computes about 4 / 9: 31; before the fix it got none.
     assert grid.trained.count(0) >= 25
+
+
+def test_a_node_excluded_before_the_crash_stays_excluded_after_the_resume(tmp_path):
+    # Partition 0 raises in its ClientApp: with max-node-failures=2 its 2nd error reply
+    # in a row excludes it for the rest of the run, before the checkpoint at 20.
+    path = tmp_path / "checkpoint.pt"
+    killed_run(path, app=make_app(raise_for={0}), cls=ASGD, max_node_failures=2)
+    saved = load(path)
+    assert saved["nodes"][0]["excluded"].startswith("2 failures in a row (max-node-failures=2)")
+    # Resumed with partition 0 healthy: the resume is the same run, it stays out.
+    resumed, grid = start(path, resume=True, cls=ASGD, max_updates=90, max_node_failures=2)
+    assert resumed.report.counters["updates_received"] == 90
+    assert resumed.report.counters["nodes_excluded"] == 1
+    assert resumed.report.per_node["0"]["state"] == "excluded"
+    assert 0 not in grid.trained
+
+
+def test_the_checkpoint_holds_the_node_counts_norm_bound_and_fingerprint(tmp_path):
+    path = tmp_path / "checkpoint.pt"
+    killed_run(path, app=make_app(raise_for={0}), cls=ASGD, max_node_failures=2)
+    saved = load(path)  # verified against its SHA-256 line: these parts are covered
+    # 20 updates: 16 from partition 1, 4 from the 4x slower partition 2; partition 0
+    # answered with 2 errors (one back-off, then excluded).
+    assert saved["node_stats"]["counts"] == {
+        0: {"error_replies": 2, "backoffs": 1},
+        1: {"updates_received": 16, "updates_applied": 16},
+        2: {"updates_received": 4, "updates_applied": 4},
+    }
+    assert saved["norm_bound"]["seen"] == len(saved["norm_bound"]["norms"]) == 20
+    assert saved["fingerprint"] == {
+        "beta": 0.5,
+        "client-mode": "gradient",
+        "seed": 3,
+        "server-learning-rate": 0.1,
+    }
 
 
 def test_a_node_silent_at_the_resume_is_lost_and_the_others_go_on(tmp_path):
