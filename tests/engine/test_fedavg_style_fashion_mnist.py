@@ -13,17 +13,23 @@ app's test).
 from __future__ import annotations
 
 import itertools
+import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
-from torch import nn
 from torch.nn import functional as F
 
 from clients.datasets import load_dataset
+
+# The CNN of the example app (examples/quickstart-async), the model a user brings.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "quickstart-async"))
+from quickstart_async.task import Net  # noqa: E402
+
 from flwr_gsgm import run_outputs
 from flwr_gsgm.inprocess_grid import InProcessGrid
 from flwr_gsgm.strategies import ASGD, GSGM, FedBuff
@@ -35,22 +41,6 @@ PER_NODE = 2000  # training images per node (IID shards)
 LOCAL_LR = 0.05  # the client's own learning rate: it ignores the one the server sends
 LOCAL_STEPS = 5
 BATCH = 32
-
-
-class Net(nn.Module):
-    """A small CNN with BatchNorm after each convolution."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv1, self.bn1 = nn.Conv2d(1, 8, 3), nn.BatchNorm2d(8)
-        self.conv2, self.bn2 = nn.Conv2d(8, 16, 3), nn.BatchNorm2d(16)
-        self.fc = nn.Linear(16 * 5 * 5, 10)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = (x.float() / 255.0 - 0.2860) / 0.3530
-        x = F.max_pool2d(F.relu(self.bn1(self.conv1(x))), 2)
-        x = F.max_pool2d(F.relu(self.bn2(self.conv2(x))), 2)
-        return self.fc(x.flatten(1))
 
 
 # Loaded once, before the grid's worker threads start: the app itself holds no cache.
