@@ -17,7 +17,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from tests.engine.quadratic_app import INITIAL, TARGETS
+from tests.engine.quadratic_app import INITIAL, TARGETS, answer_query
 
 Edit = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 
@@ -40,9 +40,7 @@ def make_app(edit: dict[int, Edit] | None = None, seen_counts: list | None = Non
 
     @app.query()
     def query(msg: Message, context: Context) -> Message:
-        cfg = context.node_config
-        metrics = {"partition-id": cfg["partition-id"], "num-partitions": cfg["num-partitions"]}
-        return Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
+        return answer_query(msg, context)
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:

@@ -25,6 +25,14 @@ def initial_arrays() -> ArrayRecord:
     return ArrayRecord({k: Array(v.copy()) for k, v in INITIAL.items()})
 
 
+def answer_query(msg: Message, context: Context, **extra: int) -> Message:
+    """The start-up query's reply: the node config's partition-id and num-partitions
+    (plus ``extra`` metrics), as the project's ClientApp answers it."""
+    cfg = context.node_config
+    metrics = {"partition-id": cfg["partition-id"], "num-partitions": cfg["num-partitions"]}
+    return Message(RecordDict({"metrics": MetricRecord({**metrics, **extra})}), reply_to=msg)
+
+
 def make_app(
     misbehave: dict[int, Misbehaviour] | None = None,
     raise_for: set[int] = frozenset(),
@@ -35,21 +43,7 @@ def make_app(
 
     @app.query()
     def query(msg: Message, context: Context) -> Message:
-        cfg = context.node_config
-        return Message(
-            RecordDict(
-                {
-                    "metrics": MetricRecord(
-                        {
-                            "partition-id": cfg["partition-id"],
-                            "num-partitions": cfg["num-partitions"],
-                            "num-examples": 1,
-                        }
-                    )
-                }
-            ),
-            reply_to=msg,
-        )
+        return answer_query(msg, context, **{"num-examples": 1})
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:

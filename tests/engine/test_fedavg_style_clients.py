@@ -23,7 +23,7 @@ from flwr_gsgm.async_engine import EngineSettings
 from flwr_gsgm.inprocess_grid import InProcessGrid
 from flwr_gsgm.strategies import ASGD, GSGM
 from flwr_gsgm.virtual_clock import VirtualClock
-from tests.engine.quadratic_app import TARGETS, initial_arrays, make_app
+from tests.engine.quadratic_app import TARGETS, answer_query, initial_arrays, make_app
 
 CLOCK = VirtualClock(seed=3)
 
@@ -48,9 +48,7 @@ def fedavg_app(returned=None, train_loss: float = 0.25, query: str = "none") -> 
 
         @app.query()
         def answering_query(msg: Message, context: Context) -> Message:
-            cfg = context.node_config
-            metrics = {"partition-id": cfg["partition-id"], "num-partitions": cfg["num-partitions"]}
-            return Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
+            return answer_query(msg, context)
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
