@@ -64,7 +64,9 @@ class GSGM(RuleStrategy):
     running-mean pending slots, cycle-level global momentum) and
     ``docs/GSGM.md`` for its definition in this project.
 
-    The defaults (ema momentum, beta 0.5, quorum 0.5, table averaging, updates applied
+    The defaults (ema momentum, beta 0.5, quorum 0.5, ``averaging="auto"``: table
+    averaging with every node in flight, slot averaging under a ``max-in-flight``
+    limit (docs/GSGM.md, "Averaging under a limit"), updates applied
     on arrival with the learning rate counted per cycle, ``lr_scaling="cycle"``, and
     ``server_learning_rate=0.1`` per cycle) are the choice of the scale preset's tuning
     stage: every grid point on seed 0 at 10 nodes (Fashion-MNIST, 2 classes per node),

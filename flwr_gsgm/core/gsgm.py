@@ -29,7 +29,7 @@ __all__ = ["GSGMRule"]
 
 _F32 = np.dtype(np.float32)
 _FORMS = ("heavy-ball", "ema")
-_AVERAGING = ("slot", "table")
+_AVERAGING = ("auto", "slot", "table")
 _APPLY = ("arrival", "cycle")
 _LR_SCALING = ("step", "cycle")
 
@@ -129,7 +129,11 @@ class GSGMRule(ServerOptimizer):
             as ``u_i`` and ``M`` is refreshed from the mean of each consecutive window
             of ``|A|`` applied updates (the window is the cycle; the white list stays
             empty, no slot is used; quorum and budgets are ignored).
-        averaging: ``"slot"`` (the rule above) or ``"table"``: the scheduled
+        averaging: ``"auto"`` (default: :meth:`auto_averaging` picks ``"table"``, or
+            ``"slot"`` when ``concurrency`` is below the number of active nodes; the
+            :attr:`averaging_in_use` tells which; a checkpoint loads only into the
+            same variant),
+            ``"slot"`` (the rule above) or ``"table"``: the scheduled
             contribution ``u_i`` replaces node ``i``'s row of a table of the latest
             contribution of every active node, and the step uses the table mean
             ``d = mean_j T_j`` in place of ``u_i`` (each node weighs ``1/|table|``
@@ -214,10 +218,12 @@ class GSGMRule(ServerOptimizer):
             kind=bool,
             run_config_key="scheduling",
         ),
+        # "auto": table with every node in flight (the tuned choice at 10 nodes),
+        # slot under a concurrency limit (docs/GSGM.md, "Averaging under a limit").
         Param(
             "averaging",
-            "table",
-            "partial averaging variant",
+            "auto",
+            "partial averaging variant (auto = table, or slot under a max-in-flight limit)",
             kind=str,
             choices=_AVERAGING,
             run_config_key="averaging",
@@ -287,10 +293,21 @@ class GSGMRule(ServerOptimizer):
         self, weights: Sequence[np.ndarray], partition_ids: Iterable[int], **params: Any
     ) -> None:
         super().__init__(weights, partition_ids, **params)
-        if self._table_max_age is not None and self._averaging != "table":
+        auto = self._averaging == "auto"
+        # The variant in use: "auto" is resolved once, from the nodes known now.
+        self._variant = (
+            self.auto_averaging(len(self._active), self._concurrency) if auto else self._averaging
+        )
+        if self._table_max_age is not None and self._variant != "table":
             raise ValueError(
                 f"table_max_age={self._table_max_age!r} needs averaging='table', got "
                 f"averaging={self._averaging!r}"
+                + (
+                    f" (auto chose 'slot': concurrency {self._concurrency} < "
+                    f"{len(self._active)} nodes)"
+                    if auto
+                    else ""
+                )
             )
 
         self._M = np.zeros(self._size, dtype=_F32)
@@ -311,14 +328,36 @@ class GSGMRule(ServerOptimizer):
         # table variant: node -> latest contribution, its base version, the rows' sum.
         self._table: dict[int, np.ndarray] = {}
         self._table_base: dict[int, int] = {}
-        self._table_sum = np.zeros(self._size, dtype=_F32) if self._averaging == "table" else None
+        self._table_sum = np.zeros(self._size, dtype=_F32) if self._variant == "table" else None
         self._scr_c = np.empty_like(self._scr_a)
         # apply = "cycle": the cycle index in which the update being handled joined
         # S (None: not yet), to tell APPLIED from DEFERRED.
         self._arrival: int | None = None
         self._arrival_cycle: int | None = None
 
+    @staticmethod
+    def auto_averaging(nodes: int, concurrency: int | None) -> str:
+        """What ``averaging = "auto"`` resolves to: ``"table"`` or ``"slot"``.
+
+        ``"slot"`` when a concurrency limit keeps some of the ``nodes`` (the active
+        nodes when the rule is built) idle (``concurrency < nodes``), ``"table"``
+        otherwise (``concurrency`` None: every node trains at once). Under a limit the
+        scheduled dispatch already gives every node its turn, so the table's job
+        (weighing each node once whatever its speed) is done at dispatch, and its
+        rows of idle nodes are older than any update in flight: at 100 nodes with 20
+        in flight they are up to ~120 versions old where a fresh update is ~20
+        (docs/GSGM.md, "Averaging under a limit").
+        """
+        if concurrency is not None and concurrency < nodes:
+            return "slot"
+        return "table"
+
     # ---------------------------------------------------------------- introspection
+    @property
+    def averaging_in_use(self) -> str:
+        """The averaging variant in use, ``"slot"`` or ``"table"`` (``"auto"`` resolved)."""
+        return self._variant
+
     @property
     def momentum(self) -> np.ndarray:
         """A flat float32 copy of the global momentum ``M``."""
@@ -726,6 +765,7 @@ class GSGMRule(ServerOptimizer):
             "table_values": [row.copy() for row in self._table.values()],
             "table_versions": [int(self._table_base[n]) for n in self._table],
             "table_sum": None if self._table_sum is None else self._table_sum.copy(),
+            "averaging_in_use": self._variant,
         }
 
     def _check_state_extra(self, state: dict[str, Any], version: int, active: set[int]) -> None:
@@ -763,11 +803,16 @@ class GSGMRule(ServerOptimizer):
         rows = _state_nodes(state["table_nodes"], "table_nodes", within=active)
         for i, base in enumerate(state["table_versions"]):
             _state_int(base, "table_versions", i, high=version)
-        table = params.get("averaging") == "table"
+        variant = self._state_variant(state)
+        if variant not in ("slot", "table"):
+            raise ValueError(
+                f"state['averaging_in_use'] is {variant!r}, expected 'slot' or 'table'"
+            )
+        table = variant == "table"
         if not table and (rows or state["table_sum"] is not None):
             raise ValueError(
                 f"state['table_nodes'] / state['table_sum'] hold table-averaging data, but "
-                f"the state's params have averaging={params.get('averaging')!r}"
+                f"the state's averaging is {variant!r}"
             )
         if table and state["table_sum"] is None:
             raise ValueError("state['table_sum'] is None, but the state's averaging is 'table'")
@@ -783,6 +828,12 @@ class GSGMRule(ServerOptimizer):
             or not math.isfinite(start)
         ):
             raise ValueError(f"state['cycle_start'] is {start!r}, expected None or a finite number")
+
+    @staticmethod
+    def _state_variant(state: dict[str, Any]) -> Any:
+        """The averaging variant a state was written in (states written before
+        ``"auto"`` have it in their params; the layout check made those agree)."""
+        return state.get("averaging_in_use", state["params"].get("averaging"))
 
     @staticmethod
     def _state_members(state: dict[str, Any]) -> set[int]:
@@ -811,8 +862,9 @@ class GSGMRule(ServerOptimizer):
         if not len(tnodes) == len(tvalues) == len(tversions):
             raise ValueError("state table_nodes, table_values, table_versions differ in length")
         tsum = state["table_sum"]
-        if (tsum is None) != (self._averaging != "table"):
-            raise ValueError("state table_sum does not match the averaging mode")
+        # With averaging = "auto" the state's variant is the one chosen when the run
+        # started, with its nodes; this optimizer's may have been resolved without them.
+        self._variant = self._state_variant(state)
         self._M[...] = M
         self._S[...] = S
         self._k = int(state["cycle_count"])

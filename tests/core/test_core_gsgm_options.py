@@ -280,3 +280,63 @@ def test_lr_per_cycle_counts_the_nodes_in_flight_when_concurrency_is_bounded():
     narrow.on_update(1, [f32(1, -2)], 0)
     assert_bits_equal(wide.weights[0], f32(-0.125, 0.25), "w (c = 4)")
     assert_bits_equal(narrow.weights[0], f32(-0.5, 1.0), "w (c = 1)")
+
+
+# ------------------------------------------------------------ d. averaging = "auto"
+@pytest.mark.parametrize(
+    "nodes,concurrency,expected",
+    [(10, None, "table"), (10, 10, "table"), (10, 20, "table"), (100, 20, "slot"), (3, 2, "slot")],
+)
+def test_auto_averaging_is_slot_only_when_a_limit_leaves_nodes_idle(nodes, concurrency, expected):
+    assert GSGMRule.auto_averaging(nodes, concurrency) == expected
+    opt = make(range(nodes), averaging="auto", concurrency=concurrency)
+    assert opt.averaging_in_use == expected
+    assert opt.params["averaging"] == "auto"  # what was asked for, in every layer
+
+
+# Nodes {1, 2}, heavy-ball, quorum 1.0, lr 0.5 per step: node 1 [2,0], node 1 [4,4],
+# node 2 [0,2].
+# - table (test_core_gsgm.test_table_variant_hand_computed): w = [-2.875,-2.125],
+#   M = [1.5,0.5], S = [2,3], k = 1.
+# - slot: a1 w = [-1,0], S = [2,0]; a2 slot P1 = [4,4]; a3 w = [-1,-1], S = [2,2],
+#   k = 2 -> close: M = [1,1]; P1 applied: d = [4,4] + 0.5 [1,1] = [4.5,4.5]:
+#   w = [-1,-1] - [2.25,2.25] = [-3.25,-3.25]; S = [4,4], k = 1.
+AUTO_SEQUENCE = ((1, (2, 0)), (1, (4, 4)), (2, (0, 2)))
+
+
+@pytest.mark.parametrize(
+    "concurrency,w,M,S",
+    [
+        (None, (-2.875, -2.125), (1.5, 0.5), (2, 3)),  # every node in flight: table
+        (1, (-3.25, -3.25), (1, 1), (4, 4)),  # 1 of 2 nodes in flight: slot
+    ],
+)
+def test_auto_averaging_follows_the_hand_computed_variant(concurrency, w, M, S):
+    opt = make((1, 2), averaging="auto", concurrency=concurrency)
+    for version, (node, g) in enumerate(AUTO_SEQUENCE):
+        opt.on_update(node, [f32(*g)], min(version, 1))
+    check(opt, w=w, M=M, S=S, k=1, version=3)
+
+
+def test_auto_slot_state_resumes_as_slot_whatever_the_rebuild_resolves():
+    # A run that chose slot (1 of 2 nodes in flight) is checkpointed with its slot
+    # pending; the optimizer rebuilt before loading knows no nodes (it would pick
+    # table): the state's variant wins, and the run ends as the slot rule above.
+    opt = make((1, 2), averaging="auto", concurrency=1)
+    for node, g in AUTO_SEQUENCE[:2]:
+        opt.on_update(node, [f32(*g)], 0)
+    fresh = make((), averaging="auto")
+    assert fresh.averaging_in_use == "table"
+    fresh.load_state_dict(pickle.loads(pickle.dumps(opt.state_dict())))
+    assert fresh.averaging_in_use == "slot"
+    fresh.on_update(2, [f32(0, 2)], 1)
+    check(fresh, w=(-3.25, -3.25), M=(1, 1), S=(4, 4), k=1, version=3)
+
+
+def test_auto_slot_with_a_table_age_bound_is_refused_naming_the_choice():
+    with pytest.raises(
+        ValueError,
+        match=r"table_max_age=4 needs averaging='table', got "
+        r"averaging='auto' \(auto chose 'slot': concurrency 1 < 2 nodes\)",
+    ):
+        make((1, 2), averaging="auto", concurrency=1, table_max_age=4)

@@ -128,7 +128,7 @@ def test_shipped_defaults_are_the_tuned_run_config_ones():
         "beta": 0.5,
         "momentum_form": "ema",
         "cycle_quorum": 0.5,
-        "averaging": "table",
+        "averaging": "auto",
     }
     assert OPTIMIZERS["masgd"].defaults()["beta"] == 0.5
     assert OPTIMIZERS["fedbuff"].defaults()["buffer_size"] == 5

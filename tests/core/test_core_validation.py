@@ -386,7 +386,7 @@ INCONSISTENT = [
     ),
     (
         _table_rows_in_a_slot_state,
-        "hold table-averaging data, but the state's params have averaging='slot'",
+        "hold table-averaging data, but the state's averaging is 'slot'",
     ),
     (_set("cycle_start", float("nan")), "state['cycle_start'] is nan"),
 ]

@@ -307,6 +307,18 @@ def test_gsgm_learns_the_concurrency_limit_from_the_engine():
     assert given._build_optimizer(weights, list(range(8))).params["concurrency"] == 5
 
 
+def test_gsgm_default_averaging_is_slot_only_under_a_limit_that_leaves_nodes_idle():
+    # averaging = "auto" (the default): 3 in flight of 8 nodes -> slot; every node in
+    # flight (no limit, or a limit of 8 or more) -> table.
+    weights = [np.zeros(2, np.float32)]
+    cases = [(3, "slot"), (None, "table"), (8, "table"), (20, "table")]
+    for limit, variant in cases:
+        strategy = GSGM(engine=EngineSettings(max_in_flight=limit))
+        optimizer = strategy._build_optimizer(weights, list(range(8)))
+        assert optimizer.params["averaging"] == "auto"
+        assert optimizer.averaging_in_use == variant, limit
+
+
 def test_auto_dispatch_schedules_gsgm_and_draws_at_random_for_the_others():
     assert EngineSettings().dispatch == "auto"  # the run config default
     assert GSGM().dispatch_policy == "scheduled"
