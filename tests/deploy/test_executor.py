@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 from flwr.common.constant import ErrorCode, SubStatus
 from flwr.proto.runtime_pb2 import AcquireTaskRequest
@@ -237,10 +238,8 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 def _rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise AssertionError(f"no VmRSS for {pid}")
+    """Resident set size of process ``pid`` in KiB (psutil, as local_deployment.py)."""
+    return psutil.Process(pid).memory_info().rss // 1024
 
 
 def _stock_clientapp(supernode: RuntimeHarness, values=(1.0,), raise_: bool = False):
