@@ -224,8 +224,10 @@ def _needs_run(run_dir: Path, spec: RunSpec) -> bool:
     if (run_dir / "summary.json").is_file():
         if spec_path.is_file():
             old = json.loads(spec_path.read_text())
+            # A key recorded under its old name (server-lr) is the same setting.
             if (
-                old.get("run_config") != json.loads(json.dumps(spec.run_config))
+                current_names(old.get("run_config") or {})
+                != json.loads(json.dumps(spec.run_config))
                 or old.get("nodes") != spec.nodes
             ):
                 raise SweepError(

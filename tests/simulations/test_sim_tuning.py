@@ -191,3 +191,21 @@ def test_a_run_folder_of_another_config_stops_the_sweep(tmp_path):
     )
     with pytest.raises(SweepError, match="different config"):
         execute([spec], preset.out, "x", {}, ExecOptions(quiet=True))
+
+
+def test_a_run_folder_that_names_a_key_by_its_old_name_is_resumed_not_refused(tmp_path):
+    # Results recorded before server-lr became server-learning-rate are the same run.
+    path = tmp_path / "t.toml"
+    path.write_text(PRESET)
+    preset = load_preset(path, out=tmp_path / "out")
+    spec = tune_runs(preset, "gsgm", {})[0]
+    old_names = {
+        ("server-lr" if k == "server-learning-rate" else k): v for k, v in spec.run_config.items()
+    }
+    assert "server-lr" in old_names
+    fake_run(preset.out / spec.run_id, {"run_config": old_names, "nodes": 4}, 0.5, 0.01, False)
+    summary = (preset.out / spec.run_id / "summary.json").read_bytes()
+    stats: dict[str, int] = {}
+    execute([spec], preset.out, "x", stats, ExecOptions(quiet=True))
+    assert stats == {"skipped": 1}
+    assert (preset.out / spec.run_id / "summary.json").read_bytes() == summary
