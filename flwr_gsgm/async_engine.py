@@ -176,6 +176,13 @@ class AsyncEngine:
         self.federated.finish(self.rows, self.settings.poll_interval)
         return build_report(self)
 
+    def _log_resolved_choices(self) -> None:
+        """Log what each ``"auto"`` parameter of the rule resolved to (GSGM's averaging)."""
+        assert self.optimizer is not None
+        rule = self.optimizer.rule
+        for key, value in rule.resolved_choices().items():
+            log(INFO, "[async] %s: %s = auto -> %r", rule.name, key, value)
+
     def _start(self, saved: dict[str, Any] | None) -> None:
         """Discover the nodes, build the optimizer, then resume or send the first work."""
         pids = self.members.discover(self.lose)
@@ -184,9 +191,11 @@ class AsyncEngine:
         self.members.start(pids)
         self.dispatcher.describe()
         if saved is not None:
-            engine_state.restore_state(self, saved)
+            engine_state.restore_state(self, saved)  # an "auto" choice comes from the state
+            self._log_resolved_choices()
             self.top_up()
             return
+        self._log_resolved_choices()
         self._evaluate()
         self.dispatcher.start(self.optimizer, self.received, self.clock_now)
 

@@ -497,6 +497,10 @@ class ServerOptimizer(abc.ABC):
         """The constructor parameters (hyperparameters) of this optimizer."""
         return {k: getattr(self, "_" + k) for k in self._param_names}
 
+    def resolved_choices(self) -> dict[str, Any]:
+        """``{param: value in use}`` for each parameter given as ``"auto"`` (none here)."""
+        return {}
+
     # ------------------------------------------------------------------ engine calls
     def on_dispatch(self, partition_id: int) -> None:
         """The engine sent the current weights (at ``version``) to ``partition_id``.

@@ -358,6 +358,10 @@ class GSGMRule(ServerOptimizer):
         """The averaging variant in use, ``"slot"`` or ``"table"`` (``"auto"`` resolved)."""
         return self._variant
 
+    def resolved_choices(self) -> dict[str, Any]:
+        """``{"averaging": "slot" or "table"}`` when ``averaging = "auto"``, else ``{}``."""
+        return {"averaging": self._variant} if self._averaging == "auto" else {}
+
     @property
     def momentum(self) -> np.ndarray:
         """A flat float32 copy of the global momentum ``M``."""

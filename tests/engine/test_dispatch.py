@@ -162,6 +162,28 @@ def test_max_in_flight_at_or_above_the_nodes_equals_no_limit(strategy_cls):
             np.testing.assert_array_equal(limited.arrays[k].numpy(), v.numpy())
 
 
+def test_gsgm_auto_averaging_runs_as_slot_under_a_limit_and_as_table_without(caplog):
+    # The whole engine: GSGM's default ("auto") gives the same rows and weights as the
+    # variant it resolves to, and the run log says which.
+    def gsgm(averaging):
+        return lambda **kw: GSGM(averaging=averaging, **kw)
+
+    for limit, variant in ((3, "slot"), (None, "table")):
+        caplog.clear()
+        auto, auto_grid = run(gsgm("auto"), max_updates=90, max_in_flight=limit)
+        explicit, explicit_grid = run(gsgm(variant), max_updates=90, max_in_flight=limit)
+        other, _ = run(
+            gsgm({"slot": "table", "table": "slot"}[variant]), max_updates=90, max_in_flight=limit
+        )
+        assert strip(auto.rows) == strip(explicit.rows), limit
+        assert strip(other.rows) != strip(explicit.rows), limit  # the variants differ here
+        assert auto_grid.trained == explicit_grid.trained
+        for k, v in explicit.arrays.items():
+            np.testing.assert_array_equal(auto.arrays[k].numpy(), v.numpy())
+        logged = [r.getMessage() for r in caplog.records if "= auto ->" in r.getMessage()]
+        assert logged == [f"[async] gsgm: averaging = auto -> {variant!r}"], limit
+
+
 def test_a_node_that_keeps_failing_is_excluded_and_its_slot_goes_to_another(engine_log):
     result, grid = run(
         num_nodes=4,
