@@ -64,6 +64,12 @@ __all__ = ["EngineSettings", "AsyncEngine", "EngineReport", "EvaluateFn", "Optim
 OptimizerFactory = Callable[[list[np.ndarray], list[int]], ServerOptimizer]
 
 
+def _log_resolved_choices(rule: ServerOptimizer) -> None:
+    """Log what each ``"auto"`` parameter of the rule resolved to (GSGM's averaging)."""
+    for key, value in rule.resolved_choices().items():
+        log(INFO, "[async] %s: %s = auto -> %r", rule.name, key, value)
+
+
 class AsyncEngine:
     """One asynchronous training run over a Flower ``Grid``.
 
@@ -176,13 +182,6 @@ class AsyncEngine:
         self.federated.finish(self.rows, self.settings.poll_interval)
         return build_report(self)
 
-    def _log_resolved_choices(self) -> None:
-        """Log what each ``"auto"`` parameter of the rule resolved to (GSGM's averaging)."""
-        assert self.optimizer is not None
-        rule = self.optimizer.rule
-        for key, value in rule.resolved_choices().items():
-            log(INFO, "[async] %s: %s = auto -> %r", rule.name, key, value)
-
     def _start(self, saved: dict[str, Any] | None) -> None:
         """Discover the nodes, build the optimizer, then resume or send the first work."""
         pids = self.members.discover(self.lose)
@@ -192,10 +191,10 @@ class AsyncEngine:
         self.dispatcher.describe()
         if saved is not None:
             engine_state.restore_state(self, saved)  # an "auto" choice comes from the state
-            self._log_resolved_choices()
+            _log_resolved_choices(self.optimizer.rule)
             self.top_up()
             return
-        self._log_resolved_choices()
+        _log_resolved_choices(self.optimizer.rule)
         self._evaluate()
         self.dispatcher.start(self.optimizer, self.received, self.clock_now)
 
