@@ -299,15 +299,14 @@ class GSGMRule(ServerOptimizer):
             self.auto_averaging(len(self._active), self._concurrency) if auto else self._averaging
         )
         if self._table_max_age is not None and self._variant != "table":
+            why = (
+                f" (auto chose 'slot': concurrency {self._concurrency} < {len(self._active)} nodes)"
+                if auto
+                else ""
+            )
             raise ValueError(
                 f"table_max_age={self._table_max_age!r} needs averaging='table', got "
-                f"averaging={self._averaging!r}"
-                + (
-                    f" (auto chose 'slot': concurrency {self._concurrency} < "
-                    f"{len(self._active)} nodes)"
-                    if auto
-                    else ""
-                )
+                f"averaging={self._averaging!r}{why}"
             )
 
         self._M = np.zeros(self._size, dtype=_F32)
