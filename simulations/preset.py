@@ -16,7 +16,9 @@ reporting seeds). Layout (every run-config key is a key of
     results-md = "docs/RESULTS.md"         # default output of simulations.report
     headline-baselines = ["asgd", "masgd"] # the report's headline: reference vs these,
     headline-settings = ["n10-k2", "n30-k2"]  # in these settings (nodes-partition labels),
-    headline-target = 0.20                 # against this stability improvement
+    headline-target = 0.20                 # against this stability improvement,
+    headline-accuracy-tolerance = 0.0      # with final accuracy at most this much lower
+    speed-reference = "fedavg"             # optional: a column "time to its accuracy"
 
     [base]                                 # run config shared by every run
     dataset = "fashion-mnist"
@@ -169,6 +171,7 @@ class Preset:
     questions: dict[str, Question]
     estimate: dict[str, float] = field(default_factory=lambda: dict(_ESTIMATE_DEFAULTS))
     headline: dict[str, Any] = field(default_factory=dict)
+    speed_reference: str = ""  # the method whose final accuracy the report times others to
 
     @property
     def num_classes(self) -> int:
@@ -206,6 +209,7 @@ class Preset:
             "chance_margin": self.chance_margin,
             "tie_tolerance": self.tie_tolerance,
             "reference": self.reference,
+            "speed_reference": self.speed_reference,
             "results_md": str(self.results_md),
             "base": self.base,
             "methods": list(self.methods),
@@ -279,8 +283,20 @@ def _headline(
     target = float(sweep.get("headline-target", 0.2))
     if not 0 < target < 1:
         _fail(path, f"[sweep] headline-target={target!r}: expected a fraction in (0, 1)")
+    tolerance = float(sweep.get("headline-accuracy-tolerance", 0.0))
+    if not 0 <= tolerance < 1:
+        _fail(
+            path,
+            f"[sweep] headline-accuracy-tolerance={tolerance!r}: expected a fraction of "
+            "accuracy in [0, 1) (0.01 = 1 pp)",
+        )
     return (
-        {"baselines": baselines, "settings": settings, "target": target}
+        {
+            "baselines": baselines,
+            "settings": settings,
+            "target": target,
+            "accuracy_tolerance": tolerance,
+        }
         if baselines and settings
         else {}
     )
@@ -408,6 +424,9 @@ def _parse_preset(path: Path, raw: Mapping[str, Any], out: str | Path | None) ->
     reference = sweep.get("reference", "gsgm")
     if reference not in methods:
         _fail(path, f"[sweep] reference {reference!r} is not a method")
+    speed_reference = str(sweep.get("speed-reference", ""))
+    if speed_reference and speed_reference not in methods:
+        _fail(path, f"[sweep] speed-reference {speed_reference!r} is not a method")
     name = sweep.get("name", path.stem)
     return Preset(
         name=name,
@@ -418,6 +437,7 @@ def _parse_preset(path: Path, raw: Mapping[str, Any], out: str | Path | None) ->
         chance_margin=float(sweep.get("chance-margin", 0.05)),
         tie_tolerance=float(sweep.get("tie-tolerance", 0.0)),
         reference=reference,
+        speed_reference=speed_reference,
         results_md=Path(sweep.get("results-md", "docs/RESULTS.md")),
         base=base,
         tune_seed=tune_seed,

@@ -15,7 +15,9 @@ Status of a run (column ``status``):
 - ``"failed"``: the run's process exited with an error or was killed before writing
   ``summary.json`` (``error`` holds the last line of its log), or the engine ended it
   with no node left to train (``summary.json`` ``status`` "failed";
-  ``status_reason`` says why);
+  ``status_reason`` says why) and its model had not diverged (a diverged model makes
+  every node's update look out of range, so every node gets excluded: that run is
+  ``"diverged"``, with ``status_reason`` kept);
 - ``"pending"``: not run yet.
 
 Diverged runs are kept and counted in every table; their accuracy and stability
@@ -191,7 +193,10 @@ def run_row(
     row["diverged"] = bool(reason)
     row["diverged_reason"] = reason
     row["status"] = "diverged" if reason else "ok"
-    if summary.get("status") == "failed":  # no node left to train (flwr_gsgm.run_end)
+    # No node left to train (flwr_gsgm.run_end) is a failure of the run, unless the
+    # model diverged first: then every node's next update is far above its usual norm,
+    # the norm-ratio check excludes them all, and the cause is the server rule.
+    if summary.get("status") == "failed" and not reason:
         row["status"] = "failed"
     return row
 

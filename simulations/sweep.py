@@ -32,7 +32,8 @@ exception is recorded in the run's ``error.txt``, a worker that dies (or is kill
 after ``--timeout`` seconds) is replaced. A worker runs several runs in turn, which
 saves the imports and data loading each time (``--fresh-process``: a new worker per
 run). ``--jobs`` runs that many at once (default 1; each uses ``client-threads``
-torch threads). A run whose ``summary.json`` exists is skipped (resume); one whose
+torch threads); runs start seed by seed (:func:`run_order`). A run whose
+``summary.json`` exists is skipped (resume); one whose
 folder holds results of a different config stops the sweep rather than mixing
 them. A failed run (no ``summary.json``) is run again on the next invocation.
 
@@ -85,6 +86,7 @@ __all__ = [
     "SweepError",
     "pick_best",
     "run_sweep",
+    "run_order",
     "dry_run",
     "read_tuned",
     "write_tuned",
@@ -360,6 +362,16 @@ class _Runner:
                 worker.kill()
 
 
+def run_order(specs: Sequence[RunSpec]) -> list[RunSpec]:
+    """``specs`` seed by seed: every method and setting on the first seed, then the next.
+
+    Otherwise in the given order (question, method, setting). A sweep stopped early
+    (a session's end, a time-out) then leaves complete comparisons on its first seeds
+    rather than every seed of its first methods.
+    """
+    return sorted(specs, key=lambda spec: spec.seed)
+
+
 def execute(
     specs: Sequence[RunSpec],
     out: Path,
@@ -367,8 +379,11 @@ def execute(
     stats: dict[str, int],
     opts: ExecOptions = ExecOptions(),
 ) -> None:
-    """Run the specs that have no results yet, ``opts.jobs`` at a time, with a progress bar."""
-    todo = [s for s in specs if _needs_run(out / s.run_id, s)]
+    """Run the specs that have no results yet, ``opts.jobs`` at a time, with a progress bar.
+
+    They start in :func:`run_order`.
+    """
+    todo = run_order([s for s in specs if _needs_run(out / s.run_id, s)])
     stats["skipped"] = stats.get("skipped", 0) + len(specs) - len(todo)
     if not todo:
         return

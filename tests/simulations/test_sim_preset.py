@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from simulations.preset import (
     tune_runs,
 )
 from simulations.results import divergence, run_row
-from simulations.sweep import dry_run
+from simulations.sweep import dry_run, run_order
 
 PRESETS = Path(__file__).resolve().parents[2] / "simulations" / "presets"
 
@@ -60,7 +61,9 @@ def test_fashion_mnist_preset_expands_to_the_issue_4_sweep():
         "baselines": ["asgd", "masgd"],
         "settings": ["n10-k2", "n30-k2"],
         "target": 0.2,
+        "accuracy_tolerance": 0.0,
     }
+    assert preset.to_plan()["speed_reference"] == ""
 
 
 def test_scale_preset_expands_to_the_issue_9_sweep():
@@ -234,6 +237,18 @@ nodes = [3]
             ),
             "headline-target=20.0",
         ),
+        (
+            BASE.replace(
+                "[tune]",
+                'headline-baselines = ["a"]\nheadline-settings = ["n3-iid"]\n'
+                "headline-accuracy-tolerance = 1\n[tune]",
+            ),
+            "headline-accuracy-tolerance=1.0: expected a fraction of accuracy in [0, 1)",
+        ),
+        (
+            BASE.replace("[tune]", 'speed-reference = "fedavg"\n[tune]'),
+            "speed-reference 'fedavg' is not a method",
+        ),
     ],
 )
 def test_bad_presets_are_refused_naming_the_problem(tmp_path, text, message):
@@ -276,3 +291,57 @@ def test_run_row_of_a_pending_and_of_a_failed_run(tmp_path):
     (failed / "error.txt").write_text("Traceback ...\nFileNotFoundError: no data\n")
     row = run_row(failed, {"run_id": "y"}, chance=0.1, margin=0.05, target=0.7)
     assert (row["status"], row["error"]) == ("failed", "FileNotFoundError: no data")
+
+
+def _finished_run(path, status, accuracies):
+    path.mkdir()
+    (path / "summary.json").write_text(
+        json.dumps(
+            {
+                "status": status,
+                "status_reason": "no node left to train" if status == "failed" else "",
+                "final_accuracy": sum(accuracies[-5:]) / len(accuracies[-5:]),
+            }
+        )
+    )
+    lines = ["updates,virtual_time,accuracy,loss"]
+    lines += [f"{100 * i},{i}.0,{a},1.0" for i, a in enumerate(accuracies)]
+    (path / "metrics.csv").write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_a_run_that_ran_out_of_nodes_is_failed_unless_its_model_diverged(tmp_path):
+    # The engine ended both runs with no node left to train. The first one's model had
+    # collapsed to chance (final accuracy, the mean of the last 5 evaluations, 10.5%
+    # <= 10% + 5%): the rule diverged, the nodes were excluded because of it. The
+    # second one's model was fine (72%): the nodes failed.
+    collapsed_acc = [0.1, 0.6, 0.106, 0.104, 0.105, 0.103, 0.107]
+    collapsed = _finished_run(tmp_path / "collapsed", "failed", collapsed_acc)
+    row = run_row(collapsed, {"run_id": "c"}, chance=0.1, margin=0.05, target=0.7)
+    assert (row["status"], row["diverged_reason"]) == ("diverged", "final accuracy at chance")
+    assert row["status_reason"] == "no node left to train"
+    healthy_acc = [0.1, 0.6, 0.72, 0.73, 0.71, 0.72, 0.72]
+    healthy = _finished_run(tmp_path / "healthy", "failed", healthy_acc)
+    row = run_row(healthy, {"run_id": "h"}, chance=0.1, margin=0.05, target=0.7)
+    assert (row["status"], row["diverged_reason"]) == ("failed", "")
+    completed = _finished_run(tmp_path / "completed", "completed", healthy_acc)
+    row = run_row(completed, {"run_id": "k"}, chance=0.1, margin=0.05, target=0.7)
+    assert row["status"] == "ok"
+
+
+def test_runs_start_seed_by_seed_in_the_preset_order_otherwise():
+    preset = load_preset(PRESETS / "fashion_mnist_scale.toml")
+    runs = report_runs(preset, stand_in_tuned(preset), only=["n300"])
+    ordered = run_order(runs)
+    assert [r.seed for r in ordered] == [1] * 12 + [2] * 12 + [3] * 12
+    # within a seed: method, then setting, as the preset lists them
+    assert [r.run_id for r in ordered[:4]] == [
+        "runs/gsgm/n300-k2/s1",
+        "runs/gsgm/n300-k2-f20/s1",
+        "runs/asgd/n300-k2/s1",
+        "runs/asgd/n300-k2-f20/s1",
+    ]
+    assert ordered[-1].run_id == "runs/fedavg/n300-k2-f20/s3"
+    assert sorted(r.run_id for r in ordered) == sorted(r.run_id for r in runs)
+    assert preset.to_plan()["speed_reference"] == "fedavg"
+    assert preset.to_plan()["headline"]["accuracy_tolerance"] == 0.01
