@@ -243,7 +243,7 @@ nodes = [3]
                 'headline-baselines = ["a"]\nheadline-settings = ["n3-iid"]\n'
                 "headline-accuracy-tolerance = 1\n[tune]",
             ),
-            "headline-accuracy-tolerance=1.0: expected a fraction of accuracy in [0, 1)",
+            "headline-accuracy-tolerance=1.0: expected a fraction of accuracy",
         ),
         (
             BASE.replace("[tune]", 'speed-reference = "fedavg"\n[tune]'),
