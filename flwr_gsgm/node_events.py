@@ -79,6 +79,7 @@ def lose(engine: AsyncEngine, pid: int, why: str, may_return: bool = False) -> N
         return
     engine.ledger.count("lost_in_flight", engine.in_flight.drop_partition(pid))
     engine.optimizer.on_node_lost(pid, now=now(engine))
+    engine.norm_bound.forget(pid)  # back later, it meets a model that moved without it
     engine.ledger.count("nodes_lost")
     log(WARNING, "[async] partition %d (node %d) lost: %s", pid, node.node_id, why)
     engine.top_up()

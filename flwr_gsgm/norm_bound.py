@@ -12,6 +12,16 @@ others' (non-IID data) is measured against itself, not rejected for it. The firs
 :data:`WARMUP` accepted updates of the run set the scale and are not checked. The
 absolute ``max-norm`` of the server rules (off by default) is a separate check.
 
+A node with fewer than :data:`NODE_MIN` accepted updates (new, or back after it was
+lost: :meth:`RelativeNormBound.forget` drops its window) has no scale of its own yet,
+so it gets :data:`NEW_NODE_ROOM` times more room. Why: while it was away the model
+moved towards the other nodes' classes, so its first update on its own classes can be
+far larger than the run's median. Seen in a deployment test (3 SuperNodes, 2 classes
+each, one killed and replaced): the replacement's first update was 14 times the
+median and was rejected; its next ones, on a model that keeps moving without its
+classes, risk the same, up to exclusion after ``max-consecutive-rejections``. With
+the room such a node is accepted, while a blow-up (1e6 times, 1e30) is still rejected.
+
 With the default ratio 10 the bound sits an order of magnitude above the typical
 update: over 1000 updates of the Fashion-MNIST CNN (10 nodes; 2 classes per node,
 Dirichlet 0.1, gradient and delta mode) no update exceeded 6.1 times the median of
@@ -28,7 +38,15 @@ import numpy as np
 
 from flwr_gsgm.core import UpdateRejected
 
-__all__ = ["NODE_MIN", "NODE_WINDOW", "RelativeNormBound", "WARMUP", "WINDOW", "update_norm"]
+__all__ = [
+    "NEW_NODE_ROOM",
+    "NODE_MIN",
+    "NODE_WINDOW",
+    "RelativeNormBound",
+    "WARMUP",
+    "WINDOW",
+    "update_norm",
+]
 
 #: Accepted updates (every node's) whose norms form the run's running median.
 WINDOW = 100
@@ -38,6 +56,8 @@ NODE_WINDOW = 20
 NODE_MIN = 3
 #: Accepted updates taken without the check before it starts.
 WARMUP = 10
+#: A node with fewer than NODE_MIN accepted updates is allowed this many times the bound.
+NEW_NODE_ROOM = 10.0
 
 
 def update_norm(update: list[np.ndarray]) -> float:
@@ -79,6 +99,10 @@ class RelativeNormBound:
     def check(self, partition_id: int, update: list[np.ndarray]) -> float:
         """Return the norm of ``partition_id``'s ``update``, or raise if it is over the bound.
 
+        The bound is ``ratio`` times the larger of the run's median and this node's own
+        (once it has :data:`NODE_MIN` accepted updates; before that, the run's median
+        with :data:`NEW_NODE_ROOM` times more room).
+
         Raises
         ------
         flwr_gsgm.core.UpdateRejected
@@ -89,15 +113,21 @@ class RelativeNormBound:
             return norm
         median, of = float(np.median(self.norms)), f"the last {len(self.norms)} accepted updates"
         own = self.by_node.get(partition_id, ())
+        room, new = (1.0, "") if len(own) >= NODE_MIN else (NEW_NODE_ROOM, f"{NEW_NODE_ROOM:g} x ")
         if len(own) >= NODE_MIN and float(np.median(own)) > median:
             median, of = float(np.median(own)), f"this node's last {len(own)} accepted updates"
-        if median > 0.0 and not norm <= self.ratio * median:  # median 0: no scale yet
+        if median > 0.0 and not norm <= room * self.ratio * median:  # median 0: no scale yet
             raise UpdateRejected(
                 "norm-ratio",
-                f"update L2 norm {norm:.6g} exceeds max-norm-ratio={self.ratio:g} x the median "
-                f"norm {median:.6g} of {of}",
+                f"update L2 norm {norm:.6g} exceeds {new}max-norm-ratio={self.ratio:g} x the "
+                f"median norm {median:.6g} of {of}"
+                + (f" (a node with fewer than {NODE_MIN} accepted updates)" if new else ""),
             )
         return norm
+
+    def forget(self, partition_id: int) -> None:
+        """Drop ``partition_id``'s own window: it was lost; its scale fits a model long gone."""
+        self.by_node.pop(partition_id, None)
 
     def accept(self, partition_id: int, norm: float) -> None:
         """The update of ``partition_id`` of norm ``norm`` (from :meth:`check`) was accepted."""

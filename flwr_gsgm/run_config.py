@@ -215,7 +215,7 @@ RUN_CONFIG: dict[str, RunConfigKey] = {
         _non_negative,
         ">= 0 (0 = off)",
         "reject an update whose L2 norm exceeds this times the median of the last 100 "
-        "accepted (after 10)",
+        "accepted (after 10; 10x that for a node with fewer than 3 accepted)",
     ),
     "min-nodes": _key(1, _positive, "an integer > 0", "nodes to wait for before training"),
     "max-in-flight": _key(

@@ -219,6 +219,40 @@ def test_a_restarted_node_rejoins_under_its_partition_id_and_contributes_again()
     assert len(versions[gap:]) >= 5
 
 
+def test_a_rejoined_node_is_new_to_the_norm_bound_so_a_large_first_update_is_accepted():
+    # Back after it was lost, a node meets a model that moved without its data: its
+    # first update can be far above its old scale. Scaled here 30x, it passes the new
+    # node's bound (10 x max-norm-ratio) and would not pass its old own median's.
+    events: list = []
+
+    def larger_once_back(pid, grad, metrics):
+        if len(events) == 2 and "scaled" not in events:
+            events.append("scaled")
+            grad = {k: v * 30.0 for k, v in grad.items()}
+        return grad, metrics
+
+    grid = InProcessGrid(make_app(misbehave={1: larger_once_back}), 3, run_config={})
+    strategy = ASGD(
+        server_learning_rate=0.1,
+        virtual_clock=None,
+        engine=EngineSettings(dispatch_timeout=0.3, poll_interval=0.001, node_refresh_interval=0.0),
+    )
+
+    def evaluate_fn(step, arrays):
+        if step == 20 and not events:
+            grid.remove_node(2)
+            events.append("killed")
+        if step == 40 and len(events) == 1:
+            events.append(grid.add_node({"partition-id": 1, "num-partitions": 3}))
+        return MetricRecord({"accuracy": 0.0, "loss": 0.0})
+
+    result, _ = run(strategy, grid=grid, max_updates=80, evaluate_fn=evaluate_fn, eval_every=20)
+    c = result.report.counters
+    assert events == ["killed", 4, "scaled"]
+    assert c["nodes_lost"] == 1 and c["nodes_joined"] == 1
+    assert dict(result.report.rejections) == {} and c["updates_received"] == 80
+
+
 def test_two_nodes_claiming_one_partition_at_start_keep_the_first():
     grid = InProcessGrid(make_app(), 3, run_config={})
     grid.add_node({"partition-id": 1, "num-partitions": 3})  # node 4 claims partition 1 too

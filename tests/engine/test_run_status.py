@@ -334,3 +334,27 @@ def test_the_relative_norm_bound_by_hand():
     # A NaN is left to the rule's own non-finite check; the bound can be off.
     assert np.isnan(bound.check(0, [np.array([np.nan, 0.0], np.float32)]))
     assert RelativeNormBound(None).check(0, update(1e30)) == pytest.approx(1e30)
+
+
+def test_a_new_or_returning_node_gets_ten_times_more_room():
+    def update(norm: float) -> list[np.ndarray]:
+        return [np.array([norm * 0.6, 0.0], np.float32), np.array([norm * 0.8], np.float32)]
+
+    bound = RelativeNormBound(10.0)
+    for _ in range(10):  # the warm-up, partition 0: run median 1
+        bound.accept(0, bound.check(0, update(1.0)))
+    # Partition 2 has no accepted update: 10 x 10 x 1 = 100 is its bound.
+    assert bound.check(2, update(56.0)) == pytest.approx(56.0)
+    with pytest.raises(UpdateRejected) as err:
+        bound.check(2, update(100.5))
+    assert err.value.message == (
+        "update L2 norm 100.5 exceeds 10 x max-norm-ratio=10 x the median norm 1 of the last "
+        "10 accepted updates (a node with fewer than 3 accepted updates)"
+    )
+    for norm in (2.0, 1.0, 1.0):  # three accepted: own median 1, the plain bound 10
+        bound.accept(2, bound.check(2, update(norm)))
+    with pytest.raises(UpdateRejected):
+        bound.check(2, update(56.0))
+    # Lost, it is new again when it comes back: 56 passes.
+    bound.forget(2)
+    assert bound.check(2, update(56.0)) == pytest.approx(56.0)
