@@ -500,13 +500,21 @@ def report_stage(
     only: Sequence[str] | None = None,
     opts: ExecOptions = ExecOptions(),
 ) -> Path:
-    """Run the questions' runs (resuming) and write ``runs.csv`` for every question."""
+    """Run the questions' runs (resuming) and write ``runs.csv`` for every question.
+
+    ``runs.csv`` is written also when the runs are interrupted (Ctrl-C, a session's
+    end): the finished runs are rows, the others ``pending`` (a run cut off midway:
+    ``failed``; the next sweep runs it again), so a half-finished sweep can be reported.
+    """
     missing = [m for m in preset.methods if m not in tuned]
     if missing:
         raise SweepError(f"tuned.toml has no choice for {missing}: run the tune stage again")
-    execute(report_runs(preset, tuned, only), out, "report runs", stats, opts)
-    rows = [_row(preset, out, s) for s in report_runs(preset, tuned)]
-    return write_csv(out / "runs.csv", rows)
+    try:
+        execute(report_runs(preset, tuned, only), out, "report runs", stats, opts)
+    finally:
+        rows = [_row(preset, out, s) for s in report_runs(preset, tuned)]
+        path = write_csv(out / "runs.csv", rows)
+    return path
 
 
 def dry_run(preset: Preset, out: Path, jobs: int = 1, only: Sequence[str] | None = None) -> str:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from simulations.preset import load_preset, report_runs, tune_runs
+from simulations.results import read_csv
 from simulations.sweep import ExecOptions, SweepError, execute, pick_best, tune_stage
 
 
@@ -209,3 +210,28 @@ def test_a_run_folder_that_names_a_key_by_its_old_name_is_resumed_not_refused(tm
     execute([spec], preset.out, "x", stats, ExecOptions(quiet=True))
     assert stats == {"skipped": 1}
     assert (preset.out / spec.run_id / "summary.json").read_bytes() == summary
+
+
+def test_an_interrupted_report_stage_still_writes_runs_csv(tmp_path, monkeypatch):
+    # A session's end stops the sweep midway: what finished must still be reportable.
+    import simulations.sweep as sweep
+
+    path = tmp_path / "t.toml"
+    path.write_text(PRESET)
+    preset = load_preset(path, out=tmp_path / "out")
+    tuned = {m: {"strategy": "gsgm" if m != "asgd" else "asgd"} for m in preset.methods}
+    first = report_runs(preset, tuned)[0]
+
+    def one_run_then_ctrl_c(specs, out, *args, **kwargs):
+        spec_json = {"run_config": first.run_config, "nodes": first.nodes}
+        fake_run(out / first.run_id, spec_json, 0.75, 0.02, False)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sweep, "execute", one_run_then_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        sweep.report_stage(preset, preset.out, tuned, {}, None, ExecOptions(quiet=True))
+    rows = read_csv(preset.out / "runs.csv")
+    assert len(rows) == 3 * 2 * 2
+    assert [r["status"] for r in rows].count("pending") == 11
+    done = next(r for r in rows if r["run_id"] == first.run_id)
+    assert (done["status"], done["final_accuracy"]) == ("ok", 0.75)
