@@ -113,15 +113,19 @@ class RelativeNormBound:
             return norm
         median, of = float(np.median(self.norms)), f"the last {len(self.norms)} accepted updates"
         own = self.by_node.get(partition_id, ())
-        room, new = (1.0, "") if len(own) >= NODE_MIN else (NEW_NODE_ROOM, f"{NEW_NODE_ROOM:g} x ")
-        if len(own) >= NODE_MIN and float(np.median(own)) > median:
+        new_node = len(own) < NODE_MIN
+        if not new_node and float(np.median(own)) > median:
             median, of = float(np.median(own)), f"this node's last {len(own)} accepted updates"
+        room = NEW_NODE_ROOM if new_node else 1.0
         if median > 0.0 and not norm <= room * self.ratio * median:  # median 0: no scale yet
+            times, who = "", ""
+            if new_node:
+                times = f"{NEW_NODE_ROOM:g} x "
+                who = f" (a node with fewer than {NODE_MIN} accepted updates)"
             raise UpdateRejected(
                 "norm-ratio",
-                f"update L2 norm {norm:.6g} exceeds {new}max-norm-ratio={self.ratio:g} x the "
-                f"median norm {median:.6g} of {of}"
-                + (f" (a node with fewer than {NODE_MIN} accepted updates)" if new else ""),
+                f"update L2 norm {norm:.6g} exceeds {times}max-norm-ratio={self.ratio:g} x the "
+                f"median norm {median:.6g} of {of}{who}",
             )
         return norm
 

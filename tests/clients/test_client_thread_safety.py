@@ -138,3 +138,33 @@ def test_the_client_app_on_eight_threads_answers_as_on_one(slow_reads):
     for a, b in zip(threaded, serial):
         assert a["metrics"] == b["metrics"]
         assert all(np.array_equal(x, y) for x, y in zip(a["arrays"], b["arrays"]))
+
+
+def test_models_are_pooled_across_threads_and_never_shared_between_calls(monkeypatch):
+    # The in-process grid runs each call on a new thread: the pool must still reuse
+    # models (a per-thread cache built one per message), and two calls at once must
+    # never hold the same model.
+    built: list = []
+    monkeypatch.setattr(client_app, "_idle_models", {})
+
+    def counted_build(name):
+        built.append(name)
+        return build_model(name)
+
+    monkeypatch.setattr(client_app, "build_model", counted_build)
+
+    def borrow_one():
+        with client_app._borrowed_model("fashion-mnist") as model:
+            pass
+        return id(model)
+
+    ids = []
+    for _ in range(5):  # one after another, each on a new thread
+        with ThreadPoolExecutor(1) as pool:
+            ids.append(pool.submit(borrow_one).result())
+    assert len(set(ids)) == 1 and built == ["fashion-mnist"]
+    with client_app._borrowed_model("fashion-mnist") as a:
+        with client_app._borrowed_model("fashion-mnist") as b:
+            assert a is not b
+    assert built == ["fashion-mnist"] * 2
+    assert len(client_app._idle_models["fashion-mnist"]) == 2
