@@ -52,6 +52,7 @@ import math
 import os
 import queue
 import select
+import signal
 import subprocess
 import sys
 import threading
@@ -636,6 +637,22 @@ def run_sweep(
     return stats
 
 
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def stop_on_signals() -> None:
+    """SIGTERM, and SIGINT even in a background job, stop the sweep as Ctrl-C does.
+
+    Then the runs in progress are killed, ``runs.csv`` and ``sweep_log.json`` are
+    written (:func:`report_stage`, :func:`run_sweep`), and a later sweep resumes. A
+    shell without job control starts ``... &`` with SIGINT ignored, and a session's
+    end sends SIGTERM: without this, either would leave neither file.
+    """
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m simulations.sweep", description=__doc__.split("\n\n")[0]
@@ -671,6 +688,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(dry_run(preset, preset.out, args.jobs, args.only))
             return 0
         t0 = time.monotonic()
+        stop_on_signals()
         opts = ExecOptions(
             jobs=args.jobs, timeout=args.timeout, quiet=args.quiet, fresh=args.fresh_process
         )

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
+import time
 import tomllib
 from pathlib import Path
 
@@ -235,3 +238,20 @@ def test_an_interrupted_report_stage_still_writes_runs_csv(tmp_path, monkeypatch
     assert [r["status"] for r in rows].count("pending") == 11
     done = next(r for r in rows if r["run_id"] == first.run_id)
     assert (done["status"], done["final_accuracy"]) == ("ok", 0.75)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_sigterm_and_a_background_sigint_stop_the_sweep_as_ctrl_c_does(signum):
+    # A session's end sends SIGTERM; `sweep ... &` without job control ignores SIGINT.
+    import simulations.sweep as sweep
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        sweep.stop_on_signals()
+        with pytest.raises(KeyboardInterrupt, match=f"signal {int(signum)}"):
+            os.kill(os.getpid(), signum)
+            time.sleep(5)  # the handler runs at once, in this (the main) thread
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
