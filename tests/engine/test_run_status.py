@@ -306,10 +306,12 @@ def test_a_failed_run_writes_its_status_and_the_server_app_raises(tmp_path):
     assert (tmp_path / "broken" / "metrics.csv").read_text().count("\n") == 2  # header + t=0
 
 
-def test_the_relative_norm_bound_by_hand():
-    def update(norm: float) -> list[np.ndarray]:
-        return [np.array([norm * 0.6, 0.0], np.float32), np.array([norm * 0.8], np.float32)]
+def update(norm: float) -> list[np.ndarray]:
+    """A two-array update of L2 norm ``norm`` (0.6 and 0.8 of it: a 3-4-5 triangle)."""
+    return [np.array([norm * 0.6, 0.0], np.float32), np.array([norm * 0.8], np.float32)]
 
+
+def test_the_relative_norm_bound_by_hand():
     bound = RelativeNormBound(10.0)
     for norm in [1.0] * 7 + [12.0] * 3:  # the warm-up: 10 updates, not checked
         pid = 1 if norm == 12.0 else 0
@@ -337,9 +339,6 @@ def test_the_relative_norm_bound_by_hand():
 
 
 def test_a_new_or_returning_node_gets_ten_times_more_room():
-    def update(norm: float) -> list[np.ndarray]:
-        return [np.array([norm * 0.6, 0.0], np.float32), np.array([norm * 0.8], np.float32)]
-
     bound = RelativeNormBound(10.0)
     for _ in range(10):  # the warm-up, partition 0: run median 1
         bound.accept(0, bound.check(0, update(1.0)))
