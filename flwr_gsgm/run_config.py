@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from flwr_gsgm.core import OPTIMIZERS
+from flwr_gsgm.norm_bound import NEW_NODE_ROOM, NODE_MIN, WARMUP, WINDOW
 from flwr_gsgm.run_config_keys import (
     OPTIMIZER_KEYS,
     SYNC_STRATEGY_KEYS,
@@ -214,8 +215,9 @@ RUN_CONFIG: dict[str, RunConfigKey] = {
         10.0,
         _non_negative,
         ">= 0 (0 = off)",
-        "reject an update whose L2 norm exceeds this times the median of the last 100 "
-        "accepted (after 10; 10x that for a node with fewer than 3 accepted)",
+        f"reject an update whose L2 norm exceeds this times the median of the last {WINDOW} "
+        f"accepted (after {WARMUP}; {NEW_NODE_ROOM:g}x that for a node with fewer than "
+        f"{NODE_MIN} accepted)",
     ),
     "min-nodes": _key(1, _positive, "an integer > 0", "nodes to wait for before training"),
     "max-in-flight": _key(
