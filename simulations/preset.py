@@ -18,6 +18,9 @@ reporting seeds). Layout (every run-config key is a key of
     headline-settings = ["n10-k2", "n30-k2"]  # in these settings (nodes-partition labels),
     headline-target = 0.20                 # against this stability improvement,
     headline-accuracy-tolerance = 0.0      # with final accuracy at most this much lower
+    headline-accuracy-baselines = ["asgd"] # optional: reference vs the best of these, everywhere
+    headline-speed-settings = ["n10-k2"]   # optional: reference reaches speed-reference's
+                                           #   accuracy in less virtual time, there
     speed-reference = "fedavg"             # optional: a column "time to its accuracy"
 
     [base]                                 # run config shared by every run
@@ -262,24 +265,16 @@ def _headline(
     methods: Mapping[str, Any],
     questions: Mapping[str, Question],
 ) -> dict[str, Any]:
-    """``[sweep] headline-*``: which comparisons the report puts first (may be empty)."""
-    baselines = list(sweep.get("headline-baselines", []))
-    settings = [str(s) for s in sweep.get("headline-settings", [])]
-    for m in baselines:
-        if m not in methods:
-            _fail(path, f"[sweep] headline-baselines names unknown method {m!r}")
-    known = {
-        setting_label(n, partition_label(p), f)
-        for q in questions.values()
-        for n, p, f in q.settings()
-    }
-    for label in settings:
-        if label not in known:
-            _fail(
-                path,
-                f"[sweep] headline-settings {label!r} is no question's setting; known: "
-                f"{sorted(known)}",
-            )
+    """``[sweep] headline-*``: which comparisons the report puts first (may be empty).
+
+    ``headline-baselines`` / ``-settings`` / ``-target`` / ``-accuracy-tolerance``: the
+    stability target. ``headline-accuracy-baselines`` (optional): the reference's final
+    accuracy against the best of these in every setting, within the same tolerance.
+    ``headline-speed-settings`` (optional, needs ``speed-reference``): settings where
+    the reference should reach the speed reference's accuracy in less virtual time.
+    """
+    baselines = _method_list(path, sweep, "headline-baselines", methods)
+    settings = _setting_list(path, sweep, "headline-settings", questions)
     target = float(sweep.get("headline-target", 0.2))
     if not 0 < target < 1:
         _fail(path, f"[sweep] headline-target={target!r}: expected a fraction in (0, 1)")
@@ -290,16 +285,42 @@ def _headline(
             f"[sweep] headline-accuracy-tolerance={tolerance!r}: expected a fraction of "
             "accuracy in [0, 1) (0.01 = 1 pp)",
         )
-    return (
-        {
-            "baselines": baselines,
-            "settings": settings,
-            "target": target,
-            "accuracy_tolerance": tolerance,
-        }
-        if baselines and settings
-        else {}
-    )
+    speed_settings = _setting_list(path, sweep, "headline-speed-settings", questions)
+    if speed_settings and not sweep.get("speed-reference"):
+        _fail(path, "[sweep] headline-speed-settings needs a speed-reference (a method)")
+    if not (baselines and settings):
+        return {}
+    return {
+        "baselines": baselines,
+        "settings": settings,
+        "target": target,
+        "accuracy_tolerance": tolerance,
+        "accuracy_baselines": _method_list(path, sweep, "headline-accuracy-baselines", methods),
+        "speed_settings": speed_settings,
+    }
+
+
+def _method_list(path: Path, sweep: Mapping[str, Any], key: str, methods) -> list[str]:
+    """``[sweep] key``: a list of the preset's method names ([] if absent)."""
+    names = [str(m) for m in sweep.get(key, [])]
+    for m in names:
+        if m not in methods:
+            _fail(path, f"[sweep] {key} names unknown method {m!r}")
+    return names
+
+
+def _setting_list(path: Path, sweep: Mapping[str, Any], key: str, questions) -> list[str]:
+    """``[sweep] key``: a list of setting labels (``n30-k2-f20``) some question runs."""
+    labels = [str(s) for s in sweep.get(key, [])]
+    known = {
+        setting_label(n, partition_label(p), f)
+        for q in questions.values()
+        for n, p, f in q.settings()
+    }
+    for label in labels:
+        if label not in known:
+            _fail(path, f"[sweep] {key} {label!r} is no question's setting; known: {sorted(known)}")
+    return labels
 
 
 def setting_label(nodes: int, partition: str, limit: int = 0) -> str:

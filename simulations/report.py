@@ -536,15 +536,31 @@ def _improvement_table(imps, reference) -> list[str]:
     return lines
 
 
-def _headline_section(rows, headline: Mapping[str, Any], reference: str) -> list[str]:
-    """The comparisons the preset names first (``[sweep] headline-*``), one table.
+def _headline_section(sweep: _Sweep) -> list[str]:
+    """The targets the preset names first (``[sweep] headline-*``), a table each.
 
-    A row's verdict needs both halves of the target: the mean stability improvement
-    at least ``target`` and the mean final accuracy difference at least
-    ``-accuracy_tolerance`` (a fraction of accuracy; 0 when the preset sets none).
+    Stability (``headline-baselines`` in ``headline-settings``): a row's verdict needs
+    the mean stability improvement at least ``target`` and the mean final accuracy
+    difference at least ``-accuracy_tolerance`` (a fraction of accuracy; 0 when the
+    preset sets none). With ``accuracy_baselines``: the reference's divergences and its
+    final accuracy against the best of them, in every setting. With ``speed_settings``:
+    the reference's time to the speed reference's accuracy against the speed
+    reference's own, paired by seed.
     """
+    headline = sweep.plan.get("headline") or {}
     if not headline:
         return []
+    md = ["## Headline", ""]
+    md += _stability_target(sweep.rows, headline, sweep.reference)
+    if headline.get("accuracy_baselines"):
+        md += _divergence_target(sweep.rows, sweep.reference)
+        md += _accuracy_target(sweep.rows, headline, sweep.reference)
+    if headline.get("speed_settings") and sweep.plan.get("speed_reference"):
+        md += _speed_target(sweep, headline["speed_settings"])
+    return md
+
+
+def _stability_target(rows, headline: Mapping[str, Any], reference: str) -> list[str]:
     target = float(headline["target"])
     tolerance = float(headline.get("accuracy_tolerance", 0.0))
     accuracy_clause = (
@@ -553,8 +569,6 @@ def _headline_section(rows, headline: Mapping[str, Any], reference: str) -> list
         else "final accuracy no lower"
     )
     lines = [
-        "## Headline",
-        "",
         f"Stability improvement of {reference} (1 - MASD_{reference} / MASD_B, paired by seed, "
         f"mean ± sample std) and its final accuracy minus B's; the target is at least "
         f"{100 * target:.0f}% with {accuracy_clause}.",
@@ -574,6 +588,107 @@ def _headline_section(rows, headline: Mapping[str, Any], reference: str) -> list
                 f"{len(imp['seeds'])} | {met} |"
             )
     return lines + [""]
+
+
+def _divergence_target(rows, reference: str) -> list[str]:
+    """Per setting: the reference's runs that diverged or failed (target: none)."""
+    lines = [
+        f"Runs of {reference} per setting; the target is that none diverges or fails.",
+        "",
+        "| setting | ok / runs | diverged | failed | target met |",
+        "|---|---|---|---|---|",
+    ]
+    for setting in _sorted_settings(rows):
+        s = method_summary(_in_setting(rows, setting), reference)
+        if not s["runs"]:
+            continue
+        pending = f" ({s['pending']} pending)" if s["pending"] else ""
+        met = "yes" if s["diverged"] + s["failed"] == 0 else "no"
+        lines.append(
+            f"| {_setting_name(setting)} | {s['ok']}/{s['runs']}{pending} | {s['diverged']} | "
+            f"{s['failed']} | {met} |"
+        )
+    return lines + [""]
+
+
+def _accuracy_target(rows, headline: Mapping[str, Any], reference: str) -> list[str]:
+    """Per setting: the reference's mean final accuracy minus the best baseline's.
+
+    The best baseline is the one with the highest mean final accuracy over its ok runs
+    (its ok / runs shown: a baseline that diverged on some seeds is averaged over the
+    others, as in the method tables). Met: the difference is at least ``-tolerance``.
+    """
+    tolerance = float(headline.get("accuracy_tolerance", 0.0))
+    lines = [
+        f"Final accuracy of {reference} against the best of "
+        f"{', '.join(headline['accuracy_baselines'])} in each setting (mean over the ok runs); "
+        f"the target is at most {100 * tolerance:g} pp lower.",
+        "",
+        f"| setting | {reference} (%) | best baseline | its final accuracy (%) | ok / runs | "
+        f"Δ final accuracy (pp) | target met |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for setting in _sorted_settings(rows):
+        srows = _in_setting(rows, setting)
+        ref = method_summary(srows, reference)["final_accuracy"]
+        ran = [method_summary(srows, m) for m in headline["accuracy_baselines"]]
+        ran = [s for s in ran if s["runs"] > s["pending"]]
+        scored = [s for s in ran if s["final_accuracy"].n]
+        if not ref.n or not ran:
+            continue
+        if not scored:  # every run of every baseline diverged or failed
+            lines.append(
+                f"| {_setting_name(setting)} | {_pm(ref, 100)} | – (every run diverged) | – | "
+                f"0/{sum(s['runs'] - s['pending'] for s in ran)} | – | yes |"
+            )
+            continue
+        best = max(scored, key=lambda s: s["final_accuracy"].mean)
+        delta = ref.mean - best["final_accuracy"].mean
+        lines.append(
+            f"| {_setting_name(setting)} | {_pm(ref, 100)} | {best['method']} | "
+            f"{_pm(best['final_accuracy'], 100)} | {best['ok']}/{best['runs']} | "
+            f"{100 * delta:+.1f} | {'yes' if delta >= -tolerance else 'no'} |"
+        )
+    return lines + [""]
+
+
+def _speed_target(sweep: _Sweep, labels: Sequence[str]) -> list[str]:
+    """Per named setting: time to the speed reference's accuracy, paired by seed.
+
+    Met when, on every seed where both runs are ok, the reference reaches that
+    accuracy (:func:`times_to_reference`) strictly earlier than the speed reference.
+    """
+    reference, speed = sweep.reference, sweep.plan["speed_reference"]
+    lines = [
+        f"Virtual time {reference} takes to reach {speed}'s final accuracy (paired by seed) "
+        f"against {speed}'s own; the target is less time on every seed.",
+        "",
+        f"| setting | {reference} (virtual s) | {speed} (virtual s) | seeds {reference} is faster "
+        f"| Δ final accuracy (pp) | target met |",
+        "|---|---|---|---|---|---|",
+    ]
+    by_label = {setting_label(*s): s for s in settings_of(sweep.rows)}
+    for setting in (by_label[label] for label in labels if label in by_label):
+        srows = _in_setting(sweep.rows, setting)
+        times = times_to_reference(srows, speed, sweep.out)
+        seeds = sorted(s for (m, s) in times if m == speed and (reference, s) in times)
+        mine = [times[(reference, s)] for s in seeds]
+        theirs = [times[(speed, s)] for s in seeds]
+        faster = sum(a < b for a, b in zip(mine, theirs, strict=True))  # NaN: never reached
+        paired = improvements(srows, reference, [speed])
+        delta = paired[0]["delta_accuracy"] if paired else stat([])
+        met = "–" if not seeds else ("yes" if faster == len(seeds) else "no")
+        lines.append(
+            f"| {_setting_name(setting)} | {_pm(stat(mine), 1, 0)} ({stat(mine).n}/{len(seeds)}) | "
+            f"{_pm(stat(theirs), 1, 0)} | {faster}/{len(seeds)} | "
+            f"{_pm(delta, 100, 1, signed=True)} | {met} |"
+        )
+    return lines + [""]
+
+
+def _sorted_settings(rows) -> list[Setting]:
+    """Settings by nodes, then partition, then limit (0, every node in flight, first)."""
+    return sorted(settings_of(rows))
 
 
 def _tuned_section(out: Path) -> list[str]:
@@ -861,7 +976,7 @@ def write_report(out: Path, md_path: Path | None = None, figures: Path | None = 
     figures = Path(figures or md_path.parent / "figures" / sweep.name)
     figures.mkdir(parents=True, exist_ok=True)
     md = _overview(sweep)
-    md += _headline_section(sweep.rows, sweep.plan.get("headline") or {}, sweep.reference)
+    md += _headline_section(sweep)
     md += _tuned_section(out)
     for qname, q in sweep.questions().items():
         md += _question_section(sweep, qname, q, figures, md_path.parent)

@@ -62,6 +62,8 @@ def test_fashion_mnist_preset_expands_to_the_issue_4_sweep():
         "settings": ["n10-k2", "n30-k2"],
         "target": 0.2,
         "accuracy_tolerance": 0.0,
+        "accuracy_baselines": [],
+        "speed_settings": [],
     }
     assert preset.to_plan()["speed_reference"] == ""
 
@@ -249,6 +251,22 @@ nodes = [3]
             BASE.replace("[tune]", 'speed-reference = "fedavg"\n[tune]'),
             "speed-reference 'fedavg' is not a method",
         ),
+        (
+            BASE.replace(
+                "[tune]",
+                'headline-baselines = ["a"]\nheadline-settings = ["n3-iid"]\n'
+                'headline-accuracy-baselines = ["fedbuff"]\n[tune]',
+            ),
+            "headline-accuracy-baselines names unknown method 'fedbuff'",
+        ),
+        (
+            BASE.replace("[tune]", 'headline-speed-settings = ["n300-k2"]\n[tune]'),
+            "headline-speed-settings 'n300-k2' is no question's setting; known: ['n3-iid']",
+        ),
+        (
+            BASE.replace("[tune]", 'headline-speed-settings = ["n3-iid"]\n[tune]'),
+            "headline-speed-settings needs a speed-reference",
+        ),
     ],
 )
 def test_bad_presets_are_refused_naming_the_problem(tmp_path, text, message):
@@ -344,4 +362,16 @@ def test_runs_start_seed_by_seed_in_the_preset_order_otherwise():
     assert ordered[-1].run_id == "runs/fedavg/n300-k2-f20/s3"
     assert sorted(r.run_id for r in ordered) == sorted(r.run_id for r in runs)
     assert preset.to_plan()["speed_reference"] == "fedavg"
-    assert preset.to_plan()["headline"]["accuracy_tolerance"] == 0.01
+    headline = preset.to_plan()["headline"]
+    assert headline["accuracy_tolerance"] == 0.01
+    # issue #9: GSGM against the best asynchronous baseline, and faster than FedAvg at 300/20
+    assert headline["accuracy_baselines"] == [
+        "asgd",
+        "masgd",
+        "daasgd",
+        "fedbuff",
+        "ca2fl",
+        "ace",
+        "aced",
+    ]
+    assert headline["speed_settings"] == ["n300-k2-f20"]

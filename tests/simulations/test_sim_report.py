@@ -342,3 +342,73 @@ def test_time_to_the_speed_reference_accuracy_is_paired_by_seed(tmp_path):
     # mean 39.58, sample std 13.01 over 50, 43.75, 25
     gsgm_row = next(line for line in text.splitlines() if line.startswith("| gsgm | 3/3"))
     assert gsgm_row.split(" | ")[8] == "40 ± 13 (3/3)"
+
+
+def _set(rows, method, nodes, seed, **values):
+    """Change the runs.csv row of (method, nodes, seed)."""
+    row = next(r for r in rows if (r["method"], r["nodes"], r["seed"]) == (method, nodes, seed))
+    row.update(values)
+
+
+def test_headline_names_divergences_the_best_baseline_and_the_speed_target(tmp_path):
+    out = make_sweep(tmp_path / "sweep")
+    rows = read_csv(out / "runs.csv")
+    _set(rows, "gsgm", 20, 3, status="diverged")  # gsgm at 20 nodes: 0.70, 0.72 -> 71.0
+    _set(rows, "asgd", 20, 1, final_accuracy=0.785)  # asgd at 20: 0.785, 0.67, 0.69 -> 71.5
+    for seed, final in {1: 0.5, 2: 0.45, 3: 0.3}.items():  # asgd's finals at 10 nodes
+        _set(rows, "asgd", 10, seed, final_accuracy=final)
+    write_csv(out / "runs.csv", rows)
+    for seed in (1, 2, 3):  # gsgm's curve at 10 nodes: the same accuracies, twice as fast
+        path = out / f"runs/gsgm/n10-k2/s{seed}/metrics.csv"
+        lines = path.read_text().splitlines()
+        fast = [lines[0]]
+        for line in lines[1:]:
+            u, v, t, w, a, loss = line.split(",")
+            fast.append(",".join([u, v, str(float(t) / 2), w, a, loss]))
+        path.write_text("\n".join(fast) + "\n")
+    plan = json.loads((out / "plan.json").read_text())
+    plan["speed_reference"] = "asgd"
+    plan["headline"] = {
+        "baselines": ["asgd"],
+        "settings": ["n10-k2"],
+        "target": 0.2,
+        "accuracy_tolerance": 0.01,
+        "accuracy_baselines": ["asgd", "masgd"],
+        "speed_settings": ["n10-k2"],
+    }
+    (out / "plan.json").write_text(json.dumps(plan))
+    text = write_report(out, tmp_path / "RESULTS.md").read_text()
+    headline = text[text.index("## Headline") : text.index("## Stability at 10 nodes")]
+    assert "| 10 nodes, 2 classes per node | 3/3 | 0 | 0 | yes |" in headline
+    assert "| 20 nodes, 2 classes per node | 2/3 | 1 | 0 | no |" in headline
+    # 10 nodes: gsgm 80.0 against asgd 65.7 (0.5, 0.45, 0.3: std 10.4) and masgd 71.0
+    assert (
+        "| 10 nodes, 2 classes per node | 80.0 ± 2.0 | masgd | 71.0 ± 1.4 | 2/3 | +9.0 | yes |"
+        in headline
+    )
+    # 20 nodes: 71.0 against asgd's 71.5: -0.5 pp, within the 1 pp tolerance
+    assert (
+        "| 20 nodes, 2 classes per node | 71.0 ± 1.4 | asgd | 71.5 ± 6.1 | 3/3 | -0.5 | yes |"
+        in headline
+    )
+    # asgd reaches its finals at 50, 43.75, 25 virtual s; gsgm at half of those:
+    # 25, 21.875, 12.5 (mean 19.8, sample std 6.5); gsgm - asgd finals: 0.30, 0.37, 0.48
+    assert (
+        "| 10 nodes, 2 classes per node | 20 ± 7 (3/3) | 40 ± 13 | 3/3 | +38.3 ± 9.1 | yes |"
+        in headline
+    )
+    # no tolerance: -0.5 pp misses the accuracy target at 20 nodes
+    plan["headline"]["accuracy_tolerance"] = 0.0
+    (out / "plan.json").write_text(json.dumps(plan))
+    text = write_report(out, tmp_path / "RESULTS.md").read_text()
+    assert "| 3/3 | -0.5 | no |" in text
+    # every baseline diverged at 20 nodes: gsgm, which trained, meets the target there
+    for r in rows:
+        if r["nodes"] == 20 and r["method"] != "gsgm":
+            r["status"] = "diverged"
+    write_csv(out / "runs.csv", rows)
+    text = write_report(out, tmp_path / "RESULTS.md").read_text()
+    assert (
+        "| 20 nodes, 2 classes per node | 71.0 ± 1.4 | – (every run diverged) | – | 0/6 | – | yes |"
+        in text
+    )
