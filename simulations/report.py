@@ -141,7 +141,11 @@ def _ok(r: Mapping[str, Any]) -> bool:
 
 
 def method_summary(rows: Sequence[Mapping[str, Any]], method: str) -> dict[str, Any]:
-    """Counts and :class:`Stat` figures of one method's runs (one setting)."""
+    """Counts and :class:`Stat` figures of one method's runs (one setting).
+
+    Columns the page's ``runs.csv`` (:data:`PAGE_COLUMNS`) leaves out, such as
+    ``staleness_max``, give empty :class:`Stat` figures.
+    """
     mine = [r for r in rows if r["method"] == method]
     ok = [r for r in mine if _ok(r)]
     reached = [r for r in ok if math.isfinite(float(r.get("time_to_target", math.nan)))]
@@ -154,12 +158,12 @@ def method_summary(rows: Sequence[Mapping[str, Any]], method: str) -> dict[str, 
         "pending": sum(r.get("status") == "pending" for r in mine),
         "final_accuracy": stat(r["final_accuracy"] for r in ok),
         "masd": stat(r["masd"] for r in ok),
-        "accuracy_std": stat(r["accuracy_std"] for r in ok),
+        "accuracy_std": stat(r.get("accuracy_std") for r in ok),
         "time_to_target": stat(r["time_to_target"] for r in reached),
         "reached": len(reached),
         "virtual_seconds": stat(r.get("virtual_seconds") for r in ok),
-        "staleness_mean": stat(r["staleness_mean"] for r in ok),
-        "staleness_max": stat(r["staleness_max"] for r in ok),
+        "staleness_mean": stat(r.get("staleness_mean") for r in ok),
+        "staleness_max": stat(r.get("staleness_max") for r in ok),
     }
 
 
