@@ -518,8 +518,18 @@ def report_stage(
     return path
 
 
-def dry_run(preset: Preset, out: Path, jobs: int = 1, only: Sequence[str] | None = None) -> str:
-    """Text listing the runs per stage and question, what is done, and the estimated time."""
+def dry_run(
+    preset: Preset,
+    out: Path,
+    jobs: int = 1,
+    only: Sequence[str] | None = None,
+    stage: str = "all",
+) -> str:
+    """Text listing the runs per stage and question, what is done, and the estimated time.
+
+    The totals count the stages ``stage`` runs (``all``, ``tune`` or ``report``); the
+    other stage's runs are listed, not counted.
+    """
     est = preset.estimate
     standin = stand_in_tuned(preset)
     done = lambda spec: (out / spec.run_id / "summary.json").is_file()  # noqa: E731
@@ -527,11 +537,14 @@ def dry_run(preset: Preset, out: Path, jobs: int = 1, only: Sequence[str] | None
     total_runs = total_left = 0
     total_s = left_s = 0.0
 
-    def tally(specs):
-        """Add ``specs`` to the totals; return their estimated seconds and those not done."""
+    def tally(specs, counted: bool):
+        """Add ``specs`` to the totals if ``counted``; return their estimated seconds and
+        those not done."""
         nonlocal total_runs, total_left, total_s, left_s
         secs = sum(estimate_seconds(s, est) for s in specs)
         left = [s for s in specs if not done(s)]
+        if not counted:
+            return secs, left
         total_runs += len(specs)
         total_left += len(left)
         total_s += secs
@@ -540,19 +553,21 @@ def dry_run(preset: Preset, out: Path, jobs: int = 1, only: Sequence[str] | None
 
     lines.append(
         f"Tuning on seed {preset.tune_seed}, {preset.tune_nodes} nodes, "
-        f"{partition_label(preset.tune_partition)}:"
+        f"{partition_label(preset.tune_partition)}"
+        + (":" if stage != "report" else " (not counted: --stage report reads OUT/tuned.toml):")
     )
     lines.append(f"  {'method':<16}{'grid points':>12}{'done':>7}{'est. time':>14}")
     for layer in preset.tune_order():
         for m in layer:
             specs = tune_runs(preset, m, standin)
-            secs, left = tally(specs)
+            secs, left = tally(specs, stage != "report")
             lines.append(
                 f"  {m:<16}{len(specs):>12}{len(specs) - len(left):>7}{human_seconds(secs):>14}"
             )
     lines.append("")
     lines.append(
-        f"Reporting on seeds {preset.seeds} (shared runs counted once, in the first question):"
+        f"Reporting on seeds {preset.seeds} (shared runs counted once, in the first question)"
+        + (":" if stage != "tune" else " (not counted: --stage tune):")
     )
     lines.append(f"  {'question':<16}{'runs':>6}{'new':>6}{'done':>7}{'est. time':>14}   settings")
     seen: set[str] = set()
@@ -562,7 +577,7 @@ def dry_run(preset: Preset, out: Path, jobs: int = 1, only: Sequence[str] | None
         specs = report_runs(preset, standin, [q.name])
         new = [s for s in specs if s.run_id not in seen]
         seen.update(s.run_id for s in specs)
-        secs, left = tally(new)
+        secs, left = tally(new, stage != "tune")
         settings = ", ".join(setting_label(n, partition_label(p), f) for n, p, f in q.settings())
         lines.append(
             f"  {q.name:<16}{len(specs):>6}{len(new):>6}{len(new) - len(left):>7}"
@@ -685,7 +700,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         preset = load_preset(args.preset, out=args.out)
         if args.dry_run:
-            print(dry_run(preset, preset.out, args.jobs, args.only))
+            print(dry_run(preset, preset.out, args.jobs, args.only, args.stage))
             return 0
         t0 = time.monotonic()
         stop_on_signals()

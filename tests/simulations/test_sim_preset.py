@@ -136,6 +136,9 @@ def test_dry_run_counts_runs_and_estimates_time(tmp_path):
     text = dry_run(preset, tmp_path, jobs=2)
     assert "Total: 322 runs" in text and "with --jobs 2" in text  # 130 tuning + 192 reporting runs
     assert "gsgm                      80" in text
+    # each stage counts only its own runs
+    assert "Total: 192 runs" in dry_run(preset, tmp_path, jobs=2, stage="report")
+    assert "Total: 130 runs" in dry_run(preset, tmp_path, jobs=2, stage="tune")
 
 
 @pytest.mark.parametrize("name", ["smoke", "cifar10", "cifar100"])
