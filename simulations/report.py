@@ -651,7 +651,7 @@ def _accuracy_target(rows, headline: Mapping[str, Any], reference: str) -> list[
         lines.append(
             f"| {_setting_name(setting)} | {_pm(ref, 100)} | {best['method']} | "
             f"{_pm(best['final_accuracy'], 100)} | {best['ok']}/{best['runs']} | "
-            f"{100 * delta:+.1f} | {'yes' if delta >= -tolerance else 'no'} |"
+            f"{100 * delta:+.2f} | {'yes' if delta >= -tolerance else 'no'} |"
         )
     return lines + [""]
 

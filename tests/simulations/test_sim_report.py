@@ -383,12 +383,12 @@ def test_headline_names_divergences_the_best_baseline_and_the_speed_target(tmp_p
     assert "| 20 nodes, 2 classes per node | 2/3 | 1 | 0 | no |" in headline
     # 10 nodes: gsgm 80.0 against asgd 65.7 (0.5, 0.45, 0.3: std 10.4) and masgd 71.0
     assert (
-        "| 10 nodes, 2 classes per node | 80.0 ± 2.0 | masgd | 71.0 ± 1.4 | 2/3 | +9.0 | yes |"
+        "| 10 nodes, 2 classes per node | 80.0 ± 2.0 | masgd | 71.0 ± 1.4 | 2/3 | +9.00 | yes |"
         in headline
     )
     # 20 nodes: 71.0 against asgd's 71.5: -0.5 pp, within the 1 pp tolerance
     assert (
-        "| 20 nodes, 2 classes per node | 71.0 ± 1.4 | asgd | 71.5 ± 6.1 | 3/3 | -0.5 | yes |"
+        "| 20 nodes, 2 classes per node | 71.0 ± 1.4 | asgd | 71.5 ± 6.1 | 3/3 | -0.50 | yes |"
         in headline
     )
     # asgd reaches its finals at 50, 43.75, 25 virtual s; gsgm at half of those:
@@ -401,7 +401,7 @@ def test_headline_names_divergences_the_best_baseline_and_the_speed_target(tmp_p
     plan["headline"]["accuracy_tolerance"] = 0.0
     (out / "plan.json").write_text(json.dumps(plan))
     text = write_report(out, tmp_path / "RESULTS.md").read_text()
-    assert "| 3/3 | -0.5 | no |" in text
+    assert "| 3/3 | -0.50 | no |" in text
     # every baseline diverged at 20 nodes: gsgm, which trained, meets the target there
     for r in rows:
         if r["nodes"] == 20 and r["method"] != "gsgm":
