@@ -5,9 +5,10 @@ Usage::
     python -m simulations.report OUT [--md docs/RESULTS.md] [--figures DIR]
 
 Reads ``OUT/runs.csv`` (and, when present, ``OUT/plan.json``, ``OUT/tuned.toml``,
-``OUT/tune.csv``, ``OUT/sweep_log.json`` and each run's ``metrics.csv``), writes the
-Markdown file (default: the preset's ``results-md``, else ``docs/RESULTS.md``) and
-its figures (default: ``<folder of the Markdown file>/figures/<sweep name>/``).
+``OUT/tune.csv``, ``OUT/sweep_log.json``, ``OUT/notes.md`` and each run's
+``metrics.csv``), writes the Markdown file (default: the preset's ``results-md``, else
+``docs/RESULTS.md``) and its figures (default: ``<folder of the Markdown
+file>/figures/<sweep name>/``).
 
 Figures and tables, per question and setting (number of nodes, partition):
 
@@ -695,6 +696,15 @@ def _sorted_settings(rows) -> list[Setting]:
     return sorted(settings_of(rows))
 
 
+def _notes_section(out: Path) -> list[str]:
+    """``OUT/notes.md`` as a section "Notes on this sweep" (where and on which code the
+    runs ran, across sessions); nothing if the file is absent."""
+    path = out / "notes.md"
+    if not path.is_file():
+        return []
+    return ["## Notes on this sweep", "", path.read_text().strip(), ""]
+
+
 def _tuned_section(out: Path) -> list[str]:
     path = out / "tuned.toml"
     if not path.is_file():
@@ -980,6 +990,7 @@ def write_report(out: Path, md_path: Path | None = None, figures: Path | None = 
     figures = Path(figures or md_path.parent / "figures" / sweep.name)
     figures.mkdir(parents=True, exist_ok=True)
     md = _overview(sweep)
+    md += _notes_section(out)
     md += _headline_section(sweep)
     md += _tuned_section(out)
     for qname, q in sweep.questions().items():

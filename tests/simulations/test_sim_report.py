@@ -412,3 +412,13 @@ def test_headline_names_divergences_the_best_baseline_and_the_speed_target(tmp_p
         "| 20 nodes, 2 classes per node | 71.0 ± 1.4 | – (every run diverged) | – | 0/6 | – | yes |"
         in text
     )
+
+
+def test_notes_md_is_shown_under_the_overview_and_nothing_without_it(tmp_path):
+    out = make_sweep(tmp_path / "sweep")
+    text = write_report(out, tmp_path / "RESULTS.md").read_text()
+    assert "## Notes on this sweep" not in text
+    (out / "notes.md").write_text("Runs on abc1234, seeds 1-2 in one session.\n")
+    text = write_report(out, tmp_path / "RESULTS.md").read_text()
+    notes = text.index("## Notes on this sweep\n\nRuns on abc1234, seeds 1-2 in one session.\n")
+    assert text.index("- Diverged:") < notes < text.index("## Stability at 10 nodes")
