@@ -3,7 +3,8 @@
 A run fails when no node is left to train before its budget is spent: every node
 was excluded or refused, or the nodes that left the federation did not come back
 within ``rejoin-timeout`` wall seconds (the run waits for them as long as nothing is
-in flight and no node is backing off). The reason names each partition's state;
+in flight and no node is backing off). The reason names each partition's state (the
+first :data:`NAMED_IN_REASON`; the others are counted);
 ``summary.json`` records ``status`` and ``status_reason``, and the strategy's
 ``start()`` raises :class:`RunFailed` with the reason, so the ServerApp ends with an
 error and ``flwr run`` reports the run as failed (never as "completed").
@@ -25,6 +26,8 @@ __all__ = ["COMPLETED", "FAILED", "RunEnd", "RunFailed"]
 
 COMPLETED = "completed"
 FAILED = "failed"
+#: Partitions a failed run's reason names one by one; the rest are counted.
+NAMED_IN_REASON = 5
 
 
 class RunFailed(RuntimeError):
@@ -94,6 +97,14 @@ class RunEnd:
                 parts.append(f"partition {pid} excluded ({node.excluded})")
             else:
                 parts.append(f"partition {pid} lost (left the federation)")
+        if len(parts) > NAMED_IN_REASON:
+            # 300 nodes made a 100 kB reason; each exclusion was logged when it happened
+            rest = parts[NAMED_IN_REASON:]
+            excluded = sum(" excluded (" in p for p in rest)
+            parts = parts[:NAMED_IN_REASON] + [
+                f"{len(rest)} more partitions ({excluded} excluded, {len(rest) - excluded} "
+                "lost; each logged when it happened)"
+            ]
         wait = (
             f"; none came back within rejoin-timeout={self.settings.rejoin_timeout} s"
             if lost

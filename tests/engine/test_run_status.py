@@ -357,3 +357,26 @@ def test_a_new_or_returning_node_gets_ten_times_more_room():
     # Lost, it is new again when it comes back: 56 passes.
     bound.forget(2)
     assert bound.check(2, update(56.0)) == pytest.approx(56.0)
+
+
+def test_a_failed_run_names_five_partitions_and_counts_the_rest():
+    from types import SimpleNamespace
+
+    from flwr_gsgm.run_end import NAMED_IN_REASON, RunEnd
+
+    why = "10 rejected updates in a row"
+    nodes = {
+        pid: SimpleNamespace(
+            state="lost" if pid == 7 else "excluded", excluded="" if pid == 7 else why
+        )
+        for pid in range(8)
+    }
+    nodes[7].may_return = False
+    end = RunEnd(SimpleNamespace(max_updates=50, rejoin_timeout=1.0), SimpleNamespace(nodes=nodes))
+    assert end.nothing_in_flight(received=12) and end.failed
+    assert NAMED_IN_REASON == 5
+    assert end.reason == (
+        "no node left to train after 12 of 50 updates: "
+        + "; ".join(f"partition {pid} excluded ({why})" for pid in range(5))
+        + "; 3 more partitions (2 excluded, 1 lost; each logged when it happened)"
+    )
