@@ -11,6 +11,7 @@ runs Flower's own FedAvg / FedAvgM for the synchronous baselines.
 from __future__ import annotations
 
 import math
+import random
 import time
 from collections.abc import Callable, Iterable, Mapping
 from logging import INFO, WARNING
@@ -258,9 +259,9 @@ def _run_synchronous(grid: Grid, cfg: Mapping[str, Any], initial: ArrayRecord, e
     client computations equal ``max-updates`` (rounded down). A round's virtual
     duration is that of its slowest node among those that trained in it: every node
     with full participation; with sampling, the partition-ids of the round's train
-    replies (Flower samples with the unseeded ``random`` module, so which nodes train
-    is read from the replies, not predicted; a sampled node whose reply failed does
-    not count). Node p's duration in round r is the clock's draw for
+    replies (Flower samples with the module-level ``random``, seeded here with the run's
+    ``seed``; which nodes train is read from the replies, not predicted, and a sampled
+    node whose reply failed does not count). Node p's duration in round r is the clock's draw for
     ``(p, dispatch index r - 1)``.
     """
     num_nodes = len(list(grid.get_node_ids()))
@@ -354,6 +355,10 @@ def _run_synchronous(grid: Grid, cfg: Mapping[str, Any], initial: ArrayRecord, e
         )
         return res
 
+    # Flower's FedAvg samples a round's nodes with the module-level `random`
+    # (strategy_utils.sample_nodes); seeded with the run's seed, the sampled rounds, and
+    # so the run, are the same every time where node ids are fixed (simulation).
+    random.seed(cfg["seed"])
     result = strategy.start(
         grid,
         initial,

@@ -83,3 +83,27 @@ def test_fedavg_gives_the_same_bits_whatever_the_order_replies_arrive_in(tmp_pat
         outputs.append([(r["updates"], r["accuracy"], r["loss"]) for r in rows])
     assert [u for u, _, _ in outputs[0]] == ["0", "4", "8", "12"]
     assert outputs[0] == outputs[1]
+
+
+def test_fedavg_samples_the_same_nodes_for_the_same_seed(tmp_path):
+    # Flower samples with the module-level random; the experiment seeds it with the
+    # run's seed, so the rounds repeat (they were one unseeded draw per run before).
+    def sampled_rounds(seed: int, name: str) -> list[list[int]]:
+        cfg = parse_run_config(
+            {
+                "strategy": "fedavg",
+                "max-updates": 12,
+                "eval-every": 12,
+                "eval-examples": 100,
+                "max-in-flight": 2,
+                "seed": seed,
+            }
+        )
+        grid = SamplingGrid(client_app, 5, run_config=cfg)
+        run_experiment(grid, cfg, tmp_path / name)
+        return grid.rounds
+
+    first = sampled_rounds(1, "a")
+    assert len(first) == 6 and all(len(set(r)) == 2 for r in first)
+    assert sampled_rounds(1, "b") == first
+    assert sampled_rounds(2, "c") != first
