@@ -582,8 +582,7 @@ def _stability_target(rows, headline: Mapping[str, Any], reference: str) -> list
         f"seeds paired | target met |",
         "|---|---|---|---|---|---|",
     ]
-    by_label = {setting_label(*s): s for s in settings_of(rows)}
-    for setting in (by_label[label] for label in headline["settings"] if label in by_label):
+    for setting in _named_settings(rows, headline["settings"]):
         for imp in improvements(_in_setting(rows, setting), reference, headline["baselines"]):
             i, d = imp["improvement"], imp["delta_accuracy"]
             met = "–" if not i.n else ("yes" if i.mean >= target and d.mean >= -tolerance else "no")
@@ -672,23 +671,29 @@ def _speed_target(sweep: _Sweep, labels: Sequence[str]) -> list[str]:
         f"| Δ final accuracy (pp) | target met |",
         "|---|---|---|---|---|---|",
     ]
-    by_label = {setting_label(*s): s for s in settings_of(sweep.rows)}
-    for setting in (by_label[label] for label in labels if label in by_label):
+    for setting in _named_settings(sweep.rows, labels):
         srows = _in_setting(sweep.rows, setting)
         times = times_to_reference(srows, speed, sweep.out)
         seeds = sorted(s for (m, s) in times if m == speed and (reference, s) in times)
         mine = [times[(reference, s)] for s in seeds]
         theirs = [times[(speed, s)] for s in seeds]
         faster = sum(a < b for a, b in zip(mine, theirs, strict=True))  # NaN: never reached
+        reached = stat(mine)
         paired = improvements(srows, reference, [speed])
         delta = paired[0]["delta_accuracy"] if paired else stat([])
         met = "–" if not seeds else ("yes" if faster == len(seeds) else "no")
         lines.append(
-            f"| {_setting_name(setting)} | {_pm(stat(mine), 1, 0)} ({stat(mine).n}/{len(seeds)}) | "
+            f"| {_setting_name(setting)} | {_pm(reached, 1, 0)} ({reached.n}/{len(seeds)}) | "
             f"{_pm(stat(theirs), 1, 0)} | {faster}/{len(seeds)} | "
             f"{_pm(delta, 100, 1, signed=True)} | {met} |"
         )
     return lines + [""]
+
+
+def _named_settings(rows, labels: Sequence[str]) -> list[Setting]:
+    """The settings of ``rows`` whose label (``n30-k2-f20``) is in ``labels``, in that order."""
+    by_label = {setting_label(*s): s for s in settings_of(rows)}
+    return [by_label[label] for label in labels if label in by_label]
 
 
 def _sorted_settings(rows) -> list[Setting]:
