@@ -91,20 +91,20 @@ class RunEnd:
         return True
 
     def _fail(self, received: int, lost: list[int]) -> None:
-        parts = []
-        for pid, node in sorted(self.members.nodes.items()):
-            if node.excluded:
-                parts.append(f"partition {pid} excluded ({node.excluded})")
-            else:
-                parts.append(f"partition {pid} lost (left the federation)")
-        if len(parts) > NAMED_IN_REASON:
-            # 300 nodes made a 100 kB reason; each exclusion was logged when it happened
-            rest = parts[NAMED_IN_REASON:]
-            excluded = sum(" excluded (" in p for p in rest)
-            parts = parts[:NAMED_IN_REASON] + [
+        nodes = sorted(self.members.nodes.items())
+        parts = [
+            f"partition {pid} excluded ({node.excluded})"
+            if node.excluded
+            else f"partition {pid} lost (left the federation)"
+            for pid, node in nodes[:NAMED_IN_REASON]
+        ]
+        rest = [node for _, node in nodes[NAMED_IN_REASON:]]
+        if rest:  # 300 nodes made a 100 kB reason; each exclusion was logged when it happened
+            excluded = sum(bool(node.excluded) for node in rest)
+            parts.append(
                 f"{len(rest)} more partitions ({excluded} excluded, {len(rest) - excluded} "
                 "lost; each logged when it happened)"
-            ]
+            )
         wait = (
             f"; none came back within rejoin-timeout={self.settings.rejoin_timeout} s"
             if lost
