@@ -45,9 +45,10 @@ from flwr.serverapp import Grid
 from flwr_gsgm import checkpoint, engine_state, node_events
 from flwr_gsgm.core import Outcome, ServerOptimizer, UpdateRejected
 from flwr_gsgm.dispatcher import Dispatcher
+from flwr_gsgm.divergence import DivergenceWatch
 from flwr_gsgm.engine_report import EngineReport, build_report
 from flwr_gsgm.engine_settings import EngineSettings
-from flwr_gsgm.evaluation import EvaluateFn, Evaluator, wall_since
+from flwr_gsgm.evaluation import EvaluateFn, Evaluator, wall_since, weights_record
 from flwr_gsgm.federated_evaluation import FederatedEvaluator
 from flwr_gsgm.in_flight import Dispatch, InFlight
 from flwr_gsgm.ledger import Ledger
@@ -55,7 +56,7 @@ from flwr_gsgm.membership import Membership, Node
 from flwr_gsgm.model_layout import ModelLayout
 from flwr_gsgm.model_optimizer import ModelOptimizer
 from flwr_gsgm.node_stats import NodeStats
-from flwr_gsgm.norm_bound import RelativeNormBound
+from flwr_gsgm.norm_bound import RelativeNormBound, initial_scale
 from flwr_gsgm.reply_intake import ReplyIntake
 from flwr_gsgm.run_end import RunEnd
 
@@ -134,7 +135,10 @@ class AsyncEngine:
         self.members = Membership(grid, self.in_flight, settings, self.ledger)
         self.stats = NodeStats()
         self.end = RunEnd(settings, self.members)
-        self.norm_bound = RelativeNormBound(settings.max_norm_ratio)
+        self.norm_bound = RelativeNormBound(
+            settings.max_norm_ratio, initial_scale(self.layout.trainable_of(self.initial))
+        )
+        self.divergence = DivergenceWatch()
         self.intake = ReplyIntake(self.layout, lambda pid: self.members.nodes[pid].identified)
         self.evaluator = Evaluator(self.keys, evaluate_fn, settings.max_updates)
         self.federated = FederatedEvaluator(grid, self.keys, settings, self.ledger)
@@ -142,7 +146,9 @@ class AsyncEngine:
         self.policy = self.dispatcher.policy
         self.rows: list[dict[str, float]] = []
         self.received = 0
-        self.diverged = False
+        # The model of the last evaluation that showed no divergence (updates received
+        # then, a copy): written instead of the final model when the run diverges.
+        self.last_finite: tuple[int, ArrayRecord] | None = None
         self.budget_spent = False  # the time budget (virtual clock) ended the run
         self.stop_requested = False
         # The engine clock (s): virtual seconds under the virtual clock, else wall
@@ -150,12 +156,19 @@ class AsyncEngine:
         self.clock_now = 0.0
         self.t0 = time.monotonic()
 
+    @property
+    def diverged(self) -> bool:
+        """True once the model diverged (:mod:`flwr_gsgm.divergence`): the run ends."""
+        return self.end.diverged
+
     # ------------------------------------------------------------------ the loop
     def run(self) -> EngineReport:
-        """Train until a budget is spent or no node is left; return the report.
+        """Train until a budget is spent, no node is left or the model diverged; return
+        the report.
 
-        A run with no node left to train ends with ``status`` "failed" and the reason
-        (:mod:`flwr_gsgm.run_end`); the strategy raises on it.
+        A run with no node left to train ends with ``status`` "failed" and the reason,
+        one whose model diverged with "diverged" (:mod:`flwr_gsgm.run_end`,
+        :mod:`flwr_gsgm.divergence`); the strategy raises on both.
 
         Raises
         ------
@@ -270,7 +283,9 @@ class AsyncEngine:
             self._evaluate()
         if not self.diverged:  # federated evaluation at its points, beside training
             self.federated.maybe_send(self.received, self.optimizer, self.members.nodes)
-        if self.settings.checkpoint_every and self.received % self.settings.checkpoint_every == 0:
+        every = self.settings.checkpoint_every
+        if every and self.received % every == 0 and not self.diverged:
+            # A diverged model is not saved: the previous checkpoint resumes from before.
             engine_state.save_checkpoint(self)
 
     def _on_update(self, node: Node, dispatch: Dispatch, reply: Message) -> None:
@@ -288,6 +303,7 @@ class AsyncEngine:
             node_events.record_outcome(self, pid, None)
             return
         self.norm_bound.accept(pid, norm)
+        self.divergence.reply(pid, None, ())
         node_events.record_outcome(self, pid, outcome)
         node.rejections_in_row = 0
         staleness = self.optimizer.last_staleness
@@ -309,11 +325,28 @@ class AsyncEngine:
     # ------------------------------------------------ evaluation and checkpoints
     def _evaluate(self) -> None:
         assert self.optimizer is not None
+        initial_loss = self.rows[0]["loss"] if self.rows else None
         row, diverged = self.evaluator.row(
-            self.received, self.optimizer, self.ledger, self.clock_now, wall_since(self.t0)
+            self.received,
+            self.optimizer,
+            self.ledger,
+            self.clock_now,
+            wall_since(self.t0),
+            initial_loss,
         )
         self.rows.append(row)
-        self.diverged = self.diverged or diverged
+        if diverged is not None:
+            self.end.diverge(diverged, self.received)
+        elif not self.diverged:
+            self.last_finite = (self.received, weights_record(self.keys, self.optimizer.weights))
+
+    def watch_rejection(self, pid: int, reason: str) -> bool:
+        """Record ``pid``'s rejected update (``reason``); True if the model diverged by
+        it (check 4 of :mod:`flwr_gsgm.divergence`): then no node is blamed for it."""
+        why = self.divergence.reply(pid, reason, self.members.active_ids())
+        if why is not None:
+            self.end.diverge(why, self.received)
+        return self.diverged
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue this run bit-identically (:mod:`engine_state`)."""

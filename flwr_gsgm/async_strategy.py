@@ -33,7 +33,7 @@ from flwr_gsgm.async_engine import AsyncEngine, EngineReport, EngineSettings, Ev
 from flwr_gsgm.core import OPTIMIZERS, ServerOptimizer, declared_params, make_optimizer
 from flwr_gsgm.core.backups import DispatchBackups
 from flwr_gsgm.federated_evaluation import FederatedEvaluation
-from flwr_gsgm.run_end import FAILED, RunFailed
+from flwr_gsgm.run_end import DIVERGED, FAILED, RunDiverged, RunFailed
 from flwr_gsgm.virtual_clock import VirtualClock
 
 __all__ = ["AsyncStrategy", "AsyncResult", "CLIENT_MODES"]
@@ -255,6 +255,14 @@ class AsyncStrategy:
             If no node was left to train before the budget was spent (every node
             excluded, or lost and not back within ``rejoin-timeout``); its ``reason``
             says why and its ``result`` holds the :class:`AsyncResult` so far.
+        flwr_gsgm.run_end.RunDiverged
+            A ``RunFailed`` raised when the model diverged and the run ended there
+            (:mod:`flwr_gsgm.divergence`: non-finite weights, a non-finite or
+            exploding test loss, or most recent replies of every node rejected as
+            out of scale); ``reason`` starts with the kind, ``result`` holds the
+            :class:`AsyncResult` so far, whose ``report.last_finite`` is
+            ``(updates, model)`` of the last evaluation before the divergence (keep
+            that one, not ``result.arrays``), or None.
         RuntimeError
             If fewer than ``min-nodes`` nodes answer within ``startup-timeout``.
         """
@@ -275,6 +283,8 @@ class AsyncStrategy:
         result = _result(report)
         if report.status == FAILED:
             raise RunFailed(report.status_reason, result)
+        if report.status == DIVERGED:
+            raise RunDiverged(report.status_reason, result)
         log(INFO, "Asynchronous run finished: %s", report.counters)
         return result
 

@@ -23,9 +23,12 @@ class EngineReport:
     ``rejections`` is keyed by :data:`flwr_gsgm.core.REASONS`; staleness in
     versions, times in seconds. ``federated`` maps the updates received at each
     federated evaluation point to the nodes' aggregated metrics. ``status`` is
-    "completed" or "failed" (:mod:`flwr_gsgm.run_end`), ``status_reason`` says why a
-    run failed ("" otherwise); ``per_node`` (counts and state by partition-id) and
-    ``warnings`` come from :class:`~flwr_gsgm.node_stats.NodeStats`.
+    "completed", "diverged" or "failed" (:mod:`flwr_gsgm.run_end`), ``status_reason``
+    says why a run diverged or failed ("" otherwise); ``per_node`` (counts and state by
+    partition-id) and ``warnings`` come from :class:`~flwr_gsgm.node_stats.NodeStats`.
+    ``last_finite`` holds ``(updates received, model)`` of the last evaluation that
+    showed no divergence (None before the first, or if the first diverged): a diverged
+    run's ``arrays`` are the diverged model, this is the one to keep.
     """
 
     arrays: ArrayRecord
@@ -41,6 +44,7 @@ class EngineReport:
     status_reason: str = ""
     per_node: dict[str, dict[str, Any]] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    last_finite: tuple[int, ArrayRecord] | None = None
 
 
 def build_report(engine: AsyncEngine) -> EngineReport:
@@ -66,4 +70,5 @@ def build_report(engine: AsyncEngine) -> EngineReport:
         status_reason=engine.end.reason,
         per_node=engine.stats.report(engine.members),
         warnings=list(engine.stats.warnings),
+        last_finite=engine.last_finite,
     )

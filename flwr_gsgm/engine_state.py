@@ -60,6 +60,7 @@ def save_state(engine: AsyncEngine) -> dict[str, Any]:
         "rows": [dict(r) for r in engine.rows],
         "received": engine.received,
         "diverged": engine.diverged,
+        "divergence": engine.divergence.state_dict(),
         "seq": engine.dispatcher.seq,
         "clock_now": engine.clock_now,
         "dispatch": engine.policy.state_dict(),
@@ -173,7 +174,11 @@ def _restore(engine: AsyncEngine, state: dict[str, Any]) -> None:
     engine.members.load_state_dict(state)
     engine.members.num_partitions = num_partitions
     engine.rows = [dict(r) for r in state["rows"]]
-    engine.received, engine.diverged = state["received"], state["diverged"]
+    engine.received = state["received"]
+    if state["diverged"]:  # written before diverged runs stopped saving checkpoints
+        engine.end.diverge("non-finite weights: the checkpoint's model had diverged", 0)
+    if "divergence" in state:  # ... and before the divergence window was kept
+        engine.divergence.load_state_dict(state["divergence"])
     engine.dispatcher.seq, engine.clock_now = state["seq"], state["clock_now"]
     if "dispatch" in state:  # checkpoints written before dispatch policies lack it
         engine.policy.load_state_dict(state["dispatch"])

@@ -1,4 +1,4 @@
-"""Evaluation rows of an asynchronous run and the divergence check.
+"""Evaluation rows of an asynchronous run, each checked for divergence.
 
 Each row (one line of ``metrics.csv``, columns
 :data:`flwr_gsgm.run_outputs.METRIC_COLUMNS`) holds the centralized evaluation of
@@ -10,12 +10,13 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from logging import INFO, WARNING
+from logging import INFO
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, MetricRecord
 from flwr.common.logger import log
 
+from flwr_gsgm.divergence import evaluation_divergence
 from flwr_gsgm.ledger import Ledger
 from flwr_gsgm.model_optimizer import ModelOptimizer
 
@@ -54,10 +55,13 @@ class Evaluator:
         ledger: Ledger,
         clock_now: float,
         wall: float,
-    ) -> tuple[dict[str, float], bool]:
-        """Evaluate now; return the row and whether the model diverged (non-finite).
+        initial_loss: float | None = None,
+    ) -> tuple[dict[str, float], str | None]:
+        """Evaluate now; return the row and why the model diverged (None if it did not).
 
-        ``clock_now`` is the engine clock and ``wall`` the wall seconds since the start.
+        ``clock_now`` is the engine clock and ``wall`` the wall seconds since the start;
+        ``initial_loss`` the run's first evaluation's loss (None for the first):
+        :func:`flwr_gsgm.divergence.evaluation_divergence` checks the weights and loss.
         """
         row: dict[str, float] = {
             "updates": received,
@@ -79,26 +83,11 @@ class Evaluator:
         row["deferred"] = int(opt_counters.get("deferred", 0))
         row["rejected"] = ledger.rejected
         row["dropped"] = ledger.dropped(opt_counters)
-        diverged = self._diverged(received, optimizer, row, loss_known)
-        self._log(row)
-        return row, diverged
-
-    @staticmethod
-    def _diverged(
-        received: int, optimizer: ModelOptimizer, row: dict[str, float], loss_known: bool
-    ) -> bool:
-        """True once the model is non-finite: every later update would be rejected."""
-        weights_finite = all(bool(np.isfinite(w).all()) for w in optimizer.weights)
-        loss_finite = not loss_known or math.isfinite(row["loss"])
-        if weights_finite and loss_finite:
-            return False
-        log(
-            WARNING,
-            "[async] diverged at %d updates (non-finite %s); stopping",
-            received,
-            "weights" if not weights_finite else "test loss",
+        reason = evaluation_divergence(
+            received, optimizer.weights, row["loss"] if loss_known else None, initial_loss
         )
-        return True
+        self._log(row)
+        return row, reason
 
     def _log(self, row: dict[str, float]) -> None:
         log(

@@ -23,7 +23,8 @@ from its push) or answered with an error reply, whatever its Flower error code
   then it is back.
 
 A valid reply resets k; the dispatch that failed is dropped (``lost_in_flight``).
-``max-consecutive-rejections`` rejected updates in a row exclude a node too.
+``max-consecutive-rejections`` rejected updates in a row exclude a node too, unless
+every node's are rejected at once (the model diverged, :mod:`flwr_gsgm.divergence`).
 """
 
 from __future__ import annotations
@@ -228,11 +229,15 @@ def record_outcome(engine: AsyncEngine, pid: int, outcome: Outcome | None) -> No
 
 def on_rejected(engine: AsyncEngine, node: Node, err: UpdateRejected) -> None:
     """A rejected update: counted, logged and blamed on the node; too many in a row
-    (``max-consecutive-rejections``) exclude it."""
+    (``max-consecutive-rejections``) exclude it, unless every node's recent updates are
+    rejected as out of scale: then the model diverged (:mod:`flwr_gsgm.divergence`,
+    check 4) and the run ends without blaming any node."""
     engine.ledger.record_rejection(err.reason)
     pid = node.partition_id
     log(WARNING, "[async] rejected update from partition %d (%s): %s", pid, err.reason, err.message)
     node.rejections_in_row += 1
+    if engine.watch_rejection(pid, err.reason):
+        return
     limit = engine.settings.max_consecutive_rejections
     if limit and node.rejections_in_row >= limit:
         exclude(

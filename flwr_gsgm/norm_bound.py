@@ -8,9 +8,27 @@ slowly as training goes) moves the bound. The running median is the larger of th
 median of the last :data:`WINDOW` accepted updates (every node's) and, once the node
 has :data:`NODE_MIN` accepted updates, the median of its own last
 :data:`NODE_WINDOW`: a node whose data make its gradients steadily larger than the
-others' (non-IID data) is measured against itself, not rejected for it. The first
-:data:`WARMUP` accepted updates of the run set the scale and are not checked. The
+others' (non-IID data) is measured against itself, not rejected for it. The
 absolute ``max-norm`` of the server rules (off by default) is a separate check.
+
+Every reply is checked, from the first. During the warm-up (the first
+:data:`WARMUP` accepted updates of the run, too few for a median of their own) an
+update must stay within (a) :data:`INITIAL_ROOM` times the scale of the initial
+model (:func:`initial_scale`: the L2 norm of its trainable weights, at least the
+square root of their count), and (b) once one update was accepted, every node
+being new, :data:`NEW_NODE_ROOM` x ``max-norm-ratio`` times the median of the
+accepted ones. (a) is in weight units and loose enough for every client mode: a
+gradient, or a displacement ``w_sent - w_local`` (divided or not by a local learning
+rate), of an honest node is far below 1000 times the model's own norm (the
+Fashion-MNIST CNN: scale 430, the square root of its 184586 weights, above their
+norm 8.9; a gradient at the initial model has a norm of about 1 to 5); a reply
+holding 1e6 in every element has 1e6 times the square root of the count, over
+1000 times above. Before, the warm-up took its updates unchecked: one such first
+reply moved the model to |w| ~ 3e4, then every honest reply was far above the
+median and every node was excluded (issue 23). When every node's replies are over
+the bound at once, the model moved rather than the nodes misbehaved: the engine
+ends the run as diverged (:mod:`flwr_gsgm.divergence`, check 4) before it would
+exclude the nodes.
 
 A node with fewer than :data:`NODE_MIN` accepted updates (new, or back after it was
 lost: :meth:`RelativeNormBound.forget` drops its window) has no scale of its own yet,
@@ -39,12 +57,14 @@ import numpy as np
 from flwr_gsgm.core import UpdateRejected
 
 __all__ = [
+    "INITIAL_ROOM",
     "NEW_NODE_ROOM",
     "NODE_MIN",
     "NODE_WINDOW",
     "RelativeNormBound",
     "WARMUP",
     "WINDOW",
+    "initial_scale",
     "update_norm",
 ]
 
@@ -54,8 +74,12 @@ WINDOW = 100
 NODE_WINDOW = 20
 #: ... once it has at least this many.
 NODE_MIN = 3
-#: Accepted updates taken without the check before it starts.
+#: Accepted updates checked against the initial model's scale and each other
+#: (the warm-up) before the running median takes over.
 WARMUP = 10
+#: During the warm-up an update's norm may be at most this many times the initial
+#: model's scale (:func:`initial_scale`).
+INITIAL_ROOM = 1000.0
 #: A node with fewer than NODE_MIN accepted updates is allowed this many times the bound.
 NEW_NODE_ROOM = 10.0
 
@@ -81,17 +105,30 @@ def update_norm(update: list[np.ndarray]) -> float:
     return math.sqrt(total)
 
 
+def initial_scale(trainable: list[np.ndarray]) -> float:
+    """The scale of the initial model for the warm-up: the L2 norm of its trainable
+    arrays, at least the square root of their count (the norm of a model of ones, so
+    a model initialised at zero still has a scale)."""
+    count = sum(int(a.size) for a in trainable)
+    return max(update_norm(trainable), math.sqrt(count))
+
+
 class RelativeNormBound:
-    """Rejects updates far larger than the recent accepted ones.
+    """Rejects updates far larger than the recent accepted ones (or, during the
+    warm-up, than the initial model's scale and the early accepted ones).
 
     Parameters
     ----------
     ratio : float | None
         ``max-norm-ratio`` (> 0); None turns the bound off.
+    scale : float | None
+        The initial model's scale (:func:`initial_scale`); None: the warm-up checks
+        the early updates against each other only.
     """
 
-    def __init__(self, ratio: float | None) -> None:
+    def __init__(self, ratio: float | None, scale: float | None = None) -> None:
         self.ratio = ratio
+        self.scale = scale
         self.norms: deque[float] = deque(maxlen=WINDOW)
         self.by_node: dict[int, deque[float]] = {}
         self.seen = 0  # accepted updates so far (the warm-up counts them)
@@ -101,19 +138,26 @@ class RelativeNormBound:
 
         The bound is ``ratio`` times the larger of the run's median and this node's own
         (once it has :data:`NODE_MIN` accepted updates; before that, the run's median
-        with :data:`NEW_NODE_ROOM` times more room).
+        with :data:`NEW_NODE_ROOM` times more room). During the warm-up (fewer than
+        :data:`WARMUP` accepted updates) every node counts as new, and the norm must
+        also stay within :data:`INITIAL_ROOM` times the initial model's scale.
 
         Raises
         ------
         flwr_gsgm.core.UpdateRejected
-            Reason ``"norm-ratio"``; the message gives the norm, the median and the ratio.
+            Reason ``"norm-ratio"``; the message gives the norm, the median (or the
+            initial scale) and the ratio.
         """
         norm = update_norm(update)
-        if self.ratio is None or self.seen < WARMUP or math.isnan(norm):
+        if self.ratio is None or math.isnan(norm):
             return norm
+        if self.seen < WARMUP:
+            self._check_warmup(norm)
+            if not self.norms:
+                return norm
         median, of = float(np.median(self.norms)), f"the last {len(self.norms)} accepted updates"
         own = self.by_node.get(partition_id, ())
-        new_node = len(own) < NODE_MIN
+        new_node = len(own) < NODE_MIN or self.seen < WARMUP
         if not new_node and float(np.median(own)) > median:
             median, of = float(np.median(own)), f"this node's last {len(own)} accepted updates"
         room = NEW_NODE_ROOM if new_node else 1.0
@@ -121,13 +165,27 @@ class RelativeNormBound:
             times, who = "", ""
             if new_node:
                 times = f"{NEW_NODE_ROOM:g} x "
-                who = f" (a node with fewer than {NODE_MIN} accepted updates)"
+                who = (
+                    f" (the warm-up: fewer than {WARMUP} accepted updates in the run)"
+                    if self.seen < WARMUP
+                    else f" (a node with fewer than {NODE_MIN} accepted updates)"
+                )
             raise UpdateRejected(
                 "norm-ratio",
                 f"update L2 norm {norm:.6g} exceeds {times}max-norm-ratio={self.ratio:g} x the "
                 f"median norm {median:.6g} of {of}{who}",
             )
         return norm
+
+    def _check_warmup(self, norm: float) -> None:
+        """During the warm-up: ``norm`` within INITIAL_ROOM x the initial scale."""
+        if self.scale is None or norm <= INITIAL_ROOM * self.scale:
+            return
+        raise UpdateRejected(
+            "norm-ratio",
+            f"update L2 norm {norm:.6g} exceeds {INITIAL_ROOM:g} x the initial model's scale "
+            f"{self.scale:.6g} (the warm-up: fewer than {WARMUP} accepted updates in the run)",
+        )
 
     def forget(self, partition_id: int) -> None:
         """Drop ``partition_id``'s own window: it was lost; its scale fits a model long gone."""

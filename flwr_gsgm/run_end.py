@@ -1,4 +1,9 @@
-"""How a run ends: "completed" (a budget is spent, or it diverged) or "failed".
+"""How a run ends: "completed" (a budget is spent), "diverged" or "failed".
+
+A run diverges when its model does (:mod:`flwr_gsgm.divergence`: non-finite weights,
+a non-finite or exploding test loss, or most recent replies of every node rejected as
+out of scale); it ends at once, ``summary.json`` records ``status`` "diverged" and
+the reason, and ``start()`` raises :class:`RunDiverged` (a :class:`RunFailed`).
 
 A run fails when no node is left to train before its budget is spent: every node
 was excluded or refused, or the nodes that left the federation did not come back
@@ -22,10 +27,11 @@ if TYPE_CHECKING:
     from flwr_gsgm.engine_settings import EngineSettings
     from flwr_gsgm.membership import Membership
 
-__all__ = ["COMPLETED", "FAILED", "RunEnd", "RunFailed"]
+__all__ = ["COMPLETED", "DIVERGED", "FAILED", "RunDiverged", "RunEnd", "RunFailed"]
 
 COMPLETED = "completed"
 FAILED = "failed"
+DIVERGED = "diverged"
 #: Partitions a failed run's reason names one by one; the rest are counted.
 NAMED_IN_REASON = 5
 
@@ -40,12 +46,29 @@ class RunFailed(RuntimeError):
     result : Any
         The strategy's result up to the failure (an ``AsyncResult``: rows, counters,
         final weights), so a caller can still write its outputs; None if unknown.
+    status : str
+        The run's ``status``: "failed" (:class:`RunDiverged`: "diverged").
     """
 
+    status = FAILED
+
     def __init__(self, reason: str, result: Any = None) -> None:
-        super().__init__(f"the run failed: {reason}")
+        super().__init__(f"the run {self.status}: {reason}")
         self.reason = reason
         self.result = result
+
+
+class RunDiverged(RunFailed):
+    """The run's model diverged (:mod:`flwr_gsgm.divergence`); the run ended there.
+
+    A :class:`RunFailed` (an ``except RunFailed`` catches both), with ``status``
+    "diverged"; ``reason`` starts with one of :data:`flwr_gsgm.divergence.KINDS`,
+    ``result`` holds the ``AsyncResult`` so far (its report's ``last_finite`` the
+    model of the last evaluation before the divergence, if any), or None (Flower's
+    FedAvg and FedAvgM).
+    """
+
+    status = DIVERGED
 
 
 class RunEnd:
@@ -62,6 +85,19 @@ class RunEnd:
     def failed(self) -> bool:
         """True once the run has failed."""
         return self.status == FAILED
+
+    @property
+    def diverged(self) -> bool:
+        """True once the run's model has diverged."""
+        return self.status == DIVERGED
+
+    def diverge(self, reason: str, received: int) -> None:
+        """The model diverged (``reason``: :mod:`flwr_gsgm.divergence`): the run ends."""
+        if self.status != COMPLETED:
+            return
+        self.status = DIVERGED
+        self.reason = reason
+        log(WARNING, "[async] diverged at %d updates; stopping: %s", received, reason)
 
     def nothing_in_flight(self, received: int) -> bool:
         """Nothing is in flight and the budgets leave room: True if the run must end now.

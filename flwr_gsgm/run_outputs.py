@@ -7,6 +7,9 @@
   counters, staleness, wall seconds (:func:`summarize`);
 - ``accuracy.png``: test accuracy against client updates and against virtual time;
 - ``model.pt``: the final global model (torch ``state_dict``; asynchronous strategies);
+  not written for a run whose model diverged (``status`` "diverged"), which writes
+  ``model_last_finite.pt`` instead: the model of its last evaluation that showed no
+  divergence (:mod:`flwr_gsgm.divergence`), or nothing if there was none;
 - ``checkpoint.pt``: the server state, with run config ``checkpoint-every`` > 0.
 """
 
@@ -24,7 +27,9 @@ from flwr_gsgm import stability
 from flwr_gsgm.atomic import atomic_write, atomic_write_text
 
 __all__ = [
+    "LAST_FINITE_MODEL",
     "METRIC_COLUMNS",
+    "MODEL",
     "metric_columns",
     "run_dir_for",
     "write_config",
@@ -34,6 +39,11 @@ __all__ = [
     "write_summary",
     "plot_accuracy",
 ]
+
+#: The final model of a run that did not diverge ...
+MODEL = "model.pt"
+#: ... and the last finite evaluated model of one that did.
+LAST_FINITE_MODEL = "model_last_finite.pt"
 
 METRIC_COLUMNS = (
     "updates",
@@ -65,12 +75,13 @@ def write_config(run_dir: Path, cfg: Mapping[str, Any]) -> Path:
     return path
 
 
-def write_model(run_dir: Path, arrays: Any) -> Path:
-    """Write the final global model as ``model.pt`` (a torch ``state_dict``; atomic)."""
+def write_model(run_dir: Path, arrays: Any, name: str = MODEL) -> Path:
+    """Write the model ``arrays`` as ``name`` (default ``model.pt``; a torch
+    ``state_dict``; atomic)."""
     import torch
 
     return atomic_write(
-        run_dir / "model.pt", lambda fh: torch.save(arrays.to_torch_state_dict(), fh), binary=True
+        run_dir / name, lambda fh: torch.save(arrays.to_torch_state_dict(), fh), binary=True
     )
 
 
@@ -114,6 +125,7 @@ def summarize(
     virtual_seconds: float,
     report: Any = None,
     warnings: Sequence[str] = (),
+    status: tuple[str, str] | None = None,
 ) -> dict[str, Any]:
     """Summary figures of one run (GSGM.md, "Measuring stability").
 
@@ -122,15 +134,19 @@ def summarize(
     Accuracy figures are fractions in [0, 1]; MASD and std are over the second half
     of the evaluations; times are seconds. ``report`` (the engine's
     :class:`~flwr_gsgm.async_engine.EngineReport`, absent for Flower's synchronous
-    strategies) adds ``status`` ("completed" or "failed") and ``status_reason``,
-    ``per_node`` (counts and state per partition-id) and its ``warnings``;
-    ``warnings`` adds sentences about the run that the log also holds (a
-    pathological split that uses only some classes) after the report's.
+    strategies) adds ``status`` ("completed", "diverged" or "failed") and
+    ``status_reason``, ``per_node`` (counts and state per partition-id) and its
+    ``warnings``; ``status`` ``(status, status_reason)`` gives them without a report
+    (a synchronous run that diverged); ``warnings`` adds sentences about the run
+    that the log also holds (a pathological split that uses only some classes)
+    after the report's.
     """
     acc = [float(r["accuracy"]) for r in rows]
+    if status is None:
+        status = (getattr(report, "status", "completed"), getattr(report, "status_reason", ""))
     return {
-        "status": getattr(report, "status", "completed"),
-        "status_reason": getattr(report, "status_reason", ""),
+        "status": status[0],
+        "status_reason": status[1],
         "diverged": bool(counters.get("diverged", 0)),
         "final_accuracy": stability.final_accuracy(acc),
         "masd": stability.masd(acc),

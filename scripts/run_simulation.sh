@@ -5,7 +5,9 @@
 # strategy='"asgd"' or strategy=\"asgd\"). Flower's state (config.toml, the local
 # SuperLink, the run log) lives in $FLWR_HOME, default .flwr/ of this project. The
 # local SuperLink that `flwr run` starts is stopped when the run ends, and the exit
-# code is the run's (flwr run --stream exits 0 even when the ServerApp failed). If
+# code is the run's (flwr run --stream exits 0 even when the ServerApp failed): 0
+# completed, 3 the model diverged (outputs written; simulations/worker.py's
+# DIVERGED_EXIT), 1 failed. If
 # Flower's simulation runtime does not end the run END_GRACE seconds (default 120)
 # after the ServerApp ended (a ClientApp that never returns), it is stopped and the
 # script exits 1.
@@ -111,6 +113,11 @@ if [ -z "$run_id" ]; then
   exit 1
 fi
 status=$(flwr ls local --run-id "$run_id" --format json 2>/dev/null | grep -o '"finished:[a-z]*"' | head -1 || true)
+diverged=$(grep -o "\[flwr-gsgm\] run ended: diverged: .*" "$log" | head -1 || true)
+if [ -n "$diverged" ]; then
+  echo "run $run_id diverged: ${diverged#*run ended: diverged: }; log: $log" >&2
+  exit 3
+fi
 if [ "$status" != '"finished:completed"' ]; then
   echo "run $run_id ended with status ${status:-unknown}; log: $log" >&2
   exit 1

@@ -29,9 +29,10 @@ from clients.models import build_model
 from clients.partitioning import PartitionConfig, check_partitioning
 from clients.training import evaluate
 from flwr_gsgm import run_outputs
+from flwr_gsgm.divergence import evaluation_divergence
 from flwr_gsgm.federated_evaluation import column_name
 from flwr_gsgm.run_config import SYNC_STRATEGIES
-from flwr_gsgm.run_end import RunFailed
+from flwr_gsgm.run_end import DIVERGED, RunDiverged, RunFailed
 from flwr_gsgm.run_outputs import run_dir_for
 from flwr_gsgm.strategy_from_config import build_strategy, virtual_clock_from
 
@@ -120,6 +121,11 @@ def run_experiment(
     flwr_gsgm.run_end.RunFailed
         If no node was left to train before the budget was spent, after the outputs
         (``status`` "failed" and ``status_reason`` in summary.json) are written.
+    flwr_gsgm.run_end.RunDiverged
+        If the model diverged (:mod:`flwr_gsgm.divergence`; for FedAvg and FedAvgM
+        checks 2-3 on their evaluation rows), after the outputs (``status``
+        "diverged") are written: no ``model.pt``, but ``model_last_finite.pt``, the
+        model of the last evaluation before the divergence (asynchronous strategies).
     """
     torch.set_num_threads(cfg["client-threads"])
     warnings = check_partitions(grid, cfg)  # an impossible split fails here, at once
@@ -131,7 +137,12 @@ def run_experiment(
     log(INFO, "[flwr-gsgm] run folder %s", run_dir)
     t0 = time.monotonic()
     if cfg["strategy"] in SYNC_STRATEGIES:
-        rows, counters = _run_synchronous(grid, cfg, initial, evaluate_fn)
+        diverged: RunDiverged | None = None
+        try:
+            rows, counters = _run_synchronous(grid, cfg, initial, evaluate_fn)
+        except _SyncDiverged as err:
+            rows, counters = err.rows, err.counters
+            diverged = RunDiverged(err.reason)
         summary = run_outputs.summarize(
             rows,
             counters,
@@ -141,7 +152,12 @@ def run_experiment(
             time.monotonic() - t0,
             rows[-1]["virtual_time"] if rows else 0.0,
             warnings=warnings,
+            status=diverged and (DIVERGED, diverged.reason),
         )
+        if diverged is not None:
+            _write_outputs(run_dir, cfg, rows, summary, grid)
+            _log_diverged(run_dir, diverged.reason, None)
+            raise diverged
     else:
         failed: RunFailed | None = None
         try:
@@ -157,7 +173,13 @@ def run_experiment(
             failed, result = err, err.result
         rep = result.report
         rows = result.rows
-        run_outputs.write_model(run_dir, result.arrays)
+        if isinstance(failed, RunDiverged):
+            # Not the diverged model as if it trained: the last finite one, named so.
+            (run_dir / run_outputs.MODEL).unlink(missing_ok=True)
+            if rep.last_finite is not None:
+                run_outputs.write_model(run_dir, rep.last_finite[1], run_outputs.LAST_FINITE_MODEL)
+        else:
+            run_outputs.write_model(run_dir, result.arrays)
         summary = run_outputs.summarize(
             rows,
             rep.counters,
@@ -171,6 +193,8 @@ def run_experiment(
         )
         if failed is not None:
             _write_outputs(run_dir, cfg, rows, summary, grid)
+            if isinstance(failed, RunDiverged):
+                _log_diverged(run_dir, failed.reason, rep.last_finite)
             raise failed
     _write_outputs(run_dir, cfg, rows, summary, grid)
     return summary
@@ -188,6 +212,24 @@ def _write_outputs(run_dir: Path, cfg: Mapping[str, Any], rows, summary, grid: G
         summary["masd"],
         run_dir,
     )
+
+
+def _log_diverged(run_dir: Path, reason: str, last_finite: tuple[int, Any] | None) -> None:
+    """The log line of a diverged run: why, and which model was kept."""
+    kept = (
+        f"{run_outputs.LAST_FINITE_MODEL} holds the model evaluated at {last_finite[0]} updates"
+        if last_finite is not None
+        else "no model written"
+    )
+    log(WARNING, "[flwr-gsgm] run diverged: %s; %s -> %s", reason, kept, run_dir)
+
+
+class _SyncDiverged(Exception):
+    """FedAvg's or FedAvgM's evaluation row showed divergence: the run stops there."""
+
+    def __init__(self, reason: str, rows: list[dict[str, Any]], counters: dict[str, int]):
+        super().__init__(reason)
+        self.reason, self.rows, self.counters = reason, rows, counters
 
 
 def _title(cfg: Mapping[str, Any], summary: Mapping[str, Any], num_nodes: int) -> str:
@@ -337,6 +379,7 @@ def _run_synchronous(grid: Grid, cfg: Mapping[str, Any], initial: ArrayRecord, e
         if not due(server_round):
             return None
         res = evaluate_fn(server_round, arrays)
+        initial_loss = rows[0]["loss"] if rows else None
         rows.append(
             {
                 "updates": server_round * per_round,
@@ -353,6 +396,13 @@ def _run_synchronous(grid: Grid, cfg: Mapping[str, Any], initial: ArrayRecord, e
                 "dropped": 0,
             }
         )
+        reason = evaluation_divergence(
+            server_round * per_round, arrays.to_numpy_ndarrays(), res["loss"], initial_loss
+        )
+        if reason is not None:  # stop Flower's strategy here (nothing is in flight)
+            log(WARNING, "[flwr-gsgm] diverged at round %d; stopping: %s", server_round, reason)
+            counters = {"updates_received": server_round * per_round, "steps_applied": server_round}
+            raise _SyncDiverged(reason, rows, {**counters, "diverged": 1})
         return res
 
     # Flower's FedAvg samples a round's nodes with the module-level `random`

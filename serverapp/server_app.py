@@ -29,14 +29,17 @@ END_MARKER = "[flwr-gsgm] run ended:"
 def main(grid: Grid, context: Context) -> None:
     """Validate the run config, then run the experiment it describes on ``grid``.
 
-    Logs :data:`END_MARKER` with the run's status ("completed", or "failed: <why>")
-    last, and re-raises any error (a failed run raises
-    :class:`~flwr_gsgm.run_end.RunFailed`), so Flower marks the run failed.
+    Logs :data:`END_MARKER` with the run's status ("completed", "diverged: <why>" or
+    "failed: <why>") last, and re-raises any error (a failed run raises
+    :class:`~flwr_gsgm.run_end.RunFailed`, a diverged one
+    :class:`~flwr_gsgm.run_end.RunDiverged`), so Flower marks the run failed and
+    ``flwr run`` (``scripts/run_simulation.sh``) exits non-zero.
     """
     try:
         cfg = parse_run_config(context.run_config)
         summary = run_experiment(grid, cfg)
     except BaseException as err:
-        log(ERROR, "%s failed: %s", END_MARKER, getattr(err, "reason", None) or err)
+        status = getattr(err, "status", "failed")
+        log(ERROR, "%s %s: %s", END_MARKER, status, getattr(err, "reason", None) or err)
         raise
     log(INFO, "%s %s", END_MARKER, summary["status"])

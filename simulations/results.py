@@ -9,9 +9,12 @@ Status of a run (column ``status``):
   is ``1 / number of classes`` and margin the preset's ``chance-margin`` (default
   0.05: 15% on 10 classes, 6% on 100): it collapsed to, or never left, chance level
   (a run that never learned is no usable result either), or (c) the engine stopped
-  it because its weights became non-finite (``summary.json`` ``diverged``).
+  it because its model diverged (``summary.json`` ``status`` "diverged", reason in
+  ``status_reason``: :mod:`flwr_gsgm.divergence`; before that status existed,
+  ``diverged`` true with status "completed": non-finite weights).
   ``diverged_reason`` says which (``non-finite loss``, ``non-finite accuracy``,
-  ``final accuracy at chance``, ``non-finite weights``);
+  ``final accuracy at chance``, or the engine's kind: ``non-finite weights``,
+  ``non-finite test loss``, ``exploding test loss``, ``replies rejected``);
 - ``"failed"``: the run's process exited with an error or was killed before writing
   ``summary.json`` (``error`` holds the last line of its log), or the engine ended it
   with no node left to train (``summary.json`` ``status`` "failed";
@@ -188,8 +191,10 @@ def run_row(
     )
     final = row["final_accuracy"]
     reason = divergence(metrics, float(final), chance, margin) if metrics else "no evaluation"
+    if not reason and summary.get("status") == "diverged":  # the engine stopped the run
+        reason = str(summary.get("status_reason", "")).split(":")[0] or "diverged"
     if not reason and summary.get("diverged"):
-        reason = "non-finite weights"  # the engine stopped the run
+        reason = "non-finite weights"  # written before the status "diverged" existed
     row["diverged"] = bool(reason)
     row["diverged_reason"] = reason
     row["status"] = "diverged" if reason else "ok"

@@ -81,6 +81,7 @@ from simulations.preset import (
     tune_runs,
 )
 from simulations.results import RUN_COLUMNS, current_names, read_csv, run_row, write_csv
+from simulations.worker import DIVERGED_EXIT
 
 __all__ = [
     "ExecOptions",
@@ -271,7 +272,8 @@ class _Worker:
         self.reply = os.fdopen(read_fd, "r")
 
     def run(self, run_dir: Path, timeout: float | None) -> int:
-        """Exit code of the run: 0 ok, 1 exception, < 0 the process died or timed out."""
+        """Exit code of the run: 0 ok, DIVERGED_EXIT (3) its model diverged (a result,
+        outputs written), 1 exception, < 0 the process died or timed out."""
         try:
             self.proc.stdin.write(f"{run_dir}\n")
             self.proc.stdin.flush()
@@ -403,7 +405,9 @@ def execute(
                 spec = futures[fut]
                 code, _ = fut.result()
                 stats["executed"] = stats.get("executed", 0) + 1
-                if code != 0:
+                if code == DIVERGED_EXIT:  # a result (runs.csv: diverged), not a crash
+                    tqdm.write(f"[sweep] run {spec.run_id} diverged (summary.json: status_reason)")
+                elif code != 0:
                     failed += 1
                     stats["failed"] = stats.get("failed", 0) + 1
                     tqdm.write(

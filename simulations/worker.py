@@ -6,7 +6,10 @@ run config, and runs :func:`serverapp.experiment.run_experiment` on an
 :class:`~flwr_gsgm.inprocess_grid.InProcessGrid` of the project's ClientApp, which
 writes ``config.json``, ``metrics.csv``, ``summary.json`` and ``accuracy.png`` into
 ``RUN_DIR``. On an exception it writes ``error.txt`` (the traceback) and exits 1, so
-the sweep records the run as failed and goes on.
+the sweep records the run as failed and goes on. A run whose model diverged
+(:class:`~flwr_gsgm.run_end.RunDiverged`, outputs written, ``summary.json`` ``status``
+"diverged") exits :data:`DIVERGED_EXIT` (3) without ``error.txt``: a result, not a
+crash; the sweep counts it as run, and ``runs.csv`` as diverged.
 
 ``--serve``: read run folders from standard input, one per line, and run each as
 above, with the process's standard output and error (file descriptors 1 and 2)
@@ -27,7 +30,10 @@ import sys
 import traceback
 from pathlib import Path
 
-__all__ = ["run_one", "serve", "main"]
+__all__ = ["DIVERGED_EXIT", "run_one", "serve", "main"]
+
+#: Exit code of a run whose model diverged (scripts/run_simulation.sh uses it too).
+DIVERGED_EXIT = 3
 
 
 def run_one(run_dir: Path) -> dict:
@@ -43,8 +49,20 @@ def run_one(run_dir: Path) -> dict:
     return run_experiment(grid, cfg, run_dir)
 
 
+def _diverged(err: BaseException) -> bool:
+    from flwr_gsgm.run_end import RunDiverged
+
+    return isinstance(err, RunDiverged)
+
+
+def _log_end(err: BaseException) -> None:
+    """The last log line of a diverged run (as the ServerApp's END_MARKER line)."""
+    print(f"[flwr-gsgm] run ended: diverged: {getattr(err, 'reason', err)}", flush=True)
+
+
 def _run_logged(run_dir: Path) -> int:
-    """Run one experiment with fds 1 and 2 sent to ``run_dir/log.txt``; return 0 or 1."""
+    """Run one experiment with fds 1 and 2 sent to ``run_dir/log.txt``; return 0, 1 or
+    :data:`DIVERGED_EXIT`."""
     sys.stdout.flush()
     sys.stderr.flush()
     saved = os.dup(1), os.dup(2)
@@ -54,10 +72,14 @@ def _run_logged(run_dir: Path) -> int:
         try:
             run_one(run_dir)
             code = 0
-        except Exception:  # noqa: BLE001 - recorded, then reported through the reply
-            (run_dir / "error.txt").write_text(traceback.format_exc())
-            traceback.print_exc()
-            code = 1
+        except Exception as err:  # noqa: BLE001 - recorded, then reported through the reply
+            if _diverged(err):
+                _log_end(err)
+                code = DIVERGED_EXIT
+            else:
+                (run_dir / "error.txt").write_text(traceback.format_exc())
+                traceback.print_exc()
+                code = 1
         finally:
             sys.stdout.flush()
             sys.stderr.flush()
@@ -87,7 +109,10 @@ def main(argv: list[str]) -> int:
     run_dir = Path(argv[0])
     try:
         run_one(run_dir)
-    except BaseException:  # noqa: BLE001 - recorded, then reported through the exit code
+    except BaseException as err:  # noqa: BLE001 - recorded, then reported through the exit code
+        if _diverged(err):
+            _log_end(err)
+            return DIVERGED_EXIT
         (run_dir / "error.txt").write_text(traceback.format_exc())
         traceback.print_exc()
         return 1
