@@ -190,9 +190,10 @@ def run_row(
         [r["updates"] for r in metrics], acc, target
     )
     final = row["final_accuracy"]
-    reason = divergence(metrics, float(final), chance, margin) if metrics else "no evaluation"
-    if not reason and summary.get("status") == "diverged":  # the engine stopped the run
+    if summary.get("status") == "diverged":  # the engine stopped the run: its kind first
         reason = str(summary.get("status_reason", "")).split(":")[0] or "diverged"
+    else:
+        reason = divergence(metrics, float(final), chance, margin) if metrics else "no evaluation"
     if not reason and summary.get("diverged"):
         reason = "non-finite weights"  # written before the status "diverged" existed
     row["diverged"] = bool(reason)

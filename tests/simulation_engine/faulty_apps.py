@@ -42,3 +42,5 @@ def _hang_partition_0(pid: int) -> None:
 hung_partition_0 = _before_train(_hang_partition_0)
 #: Every train takes 30 s (longer than the message TTL the test sets).
 slow_training = _before_train(lambda pid: time.sleep(30))
+#: The project's ClientApp as it is: a run config that makes the model diverge is the fault.
+unchanged = _before_train(lambda pid: None)

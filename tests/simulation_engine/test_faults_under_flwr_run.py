@@ -143,3 +143,24 @@ def test_a_ttl_below_the_dispatch_deadline_is_refused_under_flwr_run(tmp_path):
         "dispatch-timeout=100.0"
     ) in output, output[-3000:]
     assert not run_dir.exists()  # refused before the run folder was made
+
+
+def test_a_diverging_run_under_flwr_run(tmp_path):
+    # ASGD with server lr 50 on the CNN: the test loss at 10 updates explodes (above 10 x
+    # the initial evaluation's, flwr_gsgm.divergence). The ServerApp writes the outputs,
+    # logs "run ended: diverged: ..." and raises; the script exits 3 (diverged).
+    code, output, run_dir, seconds = flwr_run(
+        tmp_path,
+        "unchanged",
+        2,
+        {"strategy": "asgd", "server-learning-rate": 50.0, "max-updates": 40, "eval-every": 10},
+    )
+    assert code == 3, output[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "diverged", summary
+    reason = summary["status_reason"]
+    assert reason.startswith("exploding test loss: ") and " at 10 updates exceeds 10 x " in reason
+    assert f"run ended: diverged: {reason}" in output, output[-3000:]
+    assert "diverged: " + reason in output.splitlines()[-1], output[-3000:]
+    assert not (run_dir / "model.pt").exists() and (run_dir / "model_last_finite.pt").is_file()
+    assert seconds < BOUND
