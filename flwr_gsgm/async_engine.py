@@ -45,10 +45,9 @@ from flwr.serverapp import Grid
 from flwr_gsgm import checkpoint, engine_state, node_events
 from flwr_gsgm.core import Outcome, ServerOptimizer, UpdateRejected
 from flwr_gsgm.dispatcher import Dispatcher
-from flwr_gsgm.divergence import DivergenceWatch
 from flwr_gsgm.engine_report import EngineReport, build_report
 from flwr_gsgm.engine_settings import EngineSettings
-from flwr_gsgm.evaluation import EvaluateFn, Evaluator, wall_since, weights_record
+from flwr_gsgm.evaluation import EvaluateFn, Evaluator, wall_since
 from flwr_gsgm.federated_evaluation import FederatedEvaluator
 from flwr_gsgm.in_flight import Dispatch, InFlight
 from flwr_gsgm.ledger import Ledger
@@ -135,10 +134,8 @@ class AsyncEngine:
         self.members = Membership(grid, self.in_flight, settings, self.ledger)
         self.stats = NodeStats()
         self.end = RunEnd(settings, self.members)
-        self.norm_bound = RelativeNormBound(
-            settings.max_norm_ratio, initial_scale(self.layout.trainable_of(self.initial))
-        )
-        self.divergence = DivergenceWatch()
+        scale = initial_scale(self.layout.trainable_of(self.initial))
+        self.norm_bound = RelativeNormBound(settings.max_norm_ratio, scale)
         self.intake = ReplyIntake(self.layout, lambda pid: self.members.nodes[pid].identified)
         self.evaluator = Evaluator(self.keys, evaluate_fn, settings.max_updates)
         self.federated = FederatedEvaluator(grid, self.keys, settings, self.ledger)
@@ -146,9 +143,6 @@ class AsyncEngine:
         self.policy = self.dispatcher.policy
         self.rows: list[dict[str, float]] = []
         self.received = 0
-        # The model of the last evaluation that showed no divergence (updates received
-        # then, a copy): written instead of the final model when the run diverges.
-        self.last_finite: tuple[int, ArrayRecord] | None = None
         self.budget_spent = False  # the time budget (virtual clock) ended the run
         self.stop_requested = False
         # The engine clock (s): virtual seconds under the virtual clock, else wall
@@ -156,19 +150,12 @@ class AsyncEngine:
         self.clock_now = 0.0
         self.t0 = time.monotonic()
 
-    @property
-    def diverged(self) -> bool:
-        """True once the model diverged (:mod:`flwr_gsgm.divergence`): the run ends."""
-        return self.end.diverged
-
     # ------------------------------------------------------------------ the loop
     def run(self) -> EngineReport:
-        """Train until a budget is spent, no node is left or the model diverged; return
-        the report.
+        """Train until a budget is spent, no node is left or the model diverged.
 
-        A run with no node left to train ends with ``status`` "failed" and the reason,
-        one whose model diverged with "diverged" (:mod:`flwr_gsgm.run_end`,
-        :mod:`flwr_gsgm.divergence`); the strategy raises on both.
+        A run with no node left ends with ``status`` "failed", one whose model diverged
+        with "diverged", and the reason (:mod:`flwr_gsgm.run_end`); the strategy raises.
 
         Raises
         ------
@@ -212,7 +199,7 @@ class AsyncEngine:
         self.dispatcher.start(self.optimizer, self.received, self.clock_now)
 
     def _finished(self) -> bool:
-        if self.diverged or self.received >= self.settings.max_updates or self.end.failed:
+        if self.end.diverged or self.received >= self.settings.max_updates or self.end.failed:
             return True
         if self.settings.virtual_clock is None and self.settings.beyond_time_budget(
             wall_since(self.t0)
@@ -226,7 +213,7 @@ class AsyncEngine:
 
     def _final_evaluation(self) -> None:
         """Evaluate the final weights unless the last row already did (or they diverged)."""
-        if not self.diverged and (not self.rows or self.rows[-1]["updates"] != self.received):
+        if not self.end.diverged and (not self.rows or self.rows[-1]["updates"] != self.received):
             self._evaluate()
 
     def _stop_if_requested(self) -> None:
@@ -281,11 +268,9 @@ class AsyncEngine:
         node_events.on_virtual_time(self)  # back-offs over by now, after the update
         if self.received % self.settings.eval_every == 0:
             self._evaluate()
-        if not self.diverged:  # federated evaluation at its points, beside training
+        if not self.end.diverged:  # federated evaluation at its points, beside training
             self.federated.maybe_send(self.received, self.optimizer, self.members.nodes)
-        every = self.settings.checkpoint_every
-        if every and self.received % every == 0 and not self.diverged:
-            # A diverged model is not saved: the previous checkpoint resumes from before.
+        if self.settings.checkpoint_every and self.received % self.settings.checkpoint_every == 0:
             engine_state.save_checkpoint(self)
 
     def _on_update(self, node: Node, dispatch: Dispatch, reply: Message) -> None:
@@ -303,7 +288,6 @@ class AsyncEngine:
             node_events.record_outcome(self, pid, None)
             return
         self.norm_bound.accept(pid, norm)
-        self.divergence.reply(pid, None, ())
         node_events.record_outcome(self, pid, outcome)
         node.rejections_in_row = 0
         staleness = self.optimizer.last_staleness
@@ -325,28 +309,11 @@ class AsyncEngine:
     # ------------------------------------------------ evaluation and checkpoints
     def _evaluate(self) -> None:
         assert self.optimizer is not None
-        initial_loss = self.rows[0]["loss"] if self.rows else None
         row, diverged = self.evaluator.row(
-            self.received,
-            self.optimizer,
-            self.ledger,
-            self.clock_now,
-            wall_since(self.t0),
-            initial_loss,
+            self.received, self.optimizer, self.ledger, self.clock_now, wall_since(self.t0)
         )
         self.rows.append(row)
-        if diverged is not None:
-            self.end.diverge(diverged, self.received)
-        elif not self.diverged:
-            self.last_finite = (self.received, weights_record(self.keys, self.optimizer.weights))
-
-    def watch_rejection(self, pid: int, reason: str) -> bool:
-        """Record ``pid``'s rejected update (``reason``); True if the model diverged by
-        it (check 4 of :mod:`flwr_gsgm.divergence`): then no node is blamed for it."""
-        why = self.divergence.reply(pid, reason, self.members.active_ids())
-        if why is not None:
-            self.end.diverge(why, self.received)
-        return self.diverged
+        self.end.diverge(diverged, self.received)
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue this run bit-identically (:mod:`engine_state`)."""

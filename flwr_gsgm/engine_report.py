@@ -53,7 +53,7 @@ def build_report(engine: AsyncEngine) -> EngineReport:
     optimizer, ledger = engine.optimizer, engine.ledger
     mean, worst = ledger.staleness_overall()
     counters = ledger.report_counters(
-        optimizer.counters, engine.received, optimizer.version, engine.diverged
+        optimizer.counters, engine.received, optimizer.version, engine.end.diverged
     )
     engine.stats.finish(optimizer.rule.params.get("max_staleness"))
     return EngineReport(
@@ -70,5 +70,5 @@ def build_report(engine: AsyncEngine) -> EngineReport:
         status_reason=engine.end.reason,
         per_node=engine.stats.report(engine.members),
         warnings=list(engine.stats.warnings),
-        last_finite=engine.last_finite,
+        last_finite=engine.evaluator.last_finite,
     )

@@ -59,8 +59,8 @@ def save_state(engine: AsyncEngine) -> dict[str, Any]:
         "in_flight": in_flight,
         "rows": [dict(r) for r in engine.rows],
         "received": engine.received,
-        "diverged": engine.diverged,
-        "divergence": engine.divergence.state_dict(),
+        "diverged": engine.end.diverged,
+        "divergence": engine.end.watch.state_dict(),
         "seq": engine.dispatcher.seq,
         "clock_now": engine.clock_now,
         "dispatch": engine.policy.state_dict(),
@@ -174,11 +174,12 @@ def _restore(engine: AsyncEngine, state: dict[str, Any]) -> None:
     engine.members.load_state_dict(state)
     engine.members.num_partitions = num_partitions
     engine.rows = [dict(r) for r in state["rows"]]
+    engine.evaluator.initial_loss = engine.rows[0]["loss"] if engine.rows else None
     engine.received = state["received"]
     if state["diverged"]:  # written before diverged runs stopped saving checkpoints
         engine.end.diverge("non-finite weights: the checkpoint's model had diverged", 0)
     if "divergence" in state:  # ... and before the divergence window was kept
-        engine.divergence.load_state_dict(state["divergence"])
+        engine.end.watch.load_state_dict(state["divergence"])
     engine.dispatcher.seq, engine.clock_now = state["seq"], state["clock_now"]
     if "dispatch" in state:  # checkpoints written before dispatch policies lack it
         engine.policy.load_state_dict(state["dispatch"])
@@ -201,9 +202,12 @@ def _restore(engine: AsyncEngine, state: dict[str, Any]) -> None:
 
 
 def save_checkpoint(engine: AsyncEngine) -> None:
-    """Write :func:`save_state` to the checkpoint file, if checkpoints are on."""
+    """Write :func:`save_state` to the checkpoint file, if checkpoints are on and the
+    model has not diverged (then the previous checkpoint resumes from before it)."""
     settings = engine.settings
     if settings.checkpoint_path is None or not settings.checkpoint_every:
+        return
+    if engine.end.diverged:  # not the diverged model: the previous checkpoint stays
         return
     checkpoint.save(settings.checkpoint_path, save_state(engine))
     log(INFO, "[async] checkpoint at %d updates -> %s", engine.received, settings.checkpoint_path)

@@ -41,12 +41,21 @@ class Evaluator:
         ``(updates_received, arrays) -> MetricRecord | None`` with ``accuracy`` and ``loss``.
     max_updates : int
         The run's budget, for the log line only.
+
+    Attributes
+    ----------
+    last_finite : tuple[int, ArrayRecord] | None
+        ``(updates received, model)`` of the last evaluation that showed no divergence
+        (a copy; None before the first): the model a diverged run keeps. It costs one
+        model copy.
     """
 
     def __init__(self, keys: list[str], evaluate_fn: EvaluateFn | None, max_updates: int) -> None:
         self.keys = keys
         self.evaluate_fn = evaluate_fn
         self.max_updates = max_updates
+        self.last_finite: tuple[int, ArrayRecord] | None = None
+        self.initial_loss: float | None = None  # the first row's (a resume restores it)
 
     def row(
         self,
@@ -55,13 +64,12 @@ class Evaluator:
         ledger: Ledger,
         clock_now: float,
         wall: float,
-        initial_loss: float | None = None,
     ) -> tuple[dict[str, float], str | None]:
         """Evaluate now; return the row and why the model diverged (None if it did not).
 
         ``clock_now`` is the engine clock and ``wall`` the wall seconds since the start;
-        ``initial_loss`` the run's first evaluation's loss (None for the first):
-        :func:`flwr_gsgm.divergence.evaluation_divergence` checks the weights and loss.
+        :func:`flwr_gsgm.divergence.evaluation_divergence` checks the weights and the
+        loss (against the first row's, ``initial_loss``).
         """
         row: dict[str, float] = {
             "updates": received,
@@ -72,8 +80,9 @@ class Evaluator:
             "loss": math.nan,
         }
         loss_known = False
+        model = weights_record(self.keys, optimizer.weights)
         if self.evaluate_fn is not None:
-            res = self.evaluate_fn(received, weights_record(self.keys, optimizer.weights))
+            res = self.evaluate_fn(received, model)
             if res is not None:
                 row["accuracy"] = float(res.get("accuracy", math.nan))
                 row["loss"] = float(res.get("loss", math.nan))
@@ -83,9 +92,12 @@ class Evaluator:
         row["deferred"] = int(opt_counters.get("deferred", 0))
         row["rejected"] = ledger.rejected
         row["dropped"] = ledger.dropped(opt_counters)
-        reason = evaluation_divergence(
-            received, optimizer.weights, row["loss"] if loss_known else None, initial_loss
-        )
+        loss = row["loss"] if loss_known else None
+        reason = evaluation_divergence(received, optimizer.weights, loss, self.initial_loss)
+        if self.initial_loss is None:
+            self.initial_loss = row["loss"]
+        if reason is None:
+            self.last_finite = (received, model)
         self._log(row)
         return row, reason
 

@@ -225,6 +225,8 @@ def record_outcome(engine: AsyncEngine, pid: int, outcome: Outcome | None) -> No
     assert engine.optimizer is not None
     version, active = engine.optimizer.version, engine.members.active_ids()
     engine.stats.record_update(pid, outcome, engine.received, version, active)
+    if outcome is not None:  # accepted: the divergence window counts it
+        engine.end.on_reply(pid, None, engine.received)
 
 
 def on_rejected(engine: AsyncEngine, node: Node, err: UpdateRejected) -> None:
@@ -236,8 +238,8 @@ def on_rejected(engine: AsyncEngine, node: Node, err: UpdateRejected) -> None:
     pid = node.partition_id
     log(WARNING, "[async] rejected update from partition %d (%s): %s", pid, err.reason, err.message)
     node.rejections_in_row += 1
-    if engine.watch_rejection(pid, err.reason):
-        return
+    if engine.end.on_reply(pid, err.reason, engine.received):
+        return  # check 4 of flwr_gsgm.divergence: the model diverged, not the node's fault
     limit = engine.settings.max_consecutive_rejections
     if limit and node.rejections_in_row >= limit:
         exclude(

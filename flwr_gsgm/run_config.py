@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from flwr_gsgm.core import OPTIMIZERS
-from flwr_gsgm.norm_bound import NEW_NODE_ROOM, NODE_MIN, WARMUP, WINDOW
+from flwr_gsgm.norm_bound import INITIAL_ROOM, NEW_NODE_ROOM, NODE_MIN, WARMUP, WINDOW
 from flwr_gsgm.run_config_keys import (
     OPTIMIZER_KEYS,
     SYNC_STRATEGY_KEYS,
@@ -216,8 +216,9 @@ RUN_CONFIG: dict[str, RunConfigKey] = {
         _non_negative,
         ">= 0 (0 = off)",
         f"reject an update whose L2 norm exceeds this times the median of the last {WINDOW} "
-        f"accepted (after {WARMUP}; {NEW_NODE_ROOM:g}x that for a node with fewer than "
-        f"{NODE_MIN} accepted)",
+        f"accepted ({NEW_NODE_ROOM:g}x that for a node with fewer than {NODE_MIN} accepted, "
+        f"and for all in the first {WARMUP}, which must also stay within "
+        f"{INITIAL_ROOM:g}x the initial model's scale)",
     ),
     "min-nodes": _key(1, _positive, "an integer > 0", "nodes to wait for before training"),
     "max-in-flight": _key(

@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 from flwr.common.logger import log
 
+from flwr_gsgm.divergence import DivergenceWatch
+
 if TYPE_CHECKING:
     from flwr_gsgm.engine_settings import EngineSettings
     from flwr_gsgm.membership import Membership
@@ -80,6 +82,7 @@ class RunEnd:
         self.status = COMPLETED
         self.reason = ""
         self.waiting_since: float | None = None  # wall time the wait for lost nodes began
+        self.watch = DivergenceWatch()  # check 4 of flwr_gsgm.divergence
 
     @property
     def failed(self) -> bool:
@@ -91,9 +94,17 @@ class RunEnd:
         """True once the run's model has diverged."""
         return self.status == DIVERGED
 
-    def diverge(self, reason: str, received: int) -> None:
-        """The model diverged (``reason``: :mod:`flwr_gsgm.divergence`): the run ends."""
-        if self.status != COMPLETED:
+    def on_reply(self, partition_id: int, rejected: str | None, received: int) -> bool:
+        """An update received from ``partition_id`` (``rejected``: why it was rejected,
+        None if accepted); True if the run diverged by it (check 4 of
+        :mod:`flwr_gsgm.divergence`: every node's recent updates out of scale)."""
+        self.diverge(self.watch.reply(partition_id, rejected, self.members.active_ids()), received)
+        return self.diverged
+
+    def diverge(self, reason: str | None, received: int) -> None:
+        """The model diverged (``reason``: :mod:`flwr_gsgm.divergence`; None: it did
+        not) at ``received`` updates: the run ends."""
+        if reason is None or self.status != COMPLETED:
             return
         self.status = DIVERGED
         self.reason = reason

@@ -313,7 +313,7 @@ def update(norm: float) -> list[np.ndarray]:
 
 def test_the_relative_norm_bound_by_hand():
     bound = RelativeNormBound(10.0)
-    for norm in [1.0] * 7 + [12.0] * 3:  # the warm-up: 10 updates, not checked
+    for norm in [1.0] * 7 + [12.0] * 3:  # the warm-up: 10 updates, within 100 x the median
         pid = 1 if norm == 12.0 else 0
         bound.accept(pid, bound.check(pid, update(norm)))
     # Partition 0 against the run's median (1): 10 passes, 10.5 does not.
