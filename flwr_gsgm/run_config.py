@@ -179,7 +179,10 @@ RUN_CONFIG: dict[str, RunConfigKey] = {
         "time model: compute speeds, latency, bandwidth (docs/GSGM.md, Time model)",
     ),
     "step-seconds": _key(
-        0.0, _non_negative, ">= 0 seconds", "virtual seconds per step of local work (0: profile's)"
+        0.0,
+        _non_negative,
+        ">= 0 seconds",
+        "virtual seconds per step of local work (0: the profile's)",
     ),
     "latency-seconds": _key(
         0.0, _non_negative, ">= 0 seconds", "virtual latency per message (0: the profile's)"
