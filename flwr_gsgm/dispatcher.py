@@ -4,7 +4,10 @@
 concurrency limit; otherwise the :mod:`dispatch policy <flwr_gsgm.dispatch>`'s
 picks up to ``max_in_flight``) within the update and time budgets, and builds each
 train message: the weights, ``model-version``, the dispatch's derived ``seed`` and,
-under the virtual clock, its ``virtual-duration`` and virtual finish time.
+under the virtual clock, its ``virtual-duration`` and virtual finish time. The
+duration charges the message's local work (read from the train config: ``mode``,
+``batch-size``, ``local-batches``, ``local-steps``, ``local-epochs``) and the bytes of
+the weights sent (:class:`~flwr_gsgm.virtual_clock.VirtualClock`).
 """
 
 from __future__ import annotations
@@ -105,6 +108,26 @@ class Dispatcher:
             idle.remove(pid)
             self.dispatch(optimizer, pid, clock_now)
 
+    def work_steps(self, pid: int) -> int:
+        """Steps of local work a train message asks of partition ``pid``, from the train
+        config (absent keys: gradient mode, one batch or step of 32; no epochs), as the
+        virtual clock counts them (:meth:`VirtualClock.work_steps`).
+
+        Raises
+        ------
+        ValueError
+            Epoch work (``local-epochs`` > 0) without the partition's example count.
+        """
+        cfg = self.train_config
+        return self.settings.virtual_clock.work_steps(
+            pid,
+            str(cfg.get("mode", "gradient")),
+            batch_size=int(cfg.get("batch-size", 32)),
+            local_batches=int(cfg.get("local-batches", 1)),
+            local_steps=int(cfg.get("local-steps", 1)),
+            local_epochs=int(cfg.get("local-epochs", 0)),
+        )
+
     def dispatch(self, optimizer: ModelOptimizer, pid: int, clock_now: float) -> None:
         """Send the current weights to partition ``pid``; ``clock_now`` is the engine clock (s)."""
         node = self.members.nodes[pid]
@@ -114,12 +137,14 @@ class Dispatcher:
         config = ConfigRecord(dict(self.train_config))
         config["model-version"] = version
         config["seed"] = derive_seed(self.settings.seed, pid, index)
+        weights = [np.array(w, copy=True) for w in optimizer.weights]
         v_finish = 0.0  # unused without the virtual clock: replies go in arrival order
-        if self.settings.virtual_clock is not None:
-            duration = self.settings.virtual_clock.duration(node.speed, pid, index)
+        clock = self.settings.virtual_clock
+        if clock is not None:
+            message_bytes = sum(int(w.nbytes) for w in weights)  # the reply: the same size
+            duration = clock.duration(node.speed, pid, index, self.work_steps(pid), message_bytes)
             config["virtual-duration"] = duration
             v_finish = clock_now + duration
-        weights = [np.array(w, copy=True) for w in optimizer.weights]
         self.seq += 1
         dispatch = Dispatch(
             v_finish,

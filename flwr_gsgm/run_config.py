@@ -28,6 +28,7 @@ from flwr_gsgm.run_config_keys import (
     optimizer_params_from,
     strategy_keys,
 )
+from flwr_gsgm.virtual_clock import DEVICE_PROFILES
 
 __all__ = [
     "RunConfigKey",
@@ -166,11 +167,26 @@ RUN_CONFIG: dict[str, RunConfigKey] = {
         True, _ANY, "true or false", "simulation clock (false = real arrival order)"
     ),
     "base-duration": _key(
-        1.0, _positive, "> 0 seconds", "virtual seconds per computation, fast node"
+        1.0, _positive, "> 0 seconds", "uniform: virtual seconds per step of local work, fast node"
     ),
     "slow-fraction": _key(0.25, lambda v: 0 <= v <= 1, "in [0, 1]", "fraction of slow nodes"),
     "slow-factor": _key(4.0, lambda v: v >= 1, ">= 1", "how many times slower a slow node is"),
     "jitter": _key(0.1, lambda v: 0 <= v < 1, "in [0, 1)", "relative jitter of each duration"),
+    "device-profile": _key(
+        "uniform",
+        _one_of(*DEVICE_PROFILES),
+        f"one of {', '.join(DEVICE_PROFILES)}",
+        "time model: compute speeds, latency, bandwidth (docs/GSGM.md, Time model)",
+    ),
+    "step-seconds": _key(
+        0.0,
+        _non_negative,
+        ">= 0 seconds",
+        "virtual seconds per step of local work (0: the profile's)",
+    ),
+    "latency-seconds": _key(
+        0.0, _non_negative, ">= 0 seconds", "virtual latency per message (0: the profile's)"
+    ),
     # engine
     "message-ttl": _key(
         600.0,

@@ -32,15 +32,26 @@ __all__ = [
 ]
 
 
-def virtual_clock_from(cfg: Mapping[str, Any]) -> VirtualClock:
-    """The run's :class:`VirtualClock` from its run config (``seed``, ``base-duration``,
-    ``slow-fraction``, ``slow-factor``, ``jitter``)."""
+def virtual_clock_from(
+    cfg: Mapping[str, Any], partition_examples: Mapping[int, int] | None = None
+) -> VirtualClock:
+    """The run's :class:`VirtualClock` (time model) from its run config (``seed``,
+    ``base-duration``, ``slow-fraction``, ``slow-factor``, ``jitter``,
+    ``device-profile``, ``step-seconds``, ``latency-seconds``).
+
+    ``partition_examples`` (partition-id -> training examples) is needed to time
+    epoch work (``local-epochs`` > 0); the app layer computes it from the split.
+    """
     return VirtualClock(
         seed=cfg["seed"],
         base_duration=cfg["base-duration"],
         slow_fraction=cfg["slow-fraction"],
         slow_factor=cfg["slow-factor"],
         jitter=cfg["jitter"],
+        device_profile=cfg["device-profile"],
+        step_seconds=cfg["step-seconds"],
+        latency_seconds=cfg["latency-seconds"],
+        partition_examples=partition_examples,
     )
 
 
@@ -85,13 +96,17 @@ def federated_evaluation_from(cfg: Mapping[str, Any]) -> FederatedEvaluation | N
     return FederatedEvaluation(every=every, fraction_evaluate=cfg["fraction-evaluate"])
 
 
-def build_strategy(cfg: Mapping[str, Any], run_dir: Path | None = None) -> AsyncStrategy:
+def build_strategy(
+    cfg: Mapping[str, Any],
+    run_dir: Path | None = None,
+    partition_examples: Mapping[int, int] | None = None,
+) -> AsyncStrategy:
     """Build the asynchronous strategy a validated run config asks for.
 
     ``cfg`` comes from :func:`flwr_gsgm.run_config.parse_run_config`; the rule's
     parameters come from their run config keys (``0`` = none, or the rule's own
     default for ``server-learning-rate``). Checkpoints go to
-    ``run_dir/checkpoint.pt``.
+    ``run_dir/checkpoint.pt``. ``partition_examples``: see :func:`virtual_clock_from`.
 
     Raises
     ------
@@ -113,7 +128,9 @@ def build_strategy(cfg: Mapping[str, Any], run_dir: Path | None = None) -> Async
         local_batches=cfg["local-batches"],
         local_steps=cfg["local-steps"],
         local_lr=cfg["local-lr"],
-        virtual_clock=virtual_clock_from(cfg) if cfg["virtual-clock"] else None,
+        virtual_clock=(
+            virtual_clock_from(cfg, partition_examples) if cfg["virtual-clock"] else None
+        ),
         engine=engine_settings_from(cfg, run_dir),
         seed=cfg["seed"],
         federated_evaluation=federated_evaluation_from(cfg),

@@ -1,23 +1,47 @@
-"""Seeded virtual clock: reproducible compute times for asynchronous simulation.
+"""Seeded virtual clock: reproducible compute and communication times for simulation.
 
 In a simulation every node runs on the same machine, so real arrival order depends
 on the machine's load. The engine instead draws each dispatch's *virtual* duration
-when it sends the message, from the node's seeded speed factor and a seeded jitter,
-and applies replies in order of virtual finish time
+when it sends the message, and applies replies in order of virtual finish time
 (``docs/ARCHITECTURE.md``, "Making asynchronous simulation reproducible").
 
-Every draw depends only on ``(seed, partition_id, dispatch_index)``, never on the
-order in which draws are made, so two runs with the same seed see the same
-durations whatever happens in between.
+The time model (``docs/GSGM.md``, "Time model"): a message's duration is
+
+    compute       = work_steps x seconds_per_step x speed_factor[node] x jitter_c
+    communication = (latency + 2 x message_bytes / bandwidth[node]) x jitter_m
+    duration      = compute + communication
+
+where ``work_steps`` is the local work the message asks for (mini-batches in
+gradient mode, SGD steps in delta and weights modes, see :meth:`VirtualClock.work_steps`)
+and ``message_bytes`` the model's bytes, charged once down and once up (a reply in
+every client mode is model-sized). The device profile (:data:`DEVICE_PROFILES`)
+gives the seconds per step, the per-node speed factors and bandwidths and the
+latency.
+
+Every draw depends only on ``(seed, partition_id, dispatch_index)`` (each quantity
+from its own derived stream), never on the order in which draws are made, so two
+runs with the same seed see the same durations whatever happens in between. The
+compute jitter keeps the stream of the clock before communication was modelled,
+so the ``uniform`` profile with one step of work gives the same durations, bit for
+bit, as before.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["VirtualClock", "derive_seed"]
+__all__ = [
+    "DEVICE_PROFILES",
+    "LOOPBACK_LATENCY_SECONDS",
+    "LOOPBACK_STEP_SECONDS",
+    "DeviceProfile",
+    "VirtualClock",
+    "derive_seed",
+]
 
 
 def derive_seed(*parts: int, bits: int = 32) -> int:
@@ -49,29 +73,137 @@ def derive_seed(*parts: int, bits: int = 32) -> int:
     raise ValueError(f"bits must be 32 or 63, got {bits!r}")
 
 
+# Stream tags of derive_seed: one per quantity, so adding one leaves the others unchanged.
+_SLOW_SET = 0x5EED  # which nodes are slow (slow-set speeds); the pre-time-model tag
+_SPEED = 0x5BEED  # a node's log-normal compute factor
+_BANDWIDTH = 0xBA4D  # a node's log-normal bandwidth
+_COMMUNICATION = 0xC044  # a message's communication jitter
+
+#: Seconds of one SGD step of the Fashion-MNIST CNN (``clients.models.SmallCNN``) at
+#: batch 32, one thread, on the project's machine: median of 8 repetitions of 200
+#: steps with SGD momentum 0.9 (0.0174-0.0205 s), measured 2025 for the time model.
+LOOPBACK_STEP_SECONDS = 0.018
+#: Seconds a message spends in Flower's transport with the warm executor on loopback:
+#: the median round trip per update with 2 SuperNodes, 2.200 s, less its measured
+#: compute, 0.033 s (``docs/DEPLOYMENT.md`` section 8).
+LOOPBACK_LATENCY_SECONDS = 2.167
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    """What a kind of device costs: compute speed, network, and their spread.
+
+    Parameters
+    ----------
+    name : str
+        The value of run config ``device-profile``.
+    step_seconds : float | None
+        Seconds of one step of local work (one mini-batch of the Fashion-MNIST CNN at
+        batch 32) on a node of speed factor 1; None: the clock's ``base_duration``.
+    latency_seconds : float
+        Fixed seconds per message (both ways together), before its bytes.
+    bandwidth : float
+        Bytes per second of a median node, each way; ``math.inf``: bytes are free.
+    speeds : str
+        ``"slow-set"``: a seeded ``slow_fraction`` of the nodes are ``slow_factor``
+        times slower, the rest factor 1; ``"log-normal"``: each node's factor is
+        ``exp(speed_sigma * z)``, z standard normal (median 1).
+    speed_sigma, bandwidth_sigma : float
+        Log-normal spread (sigma of the log) of the per-node compute factor and of the
+        per-node bandwidth (0: every node the median).
+    source : str
+        Where the figures come from (``docs/GSGM.md``, "Time model").
+    """
+
+    name: str
+    step_seconds: float | None
+    latency_seconds: float
+    bandwidth: float
+    speeds: str
+    speed_sigma: float = 0.0
+    bandwidth_sigma: float = 0.0
+    source: str = ""
+
+
+#: The named device profiles (run config ``device-profile``); ``docs/GSGM.md``,
+#: "Time model", gives each one's figures and sources.
+DEVICE_PROFILES: dict[str, DeviceProfile] = {
+    p.name: p
+    for p in (
+        DeviceProfile(
+            "uniform",
+            step_seconds=None,
+            latency_seconds=0.0,
+            bandwidth=math.inf,
+            speeds="slow-set",
+            source="the clock of the published runs: compute only",
+        ),
+        DeviceProfile(
+            "edge",
+            step_seconds=4 * LOOPBACK_STEP_SECONDS,
+            latency_seconds=0.05,
+            bandwidth=2.5e6,
+            speeds="log-normal",
+            speed_sigma=0.6,
+            bandwidth_sigma=0.8,
+            source="FedScale's log-normal device speed (sigma 0.6); assumed phone network",
+        ),
+        DeviceProfile(
+            "loopback",
+            step_seconds=LOOPBACK_STEP_SECONDS,
+            latency_seconds=LOOPBACK_LATENCY_SECONDS,
+            bandwidth=1e9,
+            speeds="slow-set",
+            source="measured on the project's machine (docs/DEPLOYMENT.md section 8)",
+        ),
+    )
+}
+
+WORK_MODES = ("gradient", "delta", "weights")
+
+
 @dataclass(frozen=True)
 class VirtualClock:
-    """Per-node speed factors and per-dispatch virtual durations.
+    """The time model: per-node speed factors and bandwidths, per-message durations.
 
     Parameters
     ----------
     seed : int
         Run seed; every draw is a function of it.
     base_duration : float
-        Virtual seconds one client computation takes on a node of speed factor 1.
+        ``uniform`` profile: virtual seconds of one step of local work on a node of
+        speed factor 1 (with the default one step of work, one client computation).
     slow_fraction : float
-        Fraction in [0, 1] of the nodes that are slow. Which partitions are slow is
-        a seeded choice of ``round(slow_fraction * num_nodes)`` partitions.
+        Slow-set profiles (``uniform``, ``loopback``): fraction in [0, 1] of the nodes
+        that are slow, a seeded choice of ``round(slow_fraction * num_nodes)``
+        partitions. Unused by ``edge``.
     slow_factor : float
-        How many times longer a slow node takes (>= 1).
+        Slow-set profiles: how many times longer a slow node takes (>= 1).
     jitter : float
-        Relative jitter in [0, 1): each duration is multiplied by a factor drawn
-        uniformly from ``[1 - jitter, 1 + jitter]``.
+        Relative jitter in [0, 1): compute and communication times are each
+        multiplied by a factor drawn uniformly from ``[1 - jitter, 1 + jitter]``.
+    device_profile : str
+        A name in :data:`DEVICE_PROFILES`: ``"uniform"`` (default), ``"edge"`` or
+        ``"loopback"``.
+    step_seconds : float
+        Seconds per step of local work; 0 (default): the profile's (``base_duration``
+        for ``uniform``).
+    latency_seconds : float
+        Seconds of fixed latency per message; 0 (default): the profile's.
+    partition_examples : Mapping[int, int] | None
+        Training examples per partition-id, needed for epoch work
+        (:meth:`work_steps` with ``local_epochs > 0``).
+
+    Every profile charges compute in proportion to the local work: ``uniform`` with
+    one step (the published runs: gradient mode, ``local-batches`` 1) gives exactly
+    the durations of the clock before the time model; an old run with more local work
+    (``local-batches`` or ``local-steps`` > 1) now lasts that many times longer.
 
     Raises
     ------
     ValueError
-        If a parameter is outside its range; the message names it.
+        If a parameter is outside its range or the profile is unknown; the message
+        names it and what was expected.
     """
 
     seed: int = 0
@@ -79,6 +211,10 @@ class VirtualClock:
     slow_fraction: float = 0.25
     slow_factor: float = 4.0
     jitter: float = 0.1
+    device_profile: str = "uniform"
+    step_seconds: float = 0.0
+    latency_seconds: float = 0.0
+    partition_examples: Mapping[int, int] | None = field(default=None, hash=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.base_duration > 0:
@@ -89,21 +225,159 @@ class VirtualClock:
             raise ValueError(f"slow-factor must be >= 1, got {self.slow_factor!r}")
         if not 0.0 <= self.jitter < 1.0:
             raise ValueError(f"jitter must be in [0, 1), got {self.jitter!r}")
+        if self.device_profile not in DEVICE_PROFILES:
+            raise ValueError(
+                f"device-profile {self.device_profile!r} is unknown; expected one of "
+                f"{sorted(DEVICE_PROFILES)}"
+            )
+        for key, value in (
+            ("step-seconds", self.step_seconds),
+            ("latency-seconds", self.latency_seconds),
+        ):
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(
+                    f"{key} must be a finite number >= 0 seconds (0: the profile's), got {value!r}"
+                )
+
+    @property
+    def profile(self) -> DeviceProfile:
+        """The :class:`DeviceProfile` named by ``device_profile``."""
+        return DEVICE_PROFILES[self.device_profile]
+
+    @property
+    def seconds_per_step(self) -> float:
+        """Seconds of one step on a node of speed factor 1: ``step_seconds`` if > 0,
+        else the profile's (``base_duration`` for ``uniform``)."""
+        if self.step_seconds > 0:
+            return float(self.step_seconds)
+        own = self.profile.step_seconds
+        return float(self.base_duration if own is None else own)
+
+    @property
+    def latency(self) -> float:
+        """Seconds of fixed latency per message: ``latency_seconds`` if > 0, else the
+        profile's."""
+        return float(self.latency_seconds or self.profile.latency_seconds)
 
     def speed_factors(self, partition_ids: list[int]) -> dict[int, float]:
-        """Return ``{partition_id: factor}``: 1.0 for fast nodes, ``slow_factor`` for slow.
+        """Return ``{partition_id: factor}``: how many times a step takes
+        :attr:`seconds_per_step` on each node.
 
-        The slow set is a seeded choice among the given partition ids (sorted first,
-        so the order of the argument does not matter).
+        Slow-set profiles: 1.0 for fast nodes, ``slow_factor`` for slow; the slow set
+        is a seeded choice among the given partition ids (sorted first, so the order
+        of the argument does not matter). Log-normal profiles: each node's own seeded
+        draw (independent of the other ids).
         """
         pids = sorted(int(p) for p in partition_ids)
+        profile = self.profile
+        if profile.speeds == "log-normal":
+            return {p: _log_normal(self.seed, _SPEED, p, profile.speed_sigma) for p in pids}
         num_slow = int(round(self.slow_fraction * len(pids)))
-        rng = np.random.default_rng(derive_seed(self.seed, 0x5EED))
+        rng = np.random.default_rng(derive_seed(self.seed, _SLOW_SET))
         slow = set(rng.choice(pids, size=num_slow, replace=False).tolist()) if num_slow else set()
         return {p: (self.slow_factor if p in slow else 1.0) for p in pids}
 
-    def duration(self, speed_factor: float, partition_id: int, dispatch_index: int) -> float:
-        """Virtual seconds of the ``dispatch_index``-th computation of a partition."""
+    def bandwidth(self, partition_id: int) -> float:
+        """Bytes per second of node ``partition_id``, each way (``math.inf``: free):
+        the profile's median times the node's seeded log-normal factor."""
+        profile = self.profile
+        if math.isinf(profile.bandwidth) or not profile.bandwidth_sigma:
+            return float(profile.bandwidth)
+        factor = _log_normal(self.seed, _BANDWIDTH, partition_id, profile.bandwidth_sigma)
+        return float(profile.bandwidth * factor)
+
+    def work_steps(
+        self,
+        partition_id: int,
+        mode: str,
+        *,
+        batch_size: int,
+        local_batches: int,
+        local_steps: int,
+        local_epochs: int = 0,
+    ) -> int:
+        """Steps of local work one train message asks of node ``partition_id``.
+
+        Gradient mode: ``local_batches`` mini-batches. Delta and weights modes:
+        ``local_steps`` SGD steps, or with ``local_epochs > 0``
+        ``local_epochs x ceil(examples of the partition / batch_size)``.
+
+        Raises
+        ------
+        ValueError
+            On an unknown mode, or epoch work for a partition whose example count is
+            not in ``partition_examples``.
+        """
+        if mode not in WORK_MODES:
+            raise ValueError(f"client mode {mode!r} is unknown; expected one of {WORK_MODES}")
+        if mode == "gradient":
+            return int(local_batches)
+        if local_epochs <= 0:
+            return int(local_steps)
+        examples = (self.partition_examples or {}).get(int(partition_id))
+        if examples is None:
+            raise ValueError(
+                f"local-epochs = {local_epochs} needs the number of training examples of "
+                f"partition {partition_id} to time its work, but the virtual clock has "
+                f"none (VirtualClock(partition_examples=...) holds "
+                f"{len(self.partition_examples or {})} partitions)"
+            )
+        return int(local_epochs) * math.ceil(int(examples) / int(batch_size))
+
+    def compute_seconds(
+        self, speed_factor: float, partition_id: int, dispatch_index: int, work_steps: int = 1
+    ) -> float:
+        """Virtual seconds of the local work of a partition's ``dispatch_index``-th
+        message: ``seconds_per_step x work_steps x speed_factor x jitter``."""
         rng = np.random.default_rng(derive_seed(self.seed, int(partition_id), int(dispatch_index)))
         noise = rng.uniform(1.0 - self.jitter, 1.0 + self.jitter)
-        return float(self.base_duration * speed_factor * noise)
+        # Multiplied in the order of the clock before the time model (base x speed x
+        # noise, with base = seconds_per_step x 1 for one step): the same floats.
+        return float(self.seconds_per_step * int(work_steps) * speed_factor * noise)
+
+    def communication_seconds(
+        self, partition_id: int, dispatch_index: int, message_bytes: int = 0
+    ) -> float:
+        """Virtual seconds a message and its reply spend on the network:
+        ``(latency + 2 x message_bytes / bandwidth) x jitter`` (0.0 for ``uniform``,
+        with no draw)."""
+        bandwidth = self.bandwidth(partition_id)
+        seconds = self.latency + (2 * int(message_bytes) / bandwidth if message_bytes else 0.0)
+        if seconds == 0.0:
+            return 0.0
+        rng = np.random.default_rng(
+            derive_seed(self.seed, _COMMUNICATION, int(partition_id), int(dispatch_index))
+        )
+        return float(seconds * rng.uniform(1.0 - self.jitter, 1.0 + self.jitter))
+
+    def duration(
+        self,
+        speed_factor: float,
+        partition_id: int,
+        dispatch_index: int,
+        work_steps: int = 1,
+        message_bytes: int = 0,
+    ) -> float:
+        """Virtual seconds of a partition's ``dispatch_index``-th message: its compute
+        (``work_steps`` steps at ``speed_factor``) plus its communication
+        (``message_bytes`` bytes each way).
+
+        Parameters
+        ----------
+        speed_factor : float
+            The node's factor from :meth:`speed_factors`.
+        partition_id, dispatch_index : int
+            Which node and which of its messages (0, 1, ...): the draws' seeds.
+        work_steps : int
+            Steps of local work the message asks for (:meth:`work_steps`).
+        message_bytes : int
+            Bytes of the model sent; the reply is charged the same.
+        """
+        compute = self.compute_seconds(speed_factor, partition_id, dispatch_index, work_steps)
+        return compute + self.communication_seconds(partition_id, dispatch_index, message_bytes)
+
+
+def _log_normal(seed: int, stream: int, partition_id: int, sigma: float) -> float:
+    """``exp(sigma * z)``, z standard normal drawn from ``(seed, stream, partition_id)``."""
+    rng = np.random.default_rng(derive_seed(seed, stream, int(partition_id)))
+    return float(math.exp(sigma * rng.standard_normal()))

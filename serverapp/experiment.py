@@ -26,7 +26,7 @@ from flwr.serverapp.strategy import FedAvg, FedAvgM
 
 from clients.datasets import load_dataset
 from clients.models import build_model
-from clients.partitioning import PartitionConfig, check_partitioning
+from clients.partitioning import PartitionConfig, check_partitioning, load_partition
 from clients.training import evaluate
 from flwr_gsgm import run_outputs
 from flwr_gsgm.divergence import evaluation_divergence
@@ -83,17 +83,34 @@ def check_partitions(grid: Grid, cfg: Mapping[str, Any]) -> list[str]:
     num_nodes = len(list(grid.get_node_ids()))
     if not cfg["virtual-clock"] or num_nodes == 0:
         return []
-    config = PartitionConfig(
+    found = check_partitioning(cfg["dataset"], cfg["data-root"], _partition_config(cfg, num_nodes))
+    for warning in found:
+        log(WARNING, "[flwr-gsgm] %s", warning)
+    return found
+
+
+def _partition_config(cfg: Mapping[str, Any], num_nodes: int) -> PartitionConfig:
+    return PartitionConfig(
         partitioner=cfg["partitioner"],
         num_partitions=num_nodes,
         classes_per_node=cfg["classes-per-node"],
         dirichlet_alpha=cfg["dirichlet-alpha"],
         seed=cfg["seed"],
     )
-    found = check_partitioning(cfg["dataset"], cfg["data-root"], config)
-    for warning in found:
-        log(WARNING, "[flwr-gsgm] %s", warning)
-    return found
+
+
+def partition_examples(grid: Grid, cfg: Mapping[str, Any]) -> dict[int, int] | None:
+    """Training examples per partition-id of the split the nodes compute (simulation),
+    for the virtual clock to time epoch work; None when it is not needed (no
+    ``local-epochs`` > 0, or no virtual clock) or not known (no nodes)."""
+    num_nodes = len(list(grid.get_node_ids()))
+    if not cfg["virtual-clock"] or cfg.get("local-epochs", 0) <= 0 or num_nodes == 0:
+        return None
+    config = _partition_config(cfg, num_nodes)
+    return {
+        p: len(load_partition(cfg["dataset"], cfg["data-root"], config, p))
+        for p in range(num_nodes)
+    }
 
 
 def _initial_arrays(cfg: Mapping[str, Any]) -> ArrayRecord:
@@ -136,10 +153,11 @@ def run_experiment(
     initial = _initial_arrays(cfg)
     log(INFO, "[flwr-gsgm] run folder %s", run_dir)
     t0 = time.monotonic()
+    examples = partition_examples(grid, cfg)
     if cfg["strategy"] in SYNC_STRATEGIES:
         diverged: RunDiverged | None = None
         try:
-            rows, counters = _run_synchronous(grid, cfg, initial, evaluate_fn)
+            rows, counters = _run_synchronous(grid, cfg, initial, evaluate_fn, examples)
         except _SyncDiverged as err:
             rows, counters = err.rows, err.counters
             diverged = RunDiverged(err.reason)
@@ -161,7 +179,7 @@ def run_experiment(
     else:
         failed: RunFailed | None = None
         try:
-            result = build_strategy(cfg, run_dir).start(
+            result = build_strategy(cfg, run_dir, examples).start(
                 grid,
                 initial,
                 max_updates=cfg["max-updates"],
@@ -292,7 +310,13 @@ def _recording_sampled(
     return Recording
 
 
-def _run_synchronous(grid: Grid, cfg: Mapping[str, Any], initial: ArrayRecord, evaluate_fn):
+def _run_synchronous(
+    grid: Grid,
+    cfg: Mapping[str, Any],
+    initial: ArrayRecord,
+    evaluate_fn,
+    examples: Mapping[int, int] | None = None,
+):
     """Flower's own FedAvg / FedAvgM with the same ClientApp ("weights" mode).
 
     ``max-in-flight`` = m with 0 < m < nodes samples m nodes per round
@@ -303,8 +327,10 @@ def _run_synchronous(grid: Grid, cfg: Mapping[str, Any], initial: ArrayRecord, e
     with full participation; with sampling, the partition-ids of the round's train
     replies (Flower samples with the module-level ``random``, seeded here with the run's
     ``seed``; which nodes train is read from the replies, not predicted, and a sampled
-    node whose reply failed does not count). Node p's duration in round r is the clock's draw for
-    ``(p, dispatch index r - 1)``.
+    node whose reply failed does not count). Node p's duration in round r is the time
+    model's for ``(p, dispatch index r - 1)``: its local work in weights mode (``examples``:
+    partition-id -> training examples, for epoch work) and the model's bytes each way, as
+    the asynchronous engine charges a message.
     """
     num_nodes = len(list(grid.get_node_ids()))
     limit = cfg["max-in-flight"]
@@ -355,8 +381,22 @@ def _run_synchronous(grid: Grid, cfg: Mapping[str, Any], initial: ArrayRecord, e
             "local-lr": cfg["local-lr"],
         }
     )
-    clock = virtual_clock_from(cfg)
+    clock = virtual_clock_from(cfg, examples)
     speeds = clock.speed_factors(list(range(num_nodes)))
+    model_bytes = sum(int(a.nbytes) for a in initial.to_numpy_ndarrays())
+
+    def seconds(p: int, index: int) -> float:
+        """Virtual seconds of node p's ``index``-th training (compute + communication)."""
+        steps = clock.work_steps(
+            p,
+            "weights",
+            batch_size=cfg["batch-size"],
+            local_batches=cfg["local-batches"],
+            local_steps=cfg["local-steps"],
+            local_epochs=cfg.get("local-epochs", 0),
+        )
+        return clock.duration(speeds[p], p, index, steps, model_bytes)
+
     t0 = time.monotonic()
     rows: list[dict[str, Any]] = []
     vtime = {0: 0.0}
@@ -366,7 +406,7 @@ def _run_synchronous(grid: Grid, cfg: Mapping[str, Any], initial: ArrayRecord, e
         for k in range(len(vtime), r + 1):
             trained = sampled.get(k, []) if per_round < num_nodes else range(num_nodes)
             vtime[k] = vtime[k - 1] + max(
-                (clock.duration(speeds[p], p, k - 1) for p in trained if p in speeds), default=0.0
+                (seconds(p, k - 1) for p in trained if p in speeds), default=0.0
             )
         return vtime[r]
 

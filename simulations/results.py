@@ -42,6 +42,7 @@ from flwr_gsgm.atomic import atomic_write
 __all__ = [
     "SUMMARY_FIELDS",
     "RUN_COLUMNS",
+    "client_work",
     "divergence",
     "read_metrics",
     "run_row",
@@ -82,6 +83,8 @@ RUN_COLUMNS = (
     "seed",
     "nodes",
     "max_in_flight",
+    "client_work",
+    "device_profile",
     "partitioner",
     "classes_per_node",
     "dirichlet_alpha",
@@ -129,6 +132,22 @@ def divergence(
     return ""
 
 
+def client_work(cfg: Mapping[str, Any]) -> str:
+    """What one client update computes, from a run's config: ``"gradient, 1 batch"``,
+    ``"weights, 5 steps"``, ``"weights, 1 epoch"`` (FedAvg and FedAvgM train in weights
+    mode whatever ``client-mode`` says; epochs when ``local-epochs`` > 0)."""
+    sync = cfg.get("strategy") in ("fedavg", "fedavgm")
+    mode = "weights" if sync else cfg.get("client-mode", "gradient")
+    if mode == "gradient":
+        count, unit = int(cfg.get("local-batches", 1)), "batch"
+    elif cfg.get("local-epochs", 0) > 0:
+        count, unit = int(cfg["local-epochs"]), "epoch"
+    else:
+        count, unit = int(cfg.get("local-steps", 1)), "step"
+    plural = "" if count == 1 else ("es" if unit == "batch" else "s")
+    return f"{mode}, {count} {unit}{plural}"
+
+
 def _last_log_line(run_dir: Path) -> str:
     log = run_dir / "log.txt"
     if not log.is_file():
@@ -155,6 +174,10 @@ def run_row(
     row: dict[str, Any] = {c: "" for c in RUN_COLUMNS}
     row.update(base)
     row["run_dir"] = str(run_dir)
+    if (run_dir / "config.json").is_file():  # written when the run starts
+        cfg = json.loads((run_dir / "config.json").read_text())
+        row["client_work"] = client_work(cfg)
+        row["device_profile"] = cfg.get("device-profile", "uniform")  # older runs: uniform
     summary_path = run_dir / "summary.json"
     run_seconds = None
     if (run_dir / "run_seconds.txt").is_file():

@@ -378,3 +378,31 @@ def test_runs_start_seed_by_seed_in_the_preset_order_otherwise():
         "aced",
     ]
     assert headline["speed_settings"] == ["n300-k2-f20"]
+
+
+def test_run_row_reads_client_work_and_device_profile_from_the_runs_config(tmp_path):
+    from simulations.results import client_work
+
+    run = _finished_run(tmp_path / "run", "completed", [0.1, 0.6, 0.72])
+    (run / "config.json").write_text(
+        json.dumps(
+            {
+                "strategy": "gsgm",
+                "client-mode": "weights",
+                "local-steps": 5,
+                "device-profile": "edge",
+            }
+        )
+    )
+    row = run_row(run, {"run_id": "r"}, chance=0.1, margin=0.05, target=0.7)
+    assert (row["client_work"], row["device_profile"]) == ("weights, 5 steps", "edge")
+    assert client_work({"strategy": "gsgm", "client-mode": "gradient"}) == "gradient, 1 batch"
+    assert client_work({"client-mode": "gradient", "local-batches": 4}) == "gradient, 4 batches"
+    # Flower's FedAvg trains in weights mode whatever client-mode says; epochs win over steps
+    assert client_work({"strategy": "fedavg", "local-steps": 3}) == "weights, 3 steps"
+    assert client_work({"client-mode": "delta", "local-epochs": 1, "local-steps": 9}) == (
+        "delta, 1 epoch"
+    )
+    (run / "config.json").write_text(json.dumps({"strategy": "gsgm"}))  # before the time model
+    row = run_row(run, {"run_id": "r"}, chance=0.1, margin=0.05, target=0.7)
+    assert row["device_profile"] == "uniform"

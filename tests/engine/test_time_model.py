@@ -1,0 +1,212 @@
+"""The time model of the virtual clock: compute scales with local work, communication
+with bytes, the ``uniform`` profile is the old clock bit for bit, and the engine and
+Flower's FedAvg charge what the model says (hand-computed durations, jitter off)."""
+
+from __future__ import annotations
+
+import csv
+import math
+
+import numpy as np
+import pytest
+
+from clients.client_app import app as client_app
+from flwr_gsgm.inprocess_grid import InProcessGrid
+from flwr_gsgm.run_config import parse_run_config
+from flwr_gsgm.strategies import ASGD
+from flwr_gsgm.virtual_clock import (
+    DEVICE_PROFILES,
+    LOOPBACK_LATENCY_SECONDS,
+    LOOPBACK_STEP_SECONDS,
+    VirtualClock,
+    derive_seed,
+)
+from serverapp.experiment import run_experiment
+from tests.engine.quadratic_app import initial_arrays, make_app
+
+EVEN = {"slow_fraction": 0.0, "jitter": 0.0}
+
+
+def old_duration(seed, base, speed, pid, index, jitter):
+    """The clock before the time model, verbatim: base x speed x uniform jitter."""
+    rng = np.random.default_rng(derive_seed(seed, int(pid), int(index)))
+    noise = rng.uniform(1.0 - jitter, 1.0 + jitter)
+    return float(base * speed * noise)
+
+
+# ------------------------------------------------------------------ uniform = old clock
+def test_uniform_with_one_step_is_the_old_clock_bit_for_bit_whatever_the_bytes():
+    clock = VirtualClock(seed=3, base_duration=1.7, slow_fraction=0.25, slow_factor=4.0)
+    speeds = clock.speed_factors(list(range(8)))
+    assert [p for p, f in speeds.items() if f > 1] == [4, 7]  # the old slow set (seed 3)
+    for pid in range(8):
+        for index in range(20):
+            old = old_duration(3, 1.7, speeds[pid], pid, index, 0.1)
+            assert clock.duration(speeds[pid], pid, index) == old
+            # uniform charges no communication: the model's bytes change nothing
+            assert clock.duration(speeds[pid], pid, index, 1, 738_344) == old
+
+
+def test_uniform_charges_compute_per_step_and_nothing_for_communication():
+    clock = VirtualClock(base_duration=0.5, **EVEN)
+    assert clock.duration(1.0, 0, 0, work_steps=1) == 0.5
+    assert clock.duration(1.0, 0, 0, work_steps=5) == 2.5
+    assert clock.duration(4.0, 0, 0, work_steps=5) == 10.0  # a 4x slower node
+    assert clock.communication_seconds(0, 0, 10**9) == 0.0
+
+
+# ------------------------------------------------------------------ compute
+def test_compute_scales_with_steps_with_the_same_jitter():
+    clock = VirtualClock(seed=1, base_duration=1.0, slow_fraction=0.0, jitter=0.1)
+    one = clock.compute_seconds(1.0, 2, 7, work_steps=1)
+    assert 0.9 <= one <= 1.1
+    assert clock.compute_seconds(1.0, 2, 7, work_steps=5) == pytest.approx(5 * one, rel=1e-15)
+
+
+def test_work_steps_per_mode_and_epochs_from_example_counts():
+    clock = VirtualClock(partition_examples={0: 100, 1: 64})
+    work = {"batch_size": 32, "local_batches": 3, "local_steps": 7}
+    assert clock.work_steps(0, "gradient", **work) == 3
+    assert clock.work_steps(0, "gradient", **work, local_epochs=2) == 3  # epochs: not gradient
+    assert clock.work_steps(0, "delta", **work) == 7
+    assert clock.work_steps(0, "weights", **work) == 7
+    # 2 epochs x ceil(100 / 32) = 2 x 4; 2 x ceil(64 / 32) = 2 x 2
+    assert clock.work_steps(0, "weights", **work, local_epochs=2) == 8
+    assert clock.work_steps(1, "delta", **work, local_epochs=2) == 4
+    with pytest.raises(ValueError, match="local-epochs = 1 needs .* partition 2"):
+        clock.work_steps(2, "weights", **work, local_epochs=1)
+    with pytest.raises(ValueError, match="local-epochs = 1 needs .* partition 0"):
+        VirtualClock().work_steps(0, "weights", **work, local_epochs=1)
+    with pytest.raises(ValueError, match="client mode 'sgd' is unknown"):
+        clock.work_steps(0, "sgd", **work)
+
+
+# ------------------------------------------------------------------ communication
+def test_communication_is_latency_plus_bytes_both_ways_over_bandwidth():
+    clock = VirtualClock(device_profile="loopback", step_seconds=0.25, latency_seconds=0.5, **EVEN)
+    assert clock.bandwidth(3) == 1e9
+    # 0.5 s + 2 x 1,000,000 bytes / 1e9 bytes/s = 0.502 s
+    assert clock.communication_seconds(3, 0, 1_000_000) == pytest.approx(0.502, rel=1e-15)
+    assert clock.communication_seconds(3, 0, 0) == 0.5
+    # + compute 4 steps x 0.25 s = 1.0 s
+    assert clock.duration(1.0, 3, 0, 4, 1_000_000) == pytest.approx(1.502, rel=1e-15)
+
+
+def test_edge_bandwidth_is_per_node_and_bytes_cost_in_proportion():
+    clock = VirtualClock(device_profile="edge", **EVEN)
+    bandwidths = [clock.bandwidth(p) for p in range(5)]
+    assert len(set(bandwidths)) == 5  # each node its own
+    for p, bw in enumerate(bandwidths):
+        # latency 0.05 s + 2 x bytes / that node's bandwidth
+        assert clock.communication_seconds(p, 0, 10**6) == pytest.approx(0.05 + 2e6 / bw)
+        assert clock.communication_seconds(p, 0, 2 * 10**6) == pytest.approx(0.05 + 4e6 / bw)
+
+
+def test_communication_jitter_is_its_own_stream():
+    jittery = VirtualClock(seed=4, device_profile="loopback", slow_fraction=0.0, jitter=0.2)
+    # compute draws the same as the clock without communication (uniform profile)
+    compute_only = VirtualClock(seed=4, base_duration=LOOPBACK_STEP_SECONDS, **{"jitter": 0.2})
+    assert jittery.compute_seconds(1.0, 1, 3, 2) == compute_only.duration(1.0, 1, 3, 2)
+    comm = [jittery.communication_seconds(1, i, 0) for i in range(50)]
+    assert all(0.8 * LOOPBACK_LATENCY_SECONDS <= c <= 1.2 * LOOPBACK_LATENCY_SECONDS for c in comm)
+    assert len(set(comm)) == 50
+
+
+# ------------------------------------------------------------------ profiles
+def test_profile_values_and_overrides():
+    loopback = VirtualClock(device_profile="loopback")
+    assert loopback.seconds_per_step == LOOPBACK_STEP_SECONDS == 0.018
+    assert loopback.latency == LOOPBACK_LATENCY_SECONDS == 2.167
+    over = VirtualClock(device_profile="loopback", step_seconds=0.1, latency_seconds=0.3)
+    assert (over.seconds_per_step, over.latency) == (0.1, 0.3)
+    uniform = VirtualClock(base_duration=2.0)
+    assert (uniform.seconds_per_step, uniform.latency) == (2.0, 0.0)
+    assert VirtualClock(base_duration=2.0, step_seconds=0.5).seconds_per_step == 0.5
+    # loopback keeps the slow set of uniform: a quarter of the nodes slow-factor slower
+    assert loopback.speed_factors(list(range(8))) == VirtualClock().speed_factors(list(range(8)))
+
+
+def test_edge_speeds_are_log_normal_per_node_with_median_one():
+    clock = VirtualClock(seed=0, device_profile="edge")
+    factors = clock.speed_factors(list(range(4000)))
+    logs = np.log(list(factors.values()))
+    assert abs(np.median(logs)) < 0.03
+    assert np.std(logs) == pytest.approx(DEVICE_PROFILES["edge"].speed_sigma, rel=0.05)
+    assert clock.speed_factors([3])[3] == factors[3]  # a node's factor is its own draw
+
+
+def test_unknown_profile_and_bad_overrides_are_refused():
+    with pytest.raises(ValueError, match=r"device-profile 'phone' is unknown; expected one of"):
+        VirtualClock(device_profile="phone")
+    with pytest.raises(ValueError, match="step-seconds must be a finite number >= 0"):
+        VirtualClock(step_seconds=-1.0)
+    with pytest.raises(ValueError, match="latency-seconds must be a finite number >= 0"):
+        VirtualClock(latency_seconds=math.inf)
+    with pytest.raises(ValueError, match="device-profile"):
+        parse_run_config({"device-profile": "phone"})
+
+
+# ------------------------------------------------------------------ the engine charges it
+class ConfigGrid(InProcessGrid):
+    """Notes the config of every train message pushed."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.configs: list[dict] = []
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        self.configs += [
+            dict(m.content["config"]) for m in messages if m.metadata.message_type == "train"
+        ]
+        return super().push_messages(messages)
+
+
+def test_the_dispatcher_charges_local_steps_and_the_models_bytes():
+    clock = VirtualClock(device_profile="loopback", step_seconds=0.1, latency_seconds=0.5, **EVEN)
+    grid = ConfigGrid(make_app(), 4, run_config={})
+    strategy = ASGD(
+        server_learning_rate=0.1, client_mode="delta", local_steps=5, virtual_clock=clock
+    )
+    result = strategy.start(grid, initial_arrays(), max_updates=8)
+    # 5 steps x 0.1 s + 0.5 s + 2 x 12 bytes (w: 2 float32, b: 1) / 1e9 bytes/s
+    each = 5 * 0.1 + 0.5 + 24 / 1e9
+    assert [c["virtual-duration"] for c in grid.configs] == [pytest.approx(each)] * 8
+    assert result.report.virtual_seconds == pytest.approx(2 * each)  # 2 messages per node
+
+
+def test_fedavg_round_lasts_as_long_as_its_slowest_node(tmp_path):
+    cfg = parse_run_config(
+        {
+            "strategy": "fedavg",
+            "max-updates": 8,
+            "eval-every": 4,
+            "eval-examples": 100,
+            "classes-per-node": 5,
+            "local-steps": 3,
+            "device-profile": "loopback",
+            "jitter": 0.0,
+        }
+    )
+    run_experiment(InProcessGrid(client_app, 4, run_config=cfg), cfg, tmp_path / "run")
+    with open(tmp_path / "run" / "metrics.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    # One slow node of 4 (slow-factor 4): 3 steps x 0.018 s x 4 + 2.167 s latency + the
+    # CNN's 184,586 float32 parameters (738,344 bytes) both ways at 1e9 bytes/s.
+    round_seconds = 3 * 0.018 * 4 + 2.167 + 2 * 738_344 / 1e9
+    assert [int(r["updates"]) for r in rows] == [0, 4, 8]
+    assert [float(r["virtual_time"]) for r in rows] == [
+        0.0,
+        round(round_seconds, 6),
+        round(2 * round_seconds, 6),
+    ]
+
+
+def test_the_app_layer_counts_each_partitions_examples_for_epoch_work():
+    from serverapp.experiment import partition_examples
+
+    cfg = parse_run_config({"partitioner": "iid"})
+    grid = InProcessGrid(client_app, 4, run_config=cfg)
+    assert partition_examples(grid, cfg) is None  # no epoch work: not needed
+    # 60,000 Fashion-MNIST training images, IID over 4 nodes
+    assert partition_examples(grid, {**cfg, "local-epochs": 1}) == {p: 15_000 for p in range(4)}
