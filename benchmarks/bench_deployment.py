@@ -64,7 +64,7 @@ from pathlib import Path
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the shared deployment harness
-from tests.deploy.local_deployment import (  # noqa: E402
+from benchmarks.local_deployment import (  # noqa: E402
     BIN,
     REPO,
     Deployment,

@@ -24,6 +24,12 @@ Node config (``context.node_config``; set by the simulation engine, or by
   instead of re-reading and re-partitioning the data set (:mod:`clients.local_data`).
 - ``device`` (str, ``"auto"``): ``auto`` (CUDA if available, else CPU), ``cpu``,
   ``cuda`` or ``cuda:<i>`` (:mod:`clients.device`).
+- ``step-seconds`` (float >= 0, 0 = off): emulate a device whose local step (an SGD
+  step in delta and weights modes, a mini-batch gradient in gradient mode) lasts this
+  many seconds: after the real computation of a train message the handler sleeps the
+  remainder of ``steps x step-seconds`` (no sleep if the computation took longer), so
+  that on one fast machine the nodes run at the speeds of the emulated devices
+  (``benchmarks/race_deployment.py``; :func:`emulate_device`).
 
 Run config (``context.run_config``, ``[tool.flwr.app.config]``), all optional:
 
@@ -74,7 +80,10 @@ cannot answer it is keyed by its node id); content ignored. Reply content:
     computed: min(batch-size, N) * B or * E), "model-version": int (echo, -1 if
     absent), "partition-id": int, "num-partitions": int, "train-loss": float
     (mean cross-entropy of the mini-batches used), "compute-time": float (wall
-    seconds of the local computation), "virtual-duration": float (only if sent)}``.
+    seconds of the local computation), "virtual-duration": float (only if sent),
+    "sleep-time": float (only with node config ``step-seconds`` > 0: wall seconds
+    slept after the computation to emulate the device, ``max(0, steps x step-seconds
+    - compute-time)``)}``.
 
 ``evaluate`` message (``message_type="evaluate"``). Content ``"arrays"`` as for
 train (``"config"`` ignored). The node evaluates w on the test-set images whose
@@ -103,7 +112,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -134,7 +143,7 @@ from clients.partitioning import PartitionConfig, load_partition
 from clients.training import MODES, compute_update, evaluate, num_examples_used
 from flwr_gsgm.virtual_clock import derive_seed
 
-__all__ = ["DEFAULT_RUN_CONFIG", "DEFAULT_TRAIN_CONFIG", "RunSettings", "app"]
+__all__ = ["DEFAULT_RUN_CONFIG", "DEFAULT_TRAIN_CONFIG", "RunSettings", "app", "emulate_device"]
 
 DEFAULT_RUN_CONFIG: dict[str, object] = {
     "dataset": "fashion-mnist",
@@ -200,6 +209,7 @@ class RunSettings:
     data_dir: str | None = None
     cache_dir: str | None = None
     device: str = "auto"
+    step_seconds: float = 0.0
 
     @classmethod
     def from_context(cls, context: Context) -> RunSettings:
@@ -239,6 +249,11 @@ class RunSettings:
         partition.validate(info.num_classes)
         device = _get_str(nc, "device", "auto")
         choose_device(device)  # ValueError naming `device` if unusable on this node
+        step_seconds = _get_float(nc, "step-seconds", 0.0)
+        if step_seconds < 0:
+            raise ValueError(
+                f"Invalid step-seconds={step_seconds!r}: expected seconds >= 0 (0 = off)"
+            )
         return cls(
             dataset=dataset,
             data_root=_get_str(rc, "data-root", d["data-root"]),
@@ -249,6 +264,7 @@ class RunSettings:
             data_dir=_get_str(nc, "data-dir", "") or None,
             cache_dir=_get_str(nc, "cache-dir", "") or None,
             device=device,
+            step_seconds=step_seconds,
         )
 
     def apply_threads(self) -> None:
@@ -448,6 +464,40 @@ def _model_from_message(
         yield model, _load_received(model, received)
 
 
+# ------------------------------------------------------------- device emulation
+def emulate_device(
+    steps: int,
+    step_seconds: float,
+    compute_seconds: float,
+    sleep: Callable[[float], None] = time.sleep,
+) -> float:
+    """Sleep so that a message's ``steps`` local steps last ``steps * step_seconds``.
+
+    Parameters
+    ----------
+    steps : int
+        Local steps the message computed (SGD steps, or mini-batch gradients in
+        gradient mode).
+    step_seconds : float
+        Seconds one step takes on the emulated device (0 = no emulation).
+    compute_seconds : float
+        Wall seconds the real computation took.
+    sleep : callable
+        ``time.sleep`` (tests pass a fake one).
+
+    Returns
+    -------
+    float
+        Seconds slept: ``steps * step_seconds - compute_seconds`` if positive, else 0
+        (a computation slower than the device is not shortened).
+    """
+    remainder = steps * step_seconds - compute_seconds
+    if remainder <= 0:
+        return 0.0
+    sleep(remainder)
+    return remainder
+
+
 # --------------------------------------------------------------------- handlers
 @app.query()
 def query(msg: Message, context: Context) -> Message:
@@ -502,6 +552,10 @@ def train(msg: Message, context: Context) -> Message:
             device=device,
         )
         compute_time = time.perf_counter() - start
+    sleep_time = 0.0
+    if settings.step_seconds > 0:  # after the model's loan: a sleeping node holds none
+        steps = local_batches if mode == "gradient" else local_steps
+        sleep_time = emulate_device(steps, settings.step_seconds, compute_time, time.sleep)
 
     by_received_key = dict(zip(source, update))
     received = _record(msg, "arrays", ArrayRecord)
@@ -525,6 +579,8 @@ def train(msg: Message, context: Context) -> Message:
     }
     if "virtual-duration" in config:
         metrics["virtual-duration"] = _get_float(config, "virtual-duration", None)
+    if settings.step_seconds > 0:
+        metrics["sleep-time"] = float(sleep_time)
     return Message(RecordDict({"arrays": out, "metrics": MetricRecord(metrics)}), reply_to=msg)
 
 

@@ -8,6 +8,7 @@
 #   CERT_DIR, KEY_DIR, CONNECTION, FLWR_HOME, VENV, CLIENTAPP_MODE (see lib.sh: warm,
 #   the default, or per-message),
 #   NODE_CONFIG_EXTRA (appended to every --node-config, e.g. "device='cpu'"),
+#   NODE_CONFIG_EXTRA_<i> (appended to partition i's --node-config only, after it),
 #   START_TIMEOUT (seconds to wait for the SuperLink, default 60).
 #
 # Creates the certificates and keys if missing, then writes into $RUN_DIR:

@@ -8,7 +8,9 @@
 #                 partition that already ran simulates a re-provisioned board: a new
 #                 node id with the same partition-id.
 # Environment: as start_local.sh; REGISTER=0 skips registering the key (the SuperLink
-#   then refuses the SuperNode: for tests), NODE_CONFIG_EXTRA, CLIENTAPP_MODE (warm:
+#   then refuses the SuperNode: for tests), NODE_CONFIG_EXTRA (every SuperNode),
+#   NODE_CONFIG_EXTRA_<PARTITION_ID> (this partition's only, appended after it, e.g.
+#   NODE_CONFIG_EXTRA_3="step-seconds=0.4"), CLIENTAPP_MODE (warm:
 #   flwr-gsgm-supernode --warm-executor, the default; per-message: flower-supernode).
 # Writes $RUN_DIR/pids/supernode-<KEY_NAME>.pid and $RUN_DIR/logs/supernode-<KEY_NAME>.log.
 set -euo pipefail
@@ -37,6 +39,8 @@ home="$RUN_DIR/supernode-$name"
 mkdir -p "$home/cache"
 node_config="partition-id=$pid_id num-partitions=$NUM_PARTITIONS cache-dir='$home/cache'"
 node_config+="${NODE_CONFIG_EXTRA:+ $NODE_CONFIG_EXTRA}"
+per_partition="NODE_CONFIG_EXTRA_$pid_id"  # e.g. one emulated device speed per partition
+node_config+="${!per_partition:+ ${!per_partition}}"
 FLWR_HOME="$home" start_daemon "supernode-$name" "$RUN_DIR/logs/supernode-$name.log" \
   "${command[@]}" \
   --superlink "$ADDRESS" \

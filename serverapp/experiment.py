@@ -273,17 +273,40 @@ def _in_node_order(replies: Iterable[Message]) -> list[Message]:
     return sorted(replies, key=lambda reply: reply.metadata.src_node_id)
 
 
+class _WallBudgetSpent(Exception):
+    """Raised by a synchronous strategy, instead of starting a round, once the wall-clock
+    budget (``max-seconds`` without the virtual clock) is spent; ``last_round`` is the
+    last round that ran."""
+
+    def __init__(self, last_round: int) -> None:
+        super().__init__(f"wall-clock budget spent after round {last_round}")
+        self.last_round = last_round
+
+
 def _recording_sampled(
     cls: type,
     sampled: dict[int, list[int]],
     federated_due: Callable[[int], bool],
     federated_nodes: dict[int, int],
+    budget_spent: Callable[[], bool] = lambda: False,
 ) -> type:
     """``cls`` (FedAvg or FedAvgM) noting each round's partition-ids from its train
     replies, with its federated evaluation only in the rounds ``federated_due`` names
-    (each such round's count of evaluate replies without error in ``federated_nodes``)."""
+    (each such round's count of evaluate replies without error in ``federated_nodes``).
+    It starts no round once ``budget_spent()``: it raises :class:`_WallBudgetSpent`."""
 
     class Recording(cls):  # type: ignore[misc, valid-type]
+        federated_metrics: dict[int, MetricRecord]
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.federated_metrics = {}
+
+        def configure_train(self, server_round, arrays, config, grid):
+            if budget_spent():
+                raise _WallBudgetSpent(server_round - 1)
+            return super().configure_train(server_round, arrays, config, grid)
+
         def configure_evaluate(self, server_round, arrays, config, grid):
             if not federated_due(server_round):
                 return []
@@ -293,7 +316,10 @@ def _recording_sampled(
             replies = _in_node_order(replies)
             if replies:
                 federated_nodes[server_round] = sum(not r.has_error() for r in replies)
-            return super().aggregate_evaluate(server_round, replies)
+            metrics = super().aggregate_evaluate(server_round, replies)
+            if metrics is not None:  # what Flower's Result keeps, for a run the budget ends
+                self.federated_metrics[server_round] = metrics
+            return metrics
 
         def aggregate_train(self, server_round, replies):
             replies = _in_node_order(replies)
@@ -331,6 +357,11 @@ def _run_synchronous(
     model's for ``(p, dispatch index r - 1)``: its local work in weights mode (``examples``:
     partition-id -> training examples, for epoch work) and the model's bytes each way, as
     the asynchronous engine charges a message.
+
+    Without the virtual clock (deployment) ``max-seconds`` > 0 is a wall-clock budget, as
+    for the asynchronous strategies: no round starts once that many seconds have passed
+    since the start (the round running then finishes), and the last round's model is
+    evaluated if its round was not an evaluation round.
     """
     num_nodes = len(list(grid.get_node_ids()))
     limit = cfg["max-in-flight"]
@@ -360,8 +391,14 @@ def _run_synchronous(
         every = cfg["federated-eval-every"]
         return bool(every) and crossed(server_round, every)
 
+    wall_budget = 0.0 if cfg["virtual-clock"] else cfg["max-seconds"]
+    t0 = time.monotonic()
+
+    def budget_spent() -> bool:
+        return bool(wall_budget) and time.monotonic() - t0 >= wall_budget
+
     cls = _recording_sampled(
-        FedAvgM if fedavgm else FedAvg, sampled, federated_due, federated_nodes
+        FedAvgM if fedavgm else FedAvg, sampled, federated_due, federated_nodes, budget_spent
     )
     if fedavgm:
         # server-learning-rate 0 = the strategy's default: Flower's FedAvgM default.
@@ -397,7 +434,6 @@ def _run_synchronous(
         )
         return clock.duration(speeds[p], p, index, steps, model_bytes)
 
-    t0 = time.monotonic()
     rows: list[dict[str, Any]] = []
     vtime = {0: 0.0}
 
@@ -414,9 +450,14 @@ def _run_synchronous(
         # Evaluate where the count of client computations crosses a multiple of eval-every.
         return server_round in (0, rounds) or crossed(server_round, cfg["eval-every"])
 
-    def eval_and_record(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+    last: dict[str, Any] = {}  # the last round's number and model (a wall budget may end it)
+
+    def eval_and_record(
+        server_round: int, arrays: ArrayRecord, force: bool = False
+    ) -> MetricRecord | None:
         vt = virtual_time(server_round)  # every round, so no sampled round is missed
-        if not due(server_round):
+        last.update(round=server_round, arrays=arrays)
+        if not (force or due(server_round)):
             return None
         res = evaluate_fn(server_round, arrays)
         initial_loss = rows[0]["loss"] if rows else None
@@ -449,16 +490,29 @@ def _run_synchronous(
     # (strategy_utils.sample_nodes); seeded with the run's seed, the sampled rounds, and
     # so the run, are the same every time where node ids are fixed (simulation).
     random.seed(cfg["seed"])
-    result = strategy.start(
-        grid,
-        initial,
-        num_rounds=rounds,
-        train_config=train_config,
-        evaluate_fn=eval_and_record,
-        timeout=cfg["dispatch-timeout"],
-    )
+    try:
+        result = strategy.start(
+            grid,
+            initial,
+            num_rounds=rounds,
+            train_config=train_config,
+            evaluate_fn=eval_and_record,
+            timeout=cfg["dispatch-timeout"],
+        )
+        federated = result.evaluate_metrics_clientapp
+    except _WallBudgetSpent as spent:
+        log(
+            INFO,
+            "[flwr-gsgm] max-seconds=%s spent: no round after %d",
+            wall_budget,
+            spent.last_round,
+        )
+        rounds = spent.last_round
+        if rows and rows[-1]["version"] != rounds:  # the model of the last round, evaluated
+            eval_and_record(last["round"], last["arrays"], force=True)
+        federated = strategy.federated_metrics
     for row in rows:  # the federated columns of the async runs (run_outputs.metric_columns)
-        metrics = result.evaluate_metrics_clientapp.get(row["version"])
+        metrics = federated.get(row["version"])
         if metrics is not None:
             row["federated_nodes"] = federated_nodes.get(row["version"], 0)
             row.update({column_name(k): v for k, v in metrics.items() if not isinstance(v, list)})

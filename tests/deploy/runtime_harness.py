@@ -35,7 +35,7 @@ from flwr.supernode import start_client_internal as sci
 from flwr.supernode.main import create_app
 from flwr.supernode.nodestate import NodeStateFactory
 
-from .local_deployment import app_pyproject, free_port
+from benchmarks.local_deployment import app_pyproject, free_port
 
 NODE_ID = 7
 RUN_ID = 42

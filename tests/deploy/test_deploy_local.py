@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-from .local_deployment import (
+from benchmarks.local_deployment import (
     BIN,
     REPO,
     Deployment,

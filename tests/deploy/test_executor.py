@@ -238,7 +238,7 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 def _rss_kib(pid: int) -> int:
-    """Resident set size of process ``pid`` in KiB (psutil, as local_deployment.py)."""
+    """Resident set size of process ``pid`` in KiB (psutil, as benchmarks/local_deployment.py)."""
     return psutil.Process(pid).memory_info().rss // 1024
 
 

@@ -1,9 +1,10 @@
 """One local deployment on 127.0.0.1 (deploy/start_local.sh: SuperLink + SuperNodes
 with TLS and SuperNode authentication) and the small Flower Apps that probe it.
 
-Shared by the deployment tests (tests/deploy/) and the deployment benchmark
-(benchmarks/bench_deployment.py). Processes are found with psutil, never by
-parsing /proc by hand.
+Shared by the deployment tests (tests/deploy/), the deployment benchmark
+(benchmarks/bench_deployment.py) and the deployment race (benchmarks/race_deployment.py):
+import it as ``benchmarks.local_deployment`` with the repository on ``sys.path``.
+Processes are found with psutil, never by parsing /proc by hand.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import psutil
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"
 BIN = Path(sys.executable).parent
 

@@ -1,0 +1,74 @@
+"""FedAvg in deployment (virtual-clock = false): max-seconds is a wall-clock budget, as
+for the asynchronous strategies. No real waiting: the experiment's clock is a fake one
+that each training round moves by 4 s."""
+
+from __future__ import annotations
+
+import csv
+from types import SimpleNamespace
+
+import serverapp.experiment as experiment
+from clients.client_app import app as client_app
+from flwr_gsgm.inprocess_grid import InProcessGrid
+from flwr_gsgm.run_config import parse_run_config
+from serverapp.experiment import run_experiment
+
+ROUND_SECONDS = 4.0
+
+
+class TimedGrid(InProcessGrid):
+    """Each synchronous training round lasts ROUND_SECONDS on ``clock``."""
+
+    def __init__(self, clock: dict[str, float], *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.clock = clock
+        self.train_rounds = 0
+
+    def send_and_receive(self, messages, *, timeout=None):
+        messages = list(messages)
+        replies = super().send_and_receive(messages, timeout=timeout)
+        if any(m.metadata.message_type == "train" for m in messages):
+            self.train_rounds += 1
+            self.clock["now"] += ROUND_SECONDS
+        return replies
+
+
+def run(tmp_path, monkeypatch, **run_config):
+    clock = {"now": 0.0}
+    monkeypatch.setattr(experiment, "time", SimpleNamespace(monotonic=lambda: clock["now"]))
+    cfg = parse_run_config(
+        {
+            "strategy": "fedavg",
+            "max-updates": 40,  # 10 rounds of 4 nodes without a budget
+            "eval-every": 8,  # every second round
+            "eval-examples": 100,
+            "local-steps": 1,
+            **run_config,
+        }
+    )
+    grid = TimedGrid(clock, client_app, 4, run_config=cfg)
+    summary = run_experiment(grid, cfg, tmp_path / "run")
+    with open(tmp_path / "run" / "metrics.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    return grid, summary, rows
+
+
+def test_no_round_starts_after_the_wall_budget(tmp_path, monkeypatch):
+    grid, summary, rows = run(
+        tmp_path, monkeypatch, **{"virtual-clock": False, "max-seconds": 10.0}
+    )
+    # rounds start at 0, 4 and 8 s (< 10 s); the 4th would start at 12 s >= 10 s
+    assert grid.train_rounds == 3
+    assert summary["updates_received"] == 12
+    # evaluations at rounds 0 and 2 (8 updates), then the last round's model (round 3)
+    assert [int(r["updates"]) for r in rows] == [0, 8, 12]
+    assert [float(r["wall_time"]) for r in rows] == [0.0, 8.0, 12.0]
+
+
+def test_max_seconds_under_the_virtual_clock_does_not_stop_fedavg_by_wall_time(
+    tmp_path, monkeypatch
+):
+    grid, summary, rows = run(tmp_path, monkeypatch, **{"max-seconds": 10.0})
+    assert grid.train_rounds == 10
+    assert summary["updates_received"] == 40
+    assert [int(r["updates"]) for r in rows] == [0, 8, 16, 24, 32, 40]
