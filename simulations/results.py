@@ -66,7 +66,7 @@ __all__ = [
     "current_names",
     "accuracy_at_budget",
     "series_label",
-    "setting_of",
+    "setting_key",
     "load_curve",
     "times_to_reference",
     "fill_times_to_reference",
@@ -350,7 +350,7 @@ def series_label(method: str, work: str = "") -> str:
     return f"{method}/{work}" if work else method
 
 
-def setting_of(row: Mapping[str, Any]) -> tuple[int, str, int, str]:
+def setting_key(row: Mapping[str, Any]) -> tuple[int, str, int, str]:
     """``(nodes, partition, limit, device profile)`` of a runs.csv row.
 
     ``limit`` 0: every node in flight; profile ``""``: the run config's default (and
@@ -437,12 +437,12 @@ def times_to_reference(
 
 def fill_times_to_reference(rows: Sequence[dict[str, Any]], reference: str, out: Path) -> None:
     """Set every row's ``time_to_fedavg_accuracy`` (:func:`times_to_reference` per
-    setting, :func:`setting_of`); NaN for a row that is not timed or without
+    setting, :func:`setting_key`); NaN for a row that is not timed or without
     ``reference`` (an empty name)."""
     by_setting: dict[tuple[int, str, int, str], list[dict[str, Any]]] = {}
     for r in rows:
         r["time_to_fedavg_accuracy"] = math.nan
-        by_setting.setdefault(setting_of(r), []).append(r)
+        by_setting.setdefault(setting_key(r), []).append(r)
     if not reference:
         return
     for srows in by_setting.values():
