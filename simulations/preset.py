@@ -586,6 +586,10 @@ def _parse_client_works(path: Path, raw: Mapping[str, Any]) -> dict[str, ClientW
                     f"{where} config: {key!r} is not client work (set by the methods, "
                     "partitions, max-in-flight or device-profiles)",
                 )
+        try:  # its values on their own, before any run config that holds them
+            parse_run_config(config)
+        except ValueError as err:
+            _fail(path, f"{where} config: {err}")
         works[name] = ClientWork(name, config, str(spec.get("title", "")))
     return works
 

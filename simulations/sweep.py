@@ -608,17 +608,24 @@ def dry_run(
     lines.append(
         f"Tuning on seed {preset.tune_seed}, {preset.tune_nodes} nodes, "
         f"{partition_label(preset.tune_partition)}"
+        + (f", {preset.tune_profile} devices" if preset.tune_profile else "")
         + (":" if stage != "report" else " (not counted: --stage report reads OUT/tuned.toml):")
     )
-    lines.append(f"  {'method':<16}{'grid points':>12}{'done':>7}{'est. time':>14}")
+    names = [
+        tuned_key(m, w)
+        for layer in preset.tune_order()
+        for m in layer
+        for w in tune_works(preset, m)
+    ]
+    width = max(16, *(len(n) + 1 for n in names))  # 16 as before, wider for method/work
+    lines.append(f"  {'method':<{width}}{'grid points':>12}{'done':>7}{'est. time':>14}")
     for layer in preset.tune_order():
         for m in layer:
             for w in tune_works(preset, m):
                 specs = tune_runs(preset, m, standin, w)
                 secs, left = tally(specs, stage != "report")
-                name = tuned_key(m, w)
                 lines.append(
-                    f"  {name:<16}{len(specs):>12}{len(specs) - len(left):>7}"
+                    f"  {tuned_key(m, w):<{width}}{len(specs):>12}{len(specs) - len(left):>7}"
                     f"{human_seconds(secs):>14}"
                 )
     lines.append("")
