@@ -84,6 +84,7 @@ from flwr_gsgm.run_config import (
 
 __all__ = [
     "Method",
+    "ClientWork",
     "Question",
     "Preset",
     "RunSpec",
@@ -99,6 +100,9 @@ __all__ = [
     "effective_limit",
     "setting_label",
     "stand_in_tuned",
+    "tuned_key",
+    "tune_works",
+    "question_works",
 ]
 
 QUESTION_KINDS = ("stability", "scale", "noniid", "time-to-target")
@@ -115,12 +119,35 @@ _DATASET_TEST_SIZE = {"fashion-mnist": 10_000, "cifar10": 10_000, "cifar100": 10
 
 @dataclass(frozen=True)
 class Method:
-    """A named method: run-config overrides, tuning grid, optional parent."""
+    """A named method: run-config overrides, tuning grid, optional parent.
+
+    ``client_works``: the named client works it may run with (``[methods.X]
+    client-works``); None = any, including the base config's (the implicit work).
+    """
 
     name: str
     config: dict[str, Any]
     grid: dict[str, list[Any]]
     inherit: str | None = None
+    client_works: list[str] | None = None
+
+    def allows(self, work: str) -> bool:
+        """Whether this method runs with ``work`` (``""``: the base config's client work)."""
+        return self.client_works is None or work in self.client_works
+
+
+@dataclass(frozen=True)
+class ClientWork:
+    """A named client work (``[client-works.NAME]``): what a node computes per message.
+
+    ``config``: run-config overrides of the client (``client-mode``, ``local-steps``,
+    ``local-batches``, ...), applied to every run of this work before the method's
+    tuned choice.
+    """
+
+    name: str
+    config: dict[str, Any]
+    title: str = ""
 
 
 @dataclass(frozen=True)
@@ -136,6 +163,9 @@ class Question:
     description: str = ""
     max_in_flight: list[int] = field(default_factory=lambda: [0])
     config: dict[str, Any] = field(default_factory=dict)
+    # "" = the base config's client work / device profile (no dimension, no label suffix)
+    client_works: list[str] = field(default_factory=lambda: [""])
+    device_profiles: list[str] = field(default_factory=lambda: [""])
 
     def settings(self) -> list[tuple[int, dict[str, Any], int]]:
         """``(nodes, partition, limit)`` in the preset's order; ``limit`` 0 = all nodes in flight.
@@ -175,6 +205,10 @@ class Preset:
     estimate: dict[str, float] = field(default_factory=lambda: dict(_ESTIMATE_DEFAULTS))
     headline: dict[str, Any] = field(default_factory=dict)
     speed_reference: str = ""  # the method whose final accuracy the report times others to
+    client_works: dict[str, ClientWork] = field(default_factory=dict)
+    tune_profile: str = ""  # [tune] device-profile; "" = the base config's
+    tune_client_works: list[str] | None = None  # [tune] client-works; None = those run
+    tune_config: dict[str, Any] = field(default_factory=dict)  # [tune] config
 
     @property
     def num_classes(self) -> int:
@@ -206,6 +240,8 @@ class Preset:
                 "seed": self.tune_seed,
                 "nodes": self.tune_nodes,
                 "partition": self.tune_partition,
+                **({"device_profile": self.tune_profile} if self.tune_profile else {}),
+                **({"config": self.tune_config} if self.tune_config else {}),
             },
             "target_accuracy": self.target_accuracy,
             "chance_accuracy": self.chance_accuracy,
@@ -217,6 +253,16 @@ class Preset:
             "base": self.base,
             "methods": list(self.methods),
             "headline": self.headline,
+            **(
+                {
+                    "client_works": {
+                        w.name: {"title": w.title, "config": w.config}
+                        for w in self.client_works.values()
+                    }
+                }
+                if self.client_works
+                else {}
+            ),
             "questions": {
                 q.name: {
                     "title": q.title,
@@ -227,6 +273,8 @@ class Preset:
                     "description": q.description,
                     "max_in_flight": q.max_in_flight,
                     "config": q.config,
+                    **({"client_works": q.client_works} if q.client_works != [""] else {}),
+                    **({"device_profiles": q.device_profiles} if q.device_profiles != [""] else {}),
                 }
                 for q in self.questions.values()
             },
@@ -247,6 +295,12 @@ class RunSpec:
     questions: tuple[str, ...] = ()
     grid_point: dict[str, Any] = field(default_factory=dict)
     max_in_flight: int = 0  # 0 = every node trains at once
+    client_work: str = ""  # a [client-works] name; "" = the base config's
+
+    @property
+    def device_profile(self) -> str:
+        """The run config's ``device-profile``; ``""`` when it leaves the default."""
+        return str(self.run_config.get("device-profile", ""))
 
     @property
     def partition_label(self) -> str:
@@ -310,12 +364,15 @@ def _method_list(path: Path, sweep: Mapping[str, Any], key: str, methods) -> lis
 
 
 def _setting_list(path: Path, sweep: Mapping[str, Any], key: str, questions) -> list[str]:
-    """``[sweep] key``: a list of setting labels (``n30-k2-f20``) some question runs."""
+    """``[sweep] key``: a list of setting labels (``n30-k2-f20``, ``n10-k2-edge``) some
+    question runs; a device profile is part of the setting, a client work is not (the
+    report compares each method with its best client work)."""
     labels = [str(s) for s in sweep.get(key, [])]
     known = {
-        setting_label(n, partition_label(p), f)
+        setting_label(n, partition_label(p), f, profile=prof)
         for q in questions.values()
         for n, p, f in q.settings()
+        for prof in q.device_profiles
     }
     for label in labels:
         if label not in known:
@@ -323,10 +380,18 @@ def _setting_list(path: Path, sweep: Mapping[str, Any], key: str, questions) -> 
     return labels
 
 
-def setting_label(nodes: int, partition: str, limit: int = 0) -> str:
-    """``n10-k2``, ``n100-k2-f20``: nodes, a :func:`partition_label` and, when fewer than
-    all nodes train at once, ``-f<max-in-flight>`` (run folders, reports)."""
-    return f"n{nodes}-{partition}" + (f"-f{limit}" if effective_limit(nodes, limit) else "")
+def setting_label(
+    nodes: int, partition: str, limit: int = 0, work: str = "", profile: str = ""
+) -> str:
+    """``n10-k2``, ``n100-k2-f20``, ``n10-k2-f20-epoch-edge`` (run folders, reports).
+
+    Nodes, a :func:`partition_label`, ``-f<max-in-flight>`` when fewer than all nodes
+    train at once, ``-<work>`` for a named client work and ``-<profile>`` for a device
+    profile; ``""`` (the base config's) adds nothing, so labels without those
+    dimensions are as before.
+    """
+    label = f"n{nodes}-{partition}" + (f"-f{limit}" if effective_limit(nodes, limit) else "")
+    return label + (f"-{work}" if work else "") + (f"-{profile}" if profile else "")
 
 
 def effective_limit(nodes: int, limit: int) -> int:
@@ -412,7 +477,7 @@ def load_preset(path: str | Path, out: str | Path | None = None) -> Preset:
     return preset
 
 
-_TABLES = {"sweep", "base", "tune", "methods", "questions", "estimate"}
+_TABLES = {"sweep", "base", "tune", "methods", "questions", "estimate", "client-works"}
 _QUESTION_KEYS = {
     "title",
     "kind",
@@ -422,7 +487,15 @@ _QUESTION_KEYS = {
     "description",
     "max-in-flight",
     "config",
+    "client-works",
+    "device-profiles",
 }
+_TUNE_KEYS = {"seed", "nodes", "partition", "device-profile", "client-works", "config"}
+#: The run config key a device profile sets (the time model's; issue 22).
+PROFILE_KEY = "device-profile"
+# Keys a client work may not set: the method's, the setting's, a dimension's.
+_NOT_CLIENT_WORK = ("strategy", "max-in-flight", PROFILE_KEY, *PARTITION_KEYS)
+_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
 
 
 def _parse_preset(path: Path, raw: Mapping[str, Any], out: str | Path | None) -> Preset:
@@ -434,12 +507,17 @@ def _parse_preset(path: Path, raw: Mapping[str, Any], out: str | Path | None) ->
     base = dict(raw.get("base", {}))
     _check_config(path, "[base]", base)
     tune = raw.get("tune", {})
+    extra = set(tune) - _TUNE_KEYS
+    if extra:
+        _fail(path, f"[tune]: unknown key(s) {sorted(extra)}; known: {sorted(_TUNE_KEYS)}")
     seeds, tune_seed = _seeds(path, sweep, tune)
-    methods = _parse_methods(path, raw.get("methods", {}))
+    works = _parse_client_works(path, raw.get("client-works", {}))
+    methods = _parse_methods(path, raw.get("methods", {}), works)
     questions = {
-        name: _parse_question(path, name, spec, methods)
+        name: _parse_question(path, name, spec, methods, works)
         for name, spec in raw.get("questions", {}).items()
     }
+    tune_profile, tune_works, tune_config = _parse_tune_dimensions(path, tune, works)
     if not questions:
         _fail(path, "no [questions.*]")
     reference = sweep.get("reference", "gsgm")
@@ -468,7 +546,86 @@ def _parse_preset(path: Path, raw: Mapping[str, Any], out: str | Path | None) ->
         questions=questions,
         estimate=_parse_estimate(path, raw.get("estimate", {})),
         headline=_headline(path, sweep, methods, questions),
+        client_works=works,
+        tune_profile=tune_profile,
+        tune_client_works=tune_works,
+        tune_config=tune_config,
     )
+
+
+def _name_list(path: Path, where: str, raw: Any, known: Mapping[str, Any] | None) -> list[str]:
+    """A non-empty list of distinct names (of ``known`` when given), as strings."""
+    if not isinstance(raw, list) or not raw or not all(isinstance(x, str) and x for x in raw):
+        _fail(path, f"{where}: expected a non-empty list of names, got {raw!r}")
+    if len(set(raw)) != len(raw):
+        _fail(path, f"{where}: names repeat in {raw}")
+    for name in raw:
+        if known is not None and name not in known:
+            _fail(path, f"{where} names unknown client work {name!r}; known: {sorted(known)}")
+    return list(raw)
+
+
+def _parse_client_works(path: Path, raw: Mapping[str, Any]) -> dict[str, ClientWork]:
+    """``[client-works.*]``: a ``config`` of client keys (and a ``title``) each."""
+    works: dict[str, ClientWork] = {}
+    for name, spec in raw.items():
+        where = f"[client-works.{name}]"
+        if not set(name) <= _NAME_CHARS:
+            _fail(path, f"{where}: a client work's name is letters, digits, '_' and '-' only")
+        if not isinstance(spec, Mapping):
+            _fail(path, f"{where}: expected a table with a config")
+        extra = set(spec) - {"config", "title"}
+        if extra:
+            _fail(path, f"{where}: unknown key(s) {sorted(extra)}")
+        config = dict(spec.get("config", {}))
+        _check_config(path, f"{where} config", config)
+        for key in config:
+            if key in _NOT_CLIENT_WORK:
+                _fail(
+                    path,
+                    f"{where} config: {key!r} is not client work (set by the methods, "
+                    "partitions, max-in-flight or device-profiles)",
+                )
+        try:  # its values on their own, before any run config that holds them
+            parse_run_config(config)
+        except ValueError as err:
+            _fail(path, f"{where} config: {err}")
+        works[name] = ClientWork(name, config, str(spec.get("title", "")))
+    return works
+
+
+def _parse_device_profiles(path: Path, where: str, raw: Any) -> list[str]:
+    """A question's ``device-profiles``: names of the run config's ``device-profile``."""
+    profiles = _name_list(path, f"{where} device-profiles", raw, None)
+    if PROFILE_KEY not in RUN_CONFIG:
+        _fail(
+            path,
+            f"{where} device-profiles {profiles}: this version has no run config key "
+            f"{PROFILE_KEY!r} (the time model)",
+        )
+    return profiles
+
+
+def _parse_tune_dimensions(
+    path: Path, tune: Mapping[str, Any], works: Mapping[str, ClientWork]
+) -> tuple[str, list[str] | None, dict[str, Any]]:
+    """``[tune]`` ``device-profile``, ``client-works`` (None if absent) and ``config``."""
+    profile = ""
+    if "device-profile" in tune:
+        profile = _parse_device_profiles(path, "[tune]", [tune["device-profile"]])[0]
+    tune_works = None
+    if "client-works" in tune:
+        tune_works = _name_list(path, "[tune] client-works", tune["client-works"], works)
+    config = dict(tune.get("config", {}))
+    _check_config(path, "[tune] config", config)
+    for key in config:
+        if key in PARTITION_KEYS or key in ("strategy", "max-in-flight", PROFILE_KEY):
+            _fail(
+                path,
+                f"[tune] config: {key!r} is set by [tune] partition / device-profile / "
+                "the methods, not by [tune] config",
+            )
+    return profile, tune_works, config
 
 
 def _seeds(path: Path, sweep: Mapping[str, Any], tune: Mapping[str, Any]) -> tuple[list[int], int]:
@@ -482,11 +639,14 @@ def _seeds(path: Path, sweep: Mapping[str, Any], tune: Mapping[str, Any]) -> tup
     return seeds, tune_seed
 
 
-def _parse_methods(path: Path, raw: Mapping[str, Any]) -> dict[str, Method]:
-    """``[methods.*]``: known keys and run config keys, non-empty grids, no inheritance cycle."""
+def _parse_methods(
+    path: Path, raw: Mapping[str, Any], works: Mapping[str, ClientWork]
+) -> dict[str, Method]:
+    """``[methods.*]``: known keys and run config keys, non-empty grids, no inheritance
+    cycle, known client works."""
     methods: dict[str, Method] = {}
     for name, spec in raw.items():
-        extra = set(spec) - {"config", "grid", "inherit"}
+        extra = set(spec) - {"config", "grid", "inherit", "client-works"}
         if extra:
             _fail(path, f"[methods.{name}]: unknown key(s) {sorted(extra)}")
         config = dict(spec.get("config", {}))
@@ -496,7 +656,15 @@ def _parse_methods(path: Path, raw: Mapping[str, Any]) -> dict[str, Method]:
         for k, values in grid.items():
             if not values:
                 _fail(path, f"[methods.{name}] grid {k!r} is empty")
-        methods[name] = Method(name, config, grid, spec.get("inherit"))
+        for key in (*config, *grid):
+            if key == PROFILE_KEY:
+                _fail(path, f"[methods.{name}]: {key!r} is set by device-profiles, not a method")
+        allowed = None
+        if "client-works" in spec:
+            allowed = _name_list(
+                path, f"[methods.{name}] client-works", spec["client-works"], works
+            )
+        methods[name] = Method(name, config, grid, spec.get("inherit"), allowed)
     if not methods:
         _fail(path, "no [methods.*]")
     for m in methods.values():
@@ -518,9 +686,14 @@ def _check_lineage(path: Path, method: Method, methods: Mapping[str, Method]) ->
 
 
 def _parse_question(
-    path: Path, name: str, spec: Mapping[str, Any], methods: Mapping[str, Method]
+    path: Path,
+    name: str,
+    spec: Mapping[str, Any],
+    methods: Mapping[str, Method],
+    works: Mapping[str, ClientWork],
 ) -> Question:
-    """One ``[questions.NAME]`` table: kind, methods, nodes, partitions, limits, config."""
+    """One ``[questions.NAME]`` table: kind, methods, nodes, partitions, limits, config,
+    client works and device profiles."""
     where = f"[questions.{name}]"
     extra = set(spec) - _QUESTION_KEYS
     if extra:
@@ -552,8 +725,40 @@ def _parse_question(
                 f"{where} config: {key!r} is set by partitions / max-in-flight / "
                 "the methods, not by a question's config",
             )
+    qworks = [""]
+    if "client-works" in spec:
+        qworks = _name_list(path, f"{where} client-works", spec["client-works"], works)
+        for w in qworks:
+            for key in qconfig.keys() & works[w].config.keys():
+                _fail(path, f"{where} config: {key!r} is set by its client work {w!r}")
+    for m in qmethods:
+        runs_with = [w for w in qworks if methods[m].allows(w)]
+        if not runs_with:
+            what = f"client works {qworks}" if qworks != [""] else "the base config's client work"
+            _fail(
+                path,
+                f"{where}: method {m!r} runs only with client works "
+                f"{methods[m].client_works} ([methods.{m}] client-works), not with {what}",
+            )
+    profiles = [""]
+    if "device-profiles" in spec:
+        profiles = _parse_device_profiles(path, where, spec["device-profiles"])
+        if PROFILE_KEY in qconfig:
+            _fail(path, f"{where}: {PROFILE_KEY!r} in config and device-profiles; keep one")
     title, description = spec.get("title", name), spec.get("description", "")
-    return Question(name, title, kind, nodes, parts, qmethods, description, limits, qconfig)
+    return Question(
+        name,
+        title,
+        kind,
+        nodes,
+        parts,
+        qmethods,
+        description,
+        limits,
+        qconfig,
+        qworks,
+        profiles,
+    )
 
 
 def _parse_estimate(path: Path, raw: Mapping[str, Any]) -> dict[str, float]:
@@ -569,22 +774,26 @@ def _parse_estimate(path: Path, raw: Mapping[str, Any]) -> dict[str, float]:
 def _check_run_configs(path: Path, preset: Preset) -> None:
     """Expand every run config the preset can produce and check it.
 
-    Each ancestor's first grid point stands in for its tuned choice.
+    Each ancestor's first grid point stands in for its tuned choice. A method and a
+    client work that set one key to different values, a grid over a key the work sets,
+    an ablation whose parent does not run with its work, and a run config that
+    :func:`~flwr_gsgm.run_config.parse_run_config` refuses are refused naming them.
     """
+    for m in preset.methods:
+        _check_works_of(path, preset, m)
     stand_in = stand_in_tuned(preset)
     for m, method in preset.methods.items():
-        for point in grid_points(method.grid):
-            cfg = {
-                **preset.base,
-                **method_base_config(preset, m, stand_in),
-                **point,
-                **preset.tune_partition,
-                "seed": preset.tune_seed,
-            }
-            try:
-                parse_run_config(cfg)
-            except ValueError as err:
-                _fail(path, f"method {m!r} grid point {point}: {err}")
+        for work in tune_works(preset, m):
+            with_work = f" with client work {work!r}" if work else ""
+            for point in grid_points(method.grid):
+                cfg = {
+                    **_tune_run_config(preset, method_base_config(preset, m, stand_in, work)),
+                    **point,
+                }
+                try:
+                    parse_run_config(cfg)
+                except ValueError as err:
+                    _fail(path, f"method {m!r}{with_work} grid point {point}: {err}")
     for q in preset.questions.values():
         for part in q.partitions:
             try:
@@ -594,20 +803,113 @@ def _check_run_configs(path: Path, preset: Preset) -> None:
     for m in preset.methods:
         _check_method_keys(path, preset, m)
     try:
-        report_runs(preset, stand_in)
+        specs = report_runs(preset, stand_in)
     except ValueError as err:
         _fail(path, str(err))
+    for spec in specs:
+        try:
+            parse_run_config(spec.run_config)
+        except ValueError as err:
+            _fail(
+                path,
+                f"run {spec.run_id} (method {spec.method!r}, client work "
+                f"{spec.client_work or 'of the base config'}, questions {list(spec.questions)}): "
+                f"{err}",
+            )
+
+
+def _check_works_of(path: Path, preset: Preset, method: str) -> None:
+    """``method`` can run with each client work it is tuned with (:func:`_check_run_configs`)."""
+    m = preset.methods[method]
+    for work in tune_works(preset, method):
+        if not work:
+            continue
+        wcfg = preset.client_works[work].config
+        for key, value in m.config.items():
+            if key in wcfg and wcfg[key] != value:
+                _fail(
+                    path,
+                    f"method {method!r} cannot run with client work {work!r}: [methods.{method}] "
+                    f"config sets {key} = {value!r}, [client-works.{work}] {key} = "
+                    f"{wcfg[key]!r} (restrict the method with client-works = [...])",
+                )
+        for key in m.grid.keys() & wcfg.keys():
+            _fail(
+                path,
+                f"method {method!r} cannot run with client work {work!r}: [methods.{method}] "
+                f"grid tunes {key!r}, which [client-works.{work}] sets",
+            )
+        parent = m.inherit
+        while parent is not None:
+            if not preset.methods[parent].allows(work):
+                _fail(
+                    path,
+                    f"method {method!r} runs with client work {work!r}, but the method it "
+                    f"inherits from, {parent!r}, does not ([methods.{parent}] client-works)",
+                )
+            parent = preset.methods[parent].inherit
+    for q in preset.questions.values():
+        if method not in q.methods:
+            continue
+        for work in question_works(preset, q, method):
+            if work not in tune_works(preset, method):
+                _fail(
+                    path,
+                    f"[questions.{q.name}] runs method {method!r} with client work "
+                    f"{work or 'of the base config'!r}, which [tune] client-works "
+                    f"{preset.tune_client_works} does not tune it with",
+                )
+
+
+def tuned_key(method: str, work: str = "") -> str:
+    """Key of a tuned choice in ``tuned`` and ``tuned.toml``: ``gsgm``, or ``gsgm/epoch``
+    for a named client work."""
+    return f"{method}/{work}" if work else method
+
+
+def question_works(preset: Preset, question: Question, method: str) -> list[str]:
+    """The client works ``question`` runs ``method`` with (``""``: the base config's)."""
+    return [w for w in question.client_works if preset.methods[method].allows(w)]
+
+
+def tune_works(preset: Preset, method: str) -> list[str]:
+    """The client works ``method`` is tuned with, ``""`` (the base config's) first.
+
+    ``[tune] client-works`` when set (those the method allows), else every work some
+    question runs the method or a method inheriting from it with; a method no question
+    runs: the base config's work, or the works it is restricted to.
+    """
+    m = preset.methods[method]
+    if preset.tune_client_works is not None:
+        return [w for w in preset.tune_client_works if m.allows(w)]
+    lineage = {method}
+    grew = True
+    while grew:  # the method and every method inheriting from it, directly or not
+        more = {n for n, other in preset.methods.items() if other.inherit in lineage}
+        grew = not more <= lineage
+        lineage |= more
+    needed = {
+        w
+        for q in preset.questions.values()
+        for d in lineage
+        if d in q.methods
+        for w in question_works(preset, q, d)
+    }
+    works = [w for w in ("", *preset.client_works) if w in needed and m.allows(w)]
+    return works or ([""] if m.client_works is None else list(m.client_works))
 
 
 def stand_in_tuned(preset: Preset) -> dict[str, dict[str, Any]]:
-    """First grid point of every method: a stand-in for its tuned choice (checks, estimates)."""
+    """First grid point of every method (per client work it is tuned with, keys
+    :func:`tuned_key`): a stand-in for its tuned choice (checks, estimates)."""
     tuned: dict[str, dict[str, Any]] = {}
     for layer in preset.tune_order():
         for m in layer:
-            tuned[m] = {
-                **method_base_config(preset, m, tuned),
-                **grid_points(preset.methods[m].grid)[0],
-            }
+            for work in tune_works(preset, m):
+                tuned[tuned_key(m, work)] = {
+                    **method_base_config(preset, m, tuned, work),
+                    **grid_points(preset.methods[m].grid)[0],
+                }
     return tuned
 
 
@@ -619,7 +921,11 @@ def _check_method_keys(path: Path, preset: Preset, method: str) -> None:
     value is reported as such first.
     """
     m = preset.methods[method]
-    lineage = {**preset.base, **method_base_config(preset, method, stand_in_tuned(preset))}
+    work = tune_works(preset, method)[0]  # a client work does not set the strategy
+    lineage = {
+        **preset.base,
+        **method_base_config(preset, method, stand_in_tuned(preset), work),
+    }
     strategy = lineage.get("strategy", RUN_CONFIG["strategy"].default)
     takes = strategy_keys(strategy)
     for where, keys in (("config", m.config), ("grid", m.grid)):
@@ -633,34 +939,59 @@ def _check_method_keys(path: Path, preset: Preset, method: str) -> None:
 
 
 def method_base_config(
-    preset: Preset, method: str, tuned: Mapping[str, Mapping[str, Any]]
+    preset: Preset, method: str, tuned: Mapping[str, Mapping[str, Any]], work: str = ""
 ) -> dict[str, Any]:
-    """Overrides of ``method`` before its own grid: its parent's tuned config, then its config.
+    """Overrides of ``method`` with client work ``work`` before its own grid.
 
-    ``tuned`` maps a method name to its full tuned overrides (as in ``tuned.toml``).
+    Its parent's tuned config for that work (which holds the work's config), else the
+    work's config; then the method's config. ``tuned`` maps :func:`tuned_key` of a
+    method and a work to its full tuned overrides (as in ``tuned.toml``).
+
+    Raises
+    ------
+    KeyError
+        The parent has no tuned choice for ``work`` yet.
     """
     m = preset.methods[method]
     cfg: dict[str, Any] = {}
     if m.inherit is not None:
-        if m.inherit not in tuned:
-            raise KeyError(f"method {method!r} inherits from {m.inherit!r}, which is not tuned yet")
-        cfg.update(tuned[m.inherit])
+        key = tuned_key(m.inherit, work)
+        if key not in tuned:
+            raise KeyError(f"method {method!r} inherits from {key!r}, which is not tuned yet")
+        cfg.update(tuned[key])
+    elif work:
+        cfg.update(preset.client_works[work].config)
     cfg.update(m.config)
     return cfg
 
 
-def tune_runs(preset: Preset, method: str, tuned: Mapping[str, Mapping[str, Any]]) -> list[RunSpec]:
-    """The tuning runs of ``method`` (empty if it has no grid), on the tuning seed."""
+def _tune_run_config(preset: Preset, overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """A tuning run's config: base, ``[tune] config``, ``overrides``, the tuning setting."""
+    cfg = {**preset.base, **preset.tune_config, **overrides, **preset.tune_partition}
+    if preset.tune_profile:
+        cfg[PROFILE_KEY] = preset.tune_profile
+    cfg["seed"] = preset.tune_seed
+    return cfg
+
+
+def tune_runs(
+    preset: Preset, method: str, tuned: Mapping[str, Mapping[str, Any]], work: str = ""
+) -> list[RunSpec]:
+    """The tuning runs of ``method`` with client work ``work`` (empty if it has no grid).
+
+    On the tuning seed, in the ``[tune]`` setting; folders ``tune/<method>/<grid point>``,
+    or ``tune/<method>/<work>/<grid point>`` for a named work.
+    """
     m = preset.methods[method]
     if not m.grid:
         return []
-    base = method_base_config(preset, method, tuned)
+    base = method_base_config(preset, method, tuned, work)
     runs = []
     for point in grid_points(m.grid):
-        cfg = {**preset.base, **base, **point, **preset.tune_partition, "seed": preset.tune_seed}
+        cfg = _tune_run_config(preset, {**base, **point})
         runs.append(
             RunSpec(
-                run_id=f"tune/{method}/{grid_label(point)}",
+                run_id=f"tune/{method}/" + (f"{work}/" if work else "") + grid_label(point),
                 stage="tune",
                 method=method,
                 seed=preset.tune_seed,
@@ -668,6 +999,7 @@ def tune_runs(preset: Preset, method: str, tuned: Mapping[str, Mapping[str, Any]
                 partition=dict(preset.tune_partition),
                 run_config=cfg,
                 grid_point=dict(point),
+                client_work=work,
             )
         )
     return runs
@@ -678,13 +1010,16 @@ def report_runs(
 ) -> list[RunSpec]:
     """The reporting runs of the questions (all, or those in ``only``), deduplicated.
 
-    ``tuned[method]`` is the method's full set of overrides (its tuned choice);
+    Per question: methods x settings (nodes, partition, max-in-flight) x the client
+    works each method runs with x device profiles x seeds. ``tuned[tuned_key(method,
+    work)]`` is the method's full set of overrides for that work (its tuned choice);
     a question's ``config`` comes before it, so the tuned choice wins.
 
     Raises
     ------
     ValueError
-        Two questions give one run (same method, seed and setting) different run configs.
+        Two questions give one run (same method, seed and setting) different run
+        configs, or a (method, client work) a question runs has no tuned choice.
     """
     by_id: dict[str, RunSpec] = {}
     questions_of: dict[str, list[str]] = {}
@@ -693,31 +1028,45 @@ def report_runs(
             continue
         for method in q.methods:
             for nodes, part, limit in q.settings():
-                for seed in preset.seeds:
-                    label = setting_label(nodes, partition_label(part), limit)
-                    run_id = f"runs/{method}/{label}/s{seed}"
-                    cfg = {**preset.base, **q.config, **tuned[method], **part, "seed": seed}
-                    if limit:
-                        cfg["max-in-flight"] = limit
-                    if run_id in by_id and by_id[run_id].run_config != cfg:
+                for work in question_works(preset, q, method):
+                    key = tuned_key(method, work)
+                    if key not in tuned:
                         raise ValueError(
-                            f"questions {questions_of[run_id]} and {q.name!r} give run {run_id} "
-                            "different run configs (set the differing keys in one place)"
+                            f"question {q.name!r} runs {key!r} (method, client work), which "
+                            "has no tuned choice (run the tune stage again)"
                         )
-                    by_id.setdefault(
-                        run_id,
-                        RunSpec(
-                            run_id,
-                            "report",
-                            method,
-                            seed,
-                            nodes,
-                            dict(part),
-                            cfg,
-                            max_in_flight=limit,
-                        ),
-                    )
-                    questions_of.setdefault(run_id, []).append(q.name)
+                    for profile in q.device_profiles:
+                        for seed in preset.seeds:
+                            label = setting_label(
+                                nodes, partition_label(part), limit, work, profile
+                            )
+                            run_id = f"runs/{method}/{label}/s{seed}"
+                            cfg = {**preset.base, **q.config, **tuned[key], **part, "seed": seed}
+                            if limit:
+                                cfg["max-in-flight"] = limit
+                            if profile:
+                                cfg[PROFILE_KEY] = profile
+                            if run_id in by_id and by_id[run_id].run_config != cfg:
+                                raise ValueError(
+                                    f"questions {questions_of[run_id]} and {q.name!r} give run "
+                                    f"{run_id} different run configs (set the differing keys "
+                                    "in one place)"
+                                )
+                            by_id.setdefault(
+                                run_id,
+                                RunSpec(
+                                    run_id,
+                                    "report",
+                                    method,
+                                    seed,
+                                    nodes,
+                                    dict(part),
+                                    cfg,
+                                    max_in_flight=limit,
+                                    client_work=work,
+                                ),
+                            )
+                            questions_of.setdefault(run_id, []).append(q.name)
     return [
         RunSpec(**{**spec.__dict__, "questions": tuple(questions_of[rid])})
         for rid, spec in by_id.items()

@@ -10,11 +10,15 @@ Reads ``OUT/runs.csv`` (and, when present, ``OUT/plan.json``, ``OUT/tuned.toml``
 ``docs/RESULTS.md``) and its figures (default: ``<folder of the Markdown
 file>/figures/<sweep name>/``).
 
-Figures and tables, per question and setting (number of nodes, partition):
+Figures and tables, per question and setting (number of nodes, partition,
+max-in-flight, device profile); with client works (``[client-works]``) every method
+and work is a row and a curve of its own, ``method/work``:
 
 - accuracy against client updates per method, the mean over seeds as a line and
-  the seed range (min to max) shaded; for ``time-to-target`` questions against
-  virtual time (each seed interpolated on a common time grid);
+  the seed range (min to max) shaded; against virtual time (each seed interpolated
+  on a common time grid) for ``time-to-target`` questions and for questions with
+  client works, device profiles or a time budget (``max-seconds``), where client
+  updates are not comparable;
 - the stability improvement of the reference method (GSGM) over each other method,
   ``1 - MASD_ref / MASD_b`` computed per seed (both runs of that seed must have
   finished without diverging), as bars of the mean with the sample standard
@@ -26,7 +30,12 @@ Figures and tables, per question and setting (number of nodes, partition):
   accuracy (%), MASD and std of accuracy over the second half (percentage points),
   time to the target accuracy (virtual seconds, over the seeds that reached it),
   with a preset's ``speed-reference`` the time to that method's final accuracy
-  (paired by seed, :func:`times_to_reference`), and mean and max staleness.
+  (paired by seed, that method with its best client work:
+  :func:`times_to_reference`), with a time budget the accuracy at the budget, and
+  mean and max staleness.
+
+The headline tables compare each method with its best client work per setting
+(highest mean final accuracy over its ok seeds).
 """
 
 from __future__ import annotations
@@ -44,9 +53,19 @@ from typing import Any
 
 import numpy as np
 
-from flwr_gsgm.stability import stability_improvement, time_to_target
+from flwr_gsgm.stability import stability_improvement
 from simulations.preset import effective_limit, human_seconds, partition_label, setting_label
-from simulations.results import current_names, read_csv, read_metrics, write_csv
+from simulations.results import (
+    best_work,
+    current_names,
+    fill_times_to_reference,
+    load_curve,
+    read_csv,
+    series_label,
+    setting_key,
+    times_to_reference,
+    write_csv,
+)
 
 __all__ = [
     "Stat",
@@ -78,12 +97,16 @@ PAGE_COLUMNS = (
     "nodes",
     "max_in_flight",
     "partition",
+    "client_work",
+    "device_profile",
     "seed",
     "status",
     "final_accuracy",
     "masd",
     "accuracy_std",
     "time_to_target",
+    "accuracy_at_budget",
+    "time_to_fedavg_accuracy",
     "virtual_seconds",
     "staleness_mean",
     "updates_received",
@@ -117,24 +140,65 @@ def question_rows(rows: Sequence[Mapping[str, Any]], question: str) -> list[Mapp
     return [r for r in rows if question in str(r.get("questions", "")).split(";")]
 
 
-Setting = tuple[int, str, int]  # (nodes, partition label, max-in-flight limit; 0 = all nodes)
+# (nodes, partition label, max-in-flight limit (0 = all nodes), device profile ("" = default))
+Setting = tuple[int, str, int, str]
 
 
-def setting_of(row: Mapping[str, Any]) -> Setting:
-    """``(nodes, partition, limit)`` of a runs.csv row (limit 0: every node in flight)."""
-    nodes = int(row["nodes"])
-    limit = row.get("max_in_flight", 0)
-    limit = int(limit) if isinstance(limit, (int, float)) and math.isfinite(limit) else 0
-    return nodes, str(row["partition"]), effective_limit(nodes, limit)
+def setting_of(row: Mapping[str, Any]) -> tuple[int, str, int]:
+    """``(nodes, partition, limit)`` of a runs.csv row (limit 0: every node in flight).
+
+    Without the device profile (as before profiles existed; scripts/readme_scale_table.py);
+    the report's settings are :func:`~simulations.results.setting_key`.
+    """
+    return setting_key(row)[:3]
 
 
-def settings_of(rows: Sequence[Mapping[str, Any]]) -> list[Setting]:
-    """Distinct ``(nodes, partition, limit)`` settings, in order of first appearance."""
+def settings_of(rows: Sequence[Mapping[str, Any]]) -> list[tuple[int, str, int]]:
+    """Distinct :func:`setting_of` settings, in order of first appearance."""
     return list(dict.fromkeys(setting_of(r) for r in rows))
 
 
+def _settings(rows: Sequence[Mapping[str, Any]]) -> list[Setting]:
+    """Distinct settings with the device profile (:func:`~simulations.results.setting_key`),
+    in order of first appearance."""
+    return list(dict.fromkeys(setting_key(r) for r in rows))
+
+
+def _label(setting: Setting) -> str:
+    """``n10-k2``, ``n100-k2-f20-edge``: the setting's label (headline settings, figures)."""
+    nodes, part, limit, profile = setting
+    return setting_label(nodes, part, limit, profile=profile)
+
+
+def series_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Copies of ``rows`` with ``method`` the row's series, ``method/work`` for a named
+    client work (:func:`~simulations.results.series_label`; unchanged without works),
+    so that the per-method tables and curves show one row per method and work."""
+    return [
+        {**r, "method": series_label(r["method"], str(r.get("client_work") or ""))} for r in rows
+    ]
+
+
+def best_work_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Each method's rows of its best client work in each setting (the headline's
+    comparison: :func:`~simulations.results.best_work`), ``client_work`` cleared so
+    that they read as the method's; rows without client works are kept as they are."""
+    best = {}
+    for setting in _settings(rows):
+        srows = _in_setting(rows, setting)
+        for m in dict.fromkeys(r["method"] for r in srows):
+            works = {str(r.get("client_work") or "") for r in srows if r["method"] == m}
+            chosen = best_work(srows, m)
+            best[(setting, m)] = chosen if chosen is not None else min(works)
+    return [
+        {**r, "client_work": ""}
+        for r in rows
+        if str(r.get("client_work") or "") == best[(setting_key(r), r["method"])]
+    ]
+
+
 def _in_setting(rows, setting: Setting):
-    return [r for r in rows if setting_of(r) == setting]
+    return [r for r in rows if setting_key(r) == setting]
 
 
 def _ok(r: Mapping[str, Any]) -> bool:
@@ -162,6 +226,7 @@ def method_summary(rows: Sequence[Mapping[str, Any]], method: str) -> dict[str, 
         "accuracy_std": stat(r.get("accuracy_std") for r in ok),
         "time_to_target": stat(r["time_to_target"] for r in reached),
         "reached": len(reached),
+        "accuracy_at_budget": stat(r.get("accuracy_at_budget") for r in ok),
         "virtual_seconds": stat(r.get("virtual_seconds") for r in ok),
         "staleness_mean": stat(r.get("staleness_mean") for r in ok),
         "staleness_max": stat(r.get("staleness_max") for r in ok),
@@ -198,31 +263,6 @@ def improvements(
     return out
 
 
-def times_to_reference(
-    rows: Sequence[Mapping[str, Any]], reference: str, out: Path
-) -> dict[tuple[str, Any], float]:
-    """Virtual seconds each ok run takes to reach ``reference``'s final accuracy.
-
-    Paired by seed in one setting's rows: the target of a run is the final accuracy
-    (fraction, mean of the last 5 evaluations) of ``reference``'s ok run with the same
-    seed, and its time the first evaluation's ``virtual_time`` with accuracy at least
-    that (NaN if never; the reference's own run is timed the same way). Runs without
-    ``metrics.csv`` or without an ok reference run of their seed are left out.
-    Returns ``{(method, seed): seconds}``.
-    """
-    ref = {
-        r["seed"]: float(r["final_accuracy"]) for r in rows if r["method"] == reference and _ok(r)
-    }
-    times = {}
-    for r in rows:
-        curve = _load_curve(r, out) if _ok(r) and r["seed"] in ref else None
-        if curve:
-            times[(r["method"], r["seed"])] = time_to_target(
-                [c["virtual_time"] for c in curve], [c["accuracy"] for c in curve], ref[r["seed"]]
-            )
-    return times
-
-
 # ------------------------------------------------------------------ formatting
 def _pm(s: Stat, scale: float = 1.0, digits: int = 1, signed: bool = False) -> str:
     if s.n == 0:
@@ -235,14 +275,18 @@ def _pm(s: Stat, scale: float = 1.0, digits: int = 1, signed: bool = False) -> s
 
 
 def _setting_name(setting: Setting) -> str:
-    nodes, part, limit = setting
+    nodes, part, limit, profile = setting
     if part.startswith("k"):
         desc = f"{part[1:]} classes per node"
     elif part.startswith("dir"):
         desc = f"Dirichlet alpha = {part[3:]}"
     else:
         desc = part.upper() if part == "iid" else part
-    return f"{nodes} nodes, {desc}" + (f", {limit} in flight" if limit else "")
+    return (
+        f"{nodes} nodes, {desc}"
+        + (f", {limit} in flight" if limit else "")
+        + (f", {profile} devices" if profile else "")
+    )
 
 
 def _methods_in(rows, order: Sequence[str]) -> list[str]:
@@ -271,16 +315,24 @@ def _colors(methods: Sequence[str]) -> dict[str, Any]:
     return {m: cmap(i % 10) for i, m in enumerate(methods)}
 
 
-def _load_curve(row: Mapping[str, Any], out: Path) -> list[dict[str, float]] | None:
-    run_dir = Path(str(row.get("run_dir", "")))
-    if not run_dir.is_absolute():
-        run_dir = out / run_dir
-    path = run_dir / "metrics.csv"
-    if not run_dir.name or not path.is_file():
-        path = out / str(row.get("run_id", "")) / "metrics.csv"
-        if not path.is_file():
-            return None
-    return read_metrics(path)
+_LINESTYLES = ("-", "--", ":", "-.")
+
+
+def _series_styles(series: Sequence[str]) -> dict[str, tuple[Any, str]]:
+    """Colour per method, line style per client work, of ``method/work`` series."""
+    methods = list(dict.fromkeys(s.split("/")[0] for s in series))
+    works = list(dict.fromkeys(s.split("/", 1)[1] if "/" in s else "" for s in series))
+    colors = _colors(methods)
+    return {
+        s: (
+            colors[s.split("/")[0]],
+            _LINESTYLES[works.index(s.split("/", 1)[1] if "/" in s else "") % len(_LINESTYLES)],
+        )
+        for s in series
+    }
+
+
+_load_curve = load_curve  # one implementation (simulations.results)
 
 
 def _save_figure(fig, path: Path) -> Path:
@@ -297,9 +349,15 @@ def _save_figure(fig, path: Path) -> Path:
 def plot_curves(
     rows, methods, out: Path, path: Path, title: str, x: str = "updates"
 ) -> Path | None:
-    """Accuracy curves per method: mean over seeds, seed range shaded (ok runs only)."""
+    """Accuracy curves per method: mean over seeds, seed range shaded (ok runs only).
+
+    ``x``: ``updates`` (client updates received) or ``virtual_time`` (seconds). A
+    method named ``method/work`` (:func:`series_rows`) gets its method's colour and a
+    line style per client work.
+    """
     plt = _plt()
-    colors = _colors(methods)
+    styles = _series_styles(methods)
+    colors = {m: c for m, (c, _) in styles.items()}
     fig, ax = plt.subplots(figsize=(8, 4.8))
     drawn = False
     for m in methods:
@@ -334,7 +392,7 @@ def plot_curves(
         )
         label = f"{m} ({len(curves)} seed{'s' if len(curves) > 1 else ''}"
         label += (f", {n_bad} diverged/failed" if n_bad else "") + ")"
-        ax.plot(grid, ys.mean(axis=0), color=colors[m], label=label, lw=1.6)
+        ax.plot(grid, ys.mean(axis=0), color=colors[m], ls=styles[m][1], label=label, lw=1.6)
         if len(curves) > 1:
             ax.fill_between(grid, ys.min(axis=0), ys.max(axis=0), color=colors[m], alpha=0.18, lw=0)
         drawn = True
@@ -473,6 +531,9 @@ def plot_grouped(rows, methods, settings, path: Path, title: str) -> Path | None
 def _method_table(
     rows, methods, show_target: bool, target: float, speed: tuple[str, dict] | None = None
 ) -> list[str]:
+    """One row per method (or ``method/work``) of one setting's rows; a column "accuracy
+    at budget" when some run has a time budget."""
+    budget = any(math.isfinite(float(r.get("accuracy_at_budget", math.nan))) for r in rows)
     head = [
         "method",
         "ok / runs",
@@ -482,6 +543,8 @@ def _method_table(
         "MASD (pp)",
         "std of accuracy (pp)",
     ]
+    if budget:
+        head.append("accuracy at the time budget (%)")
     if show_target:
         head.append(f"time to {100 * target:.0f}% (virtual s; seeds that reached it)")
     if speed:
@@ -499,6 +562,8 @@ def _method_table(
             _pm(s["masd"], 100, 2),
             _pm(s["accuracy_std"], 100, 2),
         ]
+        if budget:
+            cells.append(_pm(s["accuracy_at_budget"], 100))
         if show_target:
             cells.append(
                 f"{_pm(s['time_to_target'], 1, 0)} ({s['reached']}/{s['ok']})" if s["ok"] else "–"
@@ -556,12 +621,15 @@ def _headline_section(sweep: _Sweep) -> list[str]:
     if not headline:
         return []
     md = ["## Headline", ""]
-    md += _stability_target(sweep.rows, headline, sweep.reference)
+    rows = best_work_rows(sweep.rows)
+    if any(r.get("client_work") for r in sweep.rows):
+        md += ["Each method with its best client work in each setting.", ""]
+    md += _stability_target(rows, headline, sweep.reference)
     if headline.get("accuracy_baselines"):
-        md += _divergence_target(sweep.rows, sweep.reference)
-        md += _accuracy_target(sweep.rows, headline, sweep.reference)
+        md += _divergence_target(rows, sweep.reference)
+        md += _accuracy_target(rows, headline, sweep.reference)
     if headline.get("speed_settings") and sweep.plan.get("speed_reference"):
-        md += _speed_target(sweep, headline["speed_settings"])
+        md += _speed_target(sweep, rows, headline["speed_settings"])
     return md
 
 
@@ -656,7 +724,7 @@ def _accuracy_target(rows, headline: Mapping[str, Any], reference: str) -> list[
     return lines + [""]
 
 
-def _speed_target(sweep: _Sweep, labels: Sequence[str]) -> list[str]:
+def _speed_target(sweep: _Sweep, rows, labels: Sequence[str]) -> list[str]:
     """Per named setting: time to the speed reference's accuracy, paired by seed.
 
     Met when, on every seed where both runs are ok, the reference reaches that
@@ -671,8 +739,8 @@ def _speed_target(sweep: _Sweep, labels: Sequence[str]) -> list[str]:
         f"| Δ final accuracy (pp) | target met |",
         "|---|---|---|---|---|---|",
     ]
-    for setting in _named_settings(sweep.rows, labels):
-        srows = _in_setting(sweep.rows, setting)
+    for setting in _named_settings(rows, labels):
+        srows = _in_setting(rows, setting)
         times = times_to_reference(srows, speed, sweep.out)
         seeds = sorted(s for (m, s) in times if m == speed and (reference, s) in times)
         mine = [times[(reference, s)] for s in seeds]
@@ -692,13 +760,13 @@ def _speed_target(sweep: _Sweep, labels: Sequence[str]) -> list[str]:
 
 def _named_settings(rows, labels: Sequence[str]) -> list[Setting]:
     """The settings of ``rows`` whose label (``n30-k2-f20``) is in ``labels``, in that order."""
-    by_label = {setting_label(*s): s for s in settings_of(rows)}
+    by_label = {_label(s): s for s in _settings(rows)}
     return [by_label[label] for label in labels if label in by_label]
 
 
 def _sorted_settings(rows) -> list[Setting]:
     """Settings by nodes, then partition, then limit (0, every node in flight, first)."""
-    return sorted(settings_of(rows))
+    return sorted(_settings(rows))
 
 
 def _notes_section(out: Path) -> list[str]:
@@ -893,28 +961,59 @@ def _definitions(sweep: _Sweep) -> list[str]:
 
 
 def _ordered_settings(qrows, q: Mapping[str, Any]) -> list[Setting]:
-    """The settings of a question's rows, in the preset's order (nodes, partitions, limits)."""
-    settings = settings_of(qrows)
+    """The settings of a question's rows, in the preset's order (nodes, partitions,
+    limits, device profiles)."""
+    settings = _settings(qrows)
     if not (q.get("nodes") and q.get("partitions")):
         return settings
     planned = [
-        (int(n), partition_label(p), effective_limit(int(n), int(f)))
+        (int(n), partition_label(p), effective_limit(int(n), int(f)), prof)
         for n in q["nodes"]
         for p in q["partitions"]
         for f in q.get("max_in_flight", [0])
+        for prof in q.get("device_profiles", [""])
     ]
     return [s for s in planned if s in settings] + [s for s in settings if s not in planned]
 
 
+def _series_in(rows, methods: Sequence[str], works: Sequence[str]) -> list[str]:
+    """The ``method/work`` series of ``rows`` (:func:`series_rows`): methods in the
+    plan's order, each with its works in the preset's order (the base config's first)."""
+    present = {series_label(r["method"], str(r.get("client_work") or "")) for r in rows}
+    ordered = [
+        series_label(m, w)
+        for m in _methods_in(rows, methods)
+        for w in ("", *works)
+        if series_label(m, w) in present
+    ]
+    return ordered + sorted(present - set(ordered))
+
+
+def _virtual_x(q: Mapping[str, Any]) -> bool:
+    """Whether a question's curves are against virtual time rather than client updates:
+    time to target, and where updates do not compare (client works, device profiles,
+    a time budget)."""
+    return (
+        q.get("kind", "stability") == "time-to-target"
+        or bool(q.get("client_works"))
+        or bool(q.get("device_profiles"))
+        or float((q.get("config") or {}).get("max-seconds", 0) or 0) > 0
+    )
+
+
 def _question_figures(qname, q, qrows, methods, settings, figures: Path, md_dir: Path):
-    """A ``scale`` question's plots per partition, a ``noniid`` one's grouped bars."""
+    """A ``scale`` question's plots per partition, a ``noniid`` one's grouped bars.
+
+    ``qrows``: :func:`series_rows`, ``methods`` their series.
+    """
     md: list[str] = []
     kind, title = q.get("kind", "stability"), q.get("title", qname)
     if kind == "scale" and len(settings) > 1:
-        for part, limit in dict.fromkeys((s[1], s[2]) for s in settings):
-            prow = [r for r in qrows if setting_of(r)[1:] == (part, limit)]
-            group = part + (f"-f{limit}" if limit else "")
+        for part, limit, profile in dict.fromkeys(s[1:] for s in settings):
+            prow = [r for r in qrows if setting_key(r)[1:] == (part, limit, profile)]
+            group = part + (f"-f{limit}" if limit else "") + (f"-{profile}" if profile else "")
             where = part + (f", {limit} in flight" if limit else "")
+            where += f", {profile} devices" if profile else ""
             p = plot_scale(
                 prow,
                 methods,
@@ -931,15 +1030,18 @@ def _question_figures(qname, q, qrows, methods, settings, figures: Path, md_dir:
 
 
 def _setting_section(sweep: _Sweep, qname, q, srows, methods, setting, single, figures, md_dir):
-    """One setting of a question: the method table, the improvements and the curves."""
-    reference, label = sweep.reference, setting_label(*setting)
+    """One setting of a question: the table (a row per method and client work), the
+    improvements and the curves. ``srows``: runs.csv rows, ``methods``: their methods."""
+    reference, label = sweep.reference, _label(setting)
     md = [f"### {_setting_name(setting)}", ""]
+    view = series_rows(srows)
+    series = _series_in(srows, methods, list(sweep.plan.get("client_works") or {}))
     ref = sweep.plan.get("speed_reference")
     speed = (ref, times_to_reference(srows, ref, sweep.out)) if ref and ref in methods else None
-    md += _method_table(srows, methods, True, sweep.target, speed)
+    md += _method_table(view, series, True, sweep.target, speed)
     md.append("")
-    imps = improvements(srows, reference, methods)
-    if imps and any(r["method"] == reference for r in srows):
+    imps = improvements(view, reference, series)
+    if imps and any(r["method"] == reference for r in view):
         md += [f"Stability improvement of {reference} over each method (paired by seed):", ""]
         md += _improvement_table(imps, reference)
         md.append("")
@@ -953,14 +1055,13 @@ def _setting_section(sweep: _Sweep, qname, q, srows, methods, setting, single, f
         )
         if p:
             md += [f"![stability improvement]({_rel(p, md_dir)})", ""]
-    x = "virtual_time" if q.get("kind", "stability") == "time-to-target" else "updates"
     p = plot_curves(
-        srows,
-        methods,
+        view,
+        series,
         sweep.out,
         figures / f"{qname}_{label}_curves.png",
         f"{_setting_name(setting)}",
-        x=x,
+        x="virtual_time" if _virtual_x(q) else "updates",
     )
     if p:
         md += [f"![accuracy curves]({_rel(p, md_dir)})", ""]
@@ -977,7 +1078,8 @@ def _question_section(sweep: _Sweep, qname: str, q, figures: Path, md_dir: Path)
     if q.get("description"):
         md += [q["description"], ""]
     settings = _ordered_settings(qrows, q)
-    md += _question_figures(qname, q, qrows, methods, settings, figures, md_dir)
+    series = _series_in(qrows, methods, list(sweep.plan.get("client_works") or {}))
+    md += _question_figures(qname, q, series_rows(qrows), series, settings, figures, md_dir)
     for setting in settings:
         srows = _in_setting(qrows, setting)
         single = len(settings) == 1
@@ -988,7 +1090,9 @@ def _question_section(sweep: _Sweep, qname: str, q, figures: Path, md_dir: Path)
 def write_report(out: Path, md_path: Path | None = None, figures: Path | None = None) -> Path:
     """Write the Markdown results file and its figures; return the Markdown path.
 
-    Also writes ``runs.csv`` (:data:`PAGE_COLUMNS`) beside the Markdown file.
+    Also writes ``runs.csv`` (:data:`PAGE_COLUMNS`) beside the Markdown file, its
+    ``time_to_fedavg_accuracy`` computed again from the rows
+    (:func:`~simulations.results.fill_times_to_reference`).
     """
     sweep = read_sweep(out)
     md_path = Path(md_path or sweep.plan.get("results_md") or "docs/RESULTS.md")
@@ -1002,6 +1106,8 @@ def write_report(out: Path, md_path: Path | None = None, figures: Path | None = 
         md += _question_section(sweep, qname, q, figures, md_path.parent)
     md_path.parent.mkdir(parents=True, exist_ok=True)
     md_path.write_text("\n".join(md).rstrip() + "\n")
+    # from the rows as they are now (also a runs.csv written before the column existed)
+    fill_times_to_reference(sweep.rows, sweep.plan.get("speed_reference", ""), out)
     write_csv(md_path.parent / "runs.csv", sweep.rows, PAGE_COLUMNS)
     return md_path
 

@@ -25,6 +25,20 @@ Status of a run (column ``status``):
 
 Diverged runs are kept and counted in every table; their accuracy and stability
 figures are left out of means (a flat line at chance would look perfectly stable).
+
+Figures over a run's evaluations (``metrics.csv``, virtual seconds in ``virtual_time``):
+
+- ``accuracy_at_budget``: with a time budget (run config ``max-seconds`` > 0), the
+  accuracy (fraction) of the last evaluation at or before ``max-seconds`` (the engine
+  stops there and evaluates the final model at its last reply's time); NaN without a
+  budget or without such an evaluation;
+- ``time_to_fedavg_accuracy``: virtual seconds at which the run first reaches the
+  final accuracy of the preset's ``speed-reference`` method (FedAvg in the presets)
+  with the same seed in the same setting (nodes, partition, max-in-flight, device
+  profile), that method taken with its best client work there (highest mean final
+  accuracy over its ok seeds); NaN if never, if the run or that reference run is not
+  ok, or without a speed reference (:func:`times_to_reference`,
+  :func:`fill_times_to_reference`).
 """
 
 from __future__ import annotations
@@ -38,6 +52,7 @@ from typing import Any
 
 from flwr_gsgm import stability
 from flwr_gsgm.atomic import atomic_write
+from simulations.preset import effective_limit
 
 __all__ = [
     "SUMMARY_FIELDS",
@@ -50,6 +65,12 @@ __all__ = [
     "read_csv",
     "RENAMED",
     "current_names",
+    "accuracy_at_budget",
+    "series_label",
+    "setting_key",
+    "load_curve",
+    "times_to_reference",
+    "fill_times_to_reference",
 ]
 
 # Scalar figures of summary.json (flwr_gsgm.run_outputs.summarize), in order.
@@ -89,6 +110,8 @@ RUN_COLUMNS = (
     "classes_per_node",
     "dirichlet_alpha",
     "partition",
+    "client_work",
+    "device_profile",
     "grid_point",
     "server_learning_rate",
     "status",
@@ -98,6 +121,8 @@ RUN_COLUMNS = (
     "last_accuracy",
     "time_to_target",
     "updates_to_target",
+    "accuracy_at_budget",
+    "time_to_fedavg_accuracy",
     *SUMMARY_FIELDS,
     "rejected_by_reason",
     "status_reason",
@@ -156,6 +181,19 @@ def _last_log_line(run_dir: Path) -> str:
     return lines[-1][:300] if lines else ""
 
 
+def accuracy_at_budget(rows: Sequence[Mapping[str, float]], max_seconds: float) -> float:
+    """Accuracy of the last evaluation at or before ``max_seconds`` virtual seconds.
+
+    ``rows``: a run's ``metrics.csv`` rows (``virtual_time`` in seconds, ``accuracy``
+    a fraction), in order. NaN when ``max_seconds`` is not > 0 (no time budget) or no
+    evaluation is that early.
+    """
+    if not max_seconds > 0:
+        return math.nan
+    within = [r["accuracy"] for r in rows if r.get("virtual_time", math.inf) <= max_seconds]
+    return within[-1] if within else math.nan
+
+
 def run_row(
     run_dir: Path,
     base: Mapping[str, Any],
@@ -163,13 +201,17 @@ def run_row(
     chance: float,
     margin: float,
     target: float,
+    max_seconds: float = 0.0,
 ) -> dict[str, Any]:
     """The ``runs.csv`` row of the run in ``run_dir``.
 
     ``base`` holds the columns known from the plan (run_id, stage, questions, method,
     seed, nodes, partition, ...); the rest comes from ``summary.json`` and
-    ``metrics.csv``. A run without ``summary.json`` is ``failed`` if its folder holds
-    a log or an error file, else ``pending``.
+    ``metrics.csv``. ``max_seconds``: the run config's time budget (virtual seconds;
+    0 = none), for ``accuracy_at_budget``. ``time_to_fedavg_accuracy`` needs other
+    runs: NaN here, filled by :func:`fill_times_to_reference`. A run without
+    ``summary.json`` is ``failed`` if its folder holds a log or an error file, else
+    ``pending``.
     """
     row: dict[str, Any] = {c: "" for c in RUN_COLUMNS}
     row.update(base)
@@ -212,6 +254,8 @@ def run_row(
     row["updates_to_target"] = stability.time_to_target(
         [r["updates"] for r in metrics], acc, target
     )
+    row["accuracy_at_budget"] = accuracy_at_budget(metrics, max_seconds)
+    row["time_to_fedavg_accuracy"] = math.nan
     final = row["final_accuracy"]
     if summary.get("status") == "diverged":  # the engine stopped the run: its kind first
         reason = str(summary.get("status_reason", "")).split(":")[0] or "diverged"
@@ -277,6 +321,8 @@ _FLOAT_COLUMNS = {
     "last_accuracy",
     "time_to_target",
     "updates_to_target",
+    "accuracy_at_budget",
+    "time_to_fedavg_accuracy",
     "final_accuracy",
     "masd",
     "accuracy_std",
@@ -319,3 +365,111 @@ def read_csv(path: Path) -> list[dict[str, Any]]:
                 row["diverged"] = raw["diverged"] == "true"
             out.append(row)
     return out
+
+
+# ---------------------------------------------------------------- across runs
+def series_label(method: str, work: str = "") -> str:
+    """A method's name, with ``/<client work>`` for a named work (tables, curves)."""
+    return f"{method}/{work}" if work else method
+
+
+def setting_key(row: Mapping[str, Any]) -> tuple[int, str, int, str]:
+    """``(nodes, partition, limit, device profile)`` of a runs.csv row.
+
+    ``limit`` 0: every node in flight; profile ``""``: the run config's default (and
+    every runs.csv written before device profiles).
+    """
+    nodes = int(row["nodes"])
+    limit = row.get("max_in_flight", 0)
+    limit = int(limit) if isinstance(limit, (int, float)) and math.isfinite(limit) else 0
+    profile = row.get("device_profile", "")
+    profile = profile if isinstance(profile, str) else ""
+    return nodes, str(row["partition"]), effective_limit(nodes, limit), profile
+
+
+def load_curve(row: Mapping[str, Any], out: Path) -> list[dict[str, float]] | None:
+    """The ``metrics.csv`` rows of a runs.csv row's run (its ``run_dir``, relative to
+    ``out`` if not absolute, else ``out/<run_id>``); None if there is none."""
+    run_dir = Path(str(row.get("run_dir", "")))
+    if not run_dir.is_absolute():
+        run_dir = out / run_dir
+    path = run_dir / "metrics.csv"
+    if not run_dir.name or not path.is_file():
+        path = out / str(row.get("run_id", "")) / "metrics.csv"
+        if not path.is_file():
+            return None
+    return read_metrics(path)
+
+
+def _ok(row: Mapping[str, Any]) -> bool:
+    return row.get("status") == "ok"
+
+
+def _finite(value: Any) -> float:
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        return math.nan
+    return f if math.isfinite(f) else math.nan
+
+
+def best_work(rows: Sequence[Mapping[str, Any]], method: str) -> str | None:
+    """The client work of ``method`` with the highest mean final accuracy over its ok
+    runs in ``rows`` (one setting's); ties to the first listed; None if no ok run."""
+    finals: dict[str, list[float]] = {}
+    for r in rows:
+        if r["method"] == method:
+            finals.setdefault(str(r.get("client_work") or ""), [])
+            acc = _finite(r.get("final_accuracy"))
+            if _ok(r) and math.isfinite(acc):
+                finals[str(r.get("client_work") or "")].append(acc)
+    scored = [(sum(v) / len(v), -i, w) for i, (w, v) in enumerate(finals.items()) if v]
+    return max(scored)[2] if scored else None
+
+
+def times_to_reference(
+    rows: Sequence[Mapping[str, Any]], reference: str, out: Path
+) -> dict[tuple[str, Any], float]:
+    """Virtual seconds each ok run takes to reach ``reference``'s final accuracy.
+
+    Paired by seed in one setting's rows: the target of a run is the final accuracy
+    (fraction, mean of the last 5 evaluations) of ``reference``'s ok run with the same
+    seed and ``reference``'s best client work in these rows (:func:`best_work`), and its
+    time the first evaluation's ``virtual_time`` with accuracy at least that (NaN if
+    never; the reference's own runs are timed the same way). Runs without
+    ``metrics.csv`` or without an ok reference run of their seed are left out.
+    Returns ``{(series_label(method, client work), seed): seconds}``; without client
+    works the label is the method.
+    """
+    work = best_work(rows, reference)
+    ref = {
+        r["seed"]: float(r["final_accuracy"])
+        for r in rows
+        if r["method"] == reference and _ok(r) and str(r.get("client_work") or "") == work
+    }
+    times = {}
+    for r in rows:
+        curve = load_curve(r, out) if _ok(r) and r["seed"] in ref else None
+        if curve:
+            label = series_label(r["method"], str(r.get("client_work") or ""))
+            times[(label, r["seed"])] = stability.time_to_target(
+                [c["virtual_time"] for c in curve], [c["accuracy"] for c in curve], ref[r["seed"]]
+            )
+    return times
+
+
+def fill_times_to_reference(rows: Sequence[dict[str, Any]], reference: str, out: Path) -> None:
+    """Set every row's ``time_to_fedavg_accuracy`` (:func:`times_to_reference` per
+    setting, :func:`setting_key`); NaN for a row that is not timed or without
+    ``reference`` (an empty name)."""
+    by_setting: dict[tuple[int, str, int, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        r["time_to_fedavg_accuracy"] = math.nan
+        by_setting.setdefault(setting_key(r), []).append(r)
+    if not reference:
+        return
+    for srows in by_setting.values():
+        times = times_to_reference(srows, reference, out)
+        for r in srows:
+            key = (series_label(r["method"], str(r.get("client_work") or "")), r["seed"])
+            r["time_to_fedavg_accuracy"] = times.get(key, math.nan)

@@ -10,18 +10,25 @@ Stages (``--stage all``, the default, runs both):
 
 1. ``tune``: for every method with a grid (``[methods.X] grid``), one run per grid
    point on the tuning seed (``[tune] seed``, default 0) in the tuning setting
-   (``[tune] nodes`` and ``partition``), into ``OUT/tune/<method>/<grid point>/``.
-   Methods that inherit from another are tuned after it, starting from its choice.
-   The choice per method is the grid point with the best final accuracy among the
-   runs that did not diverge; final accuracies within ``tie-tolerance`` of the best
+   (``[tune] nodes``, ``partition``, ``device-profile``, ``config``), into
+   ``OUT/tune/<method>/<grid point>/``; with named client works once per work the
+   method runs with (:func:`simulations.preset.tune_works`), into
+   ``OUT/tune/<method>/<work>/<grid point>/``.
+   Methods that inherit from another are tuned after it, starting from its choice
+   (for the same client work).
+   The choice per (method, work) is the grid point with the best final accuracy
+   (with a time budget, ``max-seconds``: the accuracy at the budget) among the
+   runs that did not diverge; accuracies within ``tie-tolerance`` of the best
    tie, and ties go to the lower MASD, then to the earlier grid point
    (:func:`pick_best`). If every grid point diverged or failed, the one with the
-   best finite final accuracy is kept and flagged ``all-diverged``. Writes
+   best finite accuracy is kept and flagged ``all-diverged``. Writes
    ``OUT/tune.csv`` (every tuning run, ``chosen`` marked) and ``OUT/tuned.toml``
-   (per method, the full run-config overrides of its choice, and how it was picked).
+   (per method, or ``method/work``, the full run-config overrides of its choice, and
+   how it was picked).
 2. ``report``: every question's runs (methods x reporting seeds x nodes x
-   partitions) with the tuned overrides, into
-   ``OUT/runs/<method>/n<nodes>-<partition>/s<seed>/``; a run shared by several
+   partitions x client works x device profiles) with the tuned overrides of its
+   (method, work), into ``OUT/runs/<method>/<setting>/s<seed>/`` (setting:
+   :func:`simulations.preset.setting_label`); a run shared by several
    questions runs once. Reads ``OUT/tuned.toml``; the reporting seeds never include
    the tuning seed (checked when the preset is read).
 
@@ -79,8 +86,17 @@ from simulations.preset import (
     setting_label,
     stand_in_tuned,
     tune_runs,
+    tune_works,
+    tuned_key,
 )
-from simulations.results import RUN_COLUMNS, current_names, read_csv, run_row, write_csv
+from simulations.results import (
+    RUN_COLUMNS,
+    current_names,
+    fill_times_to_reference,
+    read_csv,
+    run_row,
+    write_csv,
+)
 from simulations.worker import DIVERGED_EXIT
 
 __all__ = [
@@ -123,13 +139,18 @@ def _num(value: Any) -> float:
         return math.nan
 
 
-def pick_best(rows: Sequence[Mapping[str, Any]], tie_tolerance: float = 0.0) -> tuple[int, bool]:
+def pick_best(
+    rows: Sequence[Mapping[str, Any]],
+    tie_tolerance: float = 0.0,
+    score: str = "final_accuracy",
+) -> tuple[int, bool]:
     """Index of the chosen tuning run in ``rows`` (grid order), and whether all diverged.
 
-    Among rows with ``status == "ok"``: the highest ``final_accuracy``; rows within
-    ``tie_tolerance`` of it tie; among ties the lowest ``masd`` (NaN counts as
-    worst), then the earliest row. If no row is ``ok``: the row with the highest
-    finite ``final_accuracy`` (else the first), and ``True``.
+    Among rows with ``status == "ok"``: the highest ``score`` (``final_accuracy``, or
+    ``accuracy_at_budget`` for time-budgeted runs); rows within ``tie_tolerance`` of it
+    tie; among ties the lowest ``masd`` (NaN counts as worst), then the earliest row.
+    If no row is ``ok``: the row with the highest finite ``score`` (else the first),
+    and ``True``.
 
     Raises
     ------
@@ -143,15 +164,15 @@ def pick_best(rows: Sequence[Mapping[str, Any]], tie_tolerance: float = 0.0) -> 
     ok = [
         i
         for i, r in enumerate(rows)
-        if r.get("status") == "ok" and math.isfinite(num(r.get("final_accuracy")))
+        if r.get("status") == "ok" and math.isfinite(num(r.get(score)))
     ]
     if not ok:
-        finite = [i for i, r in enumerate(rows) if math.isfinite(num(r.get("final_accuracy")))]
+        finite = [i for i, r in enumerate(rows) if math.isfinite(num(r.get(score)))]
         if not finite:
             return 0, True
-        return max(finite, key=lambda i: (num(rows[i]["final_accuracy"]), -i)), True
-    best = max(num(rows[i]["final_accuracy"]) for i in ok)
-    ties = [i for i in ok if num(rows[i]["final_accuracy"]) >= best - tie_tolerance]
+        return max(finite, key=lambda i: (num(rows[i][score]), -i)), True
+    best = max(num(rows[i][score]) for i in ok)
+    ties = [i for i in ok if num(rows[i][score]) >= best - tie_tolerance]
 
     def masd_key(i: int) -> tuple[float, int]:
         m = num(rows[i].get("masd"))
@@ -177,7 +198,11 @@ def write_tuned(
     tuned: Mapping[str, Mapping[str, Any]],
     selection: Mapping[str, Mapping[str, Any]],
 ) -> Path:
-    """Write ``tuned.toml``: ``[methods.X]`` overrides and ``[selection.X]`` facts."""
+    """Write ``tuned.toml``: ``[methods.X]`` overrides and ``[selection.X]`` facts.
+
+    ``X`` is :func:`simulations.preset.tuned_key`: the method, or ``method/work`` for
+    a named client work (its selection then names ``method`` and ``client-work``).
+    """
     lines = [
         f"# Tuned choices of `python -m simulations.sweep {preset.path}`.",
         f"# Tuning: seed {preset.tune_seed}, {preset.tune_nodes} nodes, partition "
@@ -199,7 +224,8 @@ def write_tuned(
 
 
 def read_tuned(path: Path) -> dict[str, dict[str, Any]]:
-    """``{method: overrides}`` from ``tuned.toml`` (old key names read as the current ones)."""
+    """``{tuned_key: overrides}`` from ``tuned.toml`` (keys: the method, or
+    ``method/work``; old run config key names read as the current ones)."""
     import tomllib
 
     if not path.is_file():
@@ -219,6 +245,8 @@ def _spec_json(spec: RunSpec) -> dict[str, Any]:
         "partition": spec.partition,
         "grid_point": spec.grid_point,
         "run_config": spec.run_config,
+        # only when named, so that spec.json of runs without client works is as before
+        **({"client_work": spec.client_work} if spec.client_work else {}),
     }
 
 
@@ -444,6 +472,8 @@ def _base_columns(spec: RunSpec) -> dict[str, Any]:
         "classes_per_node": part.get("classes-per-node", 2) if kind == "pathological" else "",
         "dirichlet_alpha": part.get("dirichlet-alpha", 0.5) if kind == "dirichlet" else "",
         "partition": partition_label(part),
+        "client_work": spec.client_work,
+        "device_profile": spec.device_profile,
         "grid_point": grid_label(spec.grid_point) if spec.stage == "tune" else "",
         # the strategy's own default when the run config does not set it (server-learning-rate = 0)
         "server_learning_rate": spec.run_config.get("server-learning-rate", ""),
@@ -457,35 +487,49 @@ def _row(preset: Preset, out: Path, spec: RunSpec) -> dict[str, Any]:
         chance=preset.chance_accuracy,
         margin=preset.chance_margin,
         target=preset.target_accuracy,
+        max_seconds=_max_seconds(spec),
     )
+
+
+def _max_seconds(spec: RunSpec) -> float:
+    """The run's time budget in seconds (run config ``max-seconds``; 0 = none)."""
+    return float(spec.run_config.get("max-seconds", 0.0) or 0.0)
 
 
 def tune_stage(
     preset: Preset, out: Path, stats: dict[str, int], opts: ExecOptions = ExecOptions()
 ) -> dict[str, dict[str, Any]]:
-    """Run the tuning grid (resuming), pick per method, write tune.csv and tuned.toml."""
+    """Run the tuning grid (resuming), pick per (method, client work), write tune.csv
+    and tuned.toml; return ``{tuned_key(method, work): overrides}``."""
     tuned: dict[str, dict[str, Any]] = {}
     selection: dict[str, dict[str, Any]] = {}
     tune_rows: list[dict[str, Any]] = []
     for layer in preset.tune_order():
-        specs = {m: tune_runs(preset, m, tuned) for m in layer}
-        execute([s for m in layer for s in specs[m]], out, f"tune {'+'.join(layer)}", stats, opts)
-        for m in layer:
-            base = method_base_config(preset, m, tuned)
-            if not specs[m]:
-                tuned[m] = base
-                selection[m] = {"grid-point": "default", "candidates": 0}
+        pairs = [(m, w) for m in layer for w in tune_works(preset, m)]
+        specs = {(m, w): tune_runs(preset, m, tuned, w) for m, w in pairs}
+        execute([s for p in pairs for s in specs[p]], out, f"tune {'+'.join(layer)}", stats, opts)
+        for m, w in pairs:
+            key = tuned_key(m, w)
+            base = method_base_config(preset, m, tuned, w)
+            named = {"method": m, "client-work": w} if w else {}
+            if not specs[(m, w)]:
+                tuned[key] = base
+                selection[key] = {**named, "grid-point": "default", "candidates": 0}
                 continue
-            rows = [_row(preset, out, s) for s in specs[m]]
-            index, all_diverged = pick_best(rows, preset.tie_tolerance)
+            rows = [_row(preset, out, s) for s in specs[(m, w)]]
+            budget = _max_seconds(specs[(m, w)][0]) > 0
+            score = "accuracy_at_budget" if budget else "final_accuracy"
+            index, all_diverged = pick_best(rows, preset.tie_tolerance, score)
             for i, row in enumerate(rows):
                 row["chosen"] = i == index
             tune_rows += rows
             chosen = rows[index]
-            tuned[m] = {**base, **specs[m][index].grid_point}
-            selection[m] = {
+            tuned[key] = {**base, **specs[(m, w)][index].grid_point}
+            selection[key] = {
+                **named,
                 "grid-point": chosen["grid_point"],
                 "final-accuracy": _num(chosen.get("final_accuracy")),
+                **({"accuracy-at-budget": _num(chosen.get(score))} if budget else {}),
                 "masd": _num(chosen.get("masd")),
                 "candidates": len(rows),
                 "diverged": sum(r["status"] == "diverged" for r in rows),
@@ -511,13 +555,19 @@ def report_stage(
     end): the finished runs are rows, the others ``pending`` (a run cut off midway:
     ``failed``; the next sweep runs it again), so a half-finished sweep can be reported.
     """
-    missing = [m for m in preset.methods if m not in tuned]
+    missing = [
+        tuned_key(m, w)
+        for m in preset.methods
+        for w in tune_works(preset, m)
+        if tuned_key(m, w) not in tuned
+    ]
     if missing:
         raise SweepError(f"tuned.toml has no choice for {missing}: run the tune stage again")
     try:
         execute(report_runs(preset, tuned, only), out, "report runs", stats, opts)
     finally:
         rows = [_row(preset, out, s) for s in report_runs(preset, tuned)]
+        fill_times_to_reference(rows, preset.speed_reference, out)
         path = write_csv(out / "runs.csv", rows)
     return path
 
@@ -558,16 +608,26 @@ def dry_run(
     lines.append(
         f"Tuning on seed {preset.tune_seed}, {preset.tune_nodes} nodes, "
         f"{partition_label(preset.tune_partition)}"
+        + (f", {preset.tune_profile} devices" if preset.tune_profile else "")
         + (":" if stage != "report" else " (not counted: --stage report reads OUT/tuned.toml):")
     )
-    lines.append(f"  {'method':<16}{'grid points':>12}{'done':>7}{'est. time':>14}")
+    names = [
+        tuned_key(m, w)
+        for layer in preset.tune_order()
+        for m in layer
+        for w in tune_works(preset, m)
+    ]
+    width = max(16, *(len(n) + 1 for n in names))  # 16 as before, wider for method/work
+    lines.append(f"  {'method':<{width}}{'grid points':>12}{'done':>7}{'est. time':>14}")
     for layer in preset.tune_order():
         for m in layer:
-            specs = tune_runs(preset, m, standin)
-            secs, left = tally(specs, stage != "report")
-            lines.append(
-                f"  {m:<16}{len(specs):>12}{len(specs) - len(left):>7}{human_seconds(secs):>14}"
-            )
+            for w in tune_works(preset, m):
+                specs = tune_runs(preset, m, standin, w)
+                secs, left = tally(specs, stage != "report")
+                lines.append(
+                    f"  {tuned_key(m, w):<{width}}{len(specs):>12}{len(specs) - len(left):>7}"
+                    f"{human_seconds(secs):>14}"
+                )
     lines.append("")
     lines.append(
         f"Reporting on seeds {preset.seeds} (shared runs counted once, in the first question)"
@@ -583,9 +643,17 @@ def dry_run(
         seen.update(s.run_id for s in specs)
         secs, left = tally(new, stage != "tune")
         settings = ", ".join(setting_label(n, partition_label(p), f) for n, p, f in q.settings())
+        dims = "".join(
+            f" x {what} {', '.join(names)}"
+            for what, names in (
+                ("client works", q.client_works),
+                ("device profiles", q.device_profiles),
+            )
+            if names != [""]
+        )
         lines.append(
             f"  {q.name:<16}{len(specs):>6}{len(new):>6}{len(new) - len(left):>7}"
-            f"{human_seconds(secs):>14}   {len(q.methods)} methods x {settings}"
+            f"{human_seconds(secs):>14}   {len(q.methods)} methods x {settings}{dims}"
         )
     lines.append("")
     lines.append(

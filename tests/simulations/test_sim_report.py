@@ -254,16 +254,21 @@ def test_a_table_per_nodes_and_max_in_flight_and_a_runs_csv_beside_the_page(tmp_
     assert "| gsgm | 3/3 | 0 | 0 | 50.0 ± 2.0 |" in limited_table
     page_rows = read_csv(md.parent / "runs.csv")
     assert len(page_rows) == len(rows) + len(limited)
-    assert list(page_rows[0])[:8] == [
+    assert list(page_rows[0])[:10] == [
         "method",
         "nodes",
         "max_in_flight",
         "partition",
+        "client_work",
+        "device_profile",
         "seed",
         "status",
         "final_accuracy",
         "masd",
     ]
+    # a sweep without client works, device profiles or a speed reference: empty, NaN
+    assert {(r["client_work"], r["device_profile"]) for r in page_rows} == {("", "")}
+    assert all(math.isnan(r["time_to_fedavg_accuracy"]) for r in page_rows)
     assert sorted({(r["nodes"], r["max_in_flight"]) for r in page_rows}) == [
         (10, 10),
         (20, 5),
