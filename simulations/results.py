@@ -110,8 +110,6 @@ RUN_COLUMNS = (
     "classes_per_node",
     "dirichlet_alpha",
     "partition",
-    "client_work",
-    "device_profile",
     "grid_point",
     "server_learning_rate",
     "status",
@@ -218,8 +216,13 @@ def run_row(
     row["run_dir"] = str(run_dir)
     if (run_dir / "config.json").is_file():  # written when the run starts
         cfg = json.loads((run_dir / "config.json").read_text())
-        row["client_work"] = client_work(cfg)
-        row["device_profile"] = cfg.get("device-profile", "uniform")  # older runs: uniform
+        # A sweep's plan names the work and the profile (its setting labels group by
+        # them, "" where a preset does not use the dimension); other callers get the
+        # run's own: a description of its work, and its profile (older runs: uniform).
+        if not base.get("client_work"):
+            row["client_work"] = row["client_work"] if "client_work" in base else client_work(cfg)
+        if "device_profile" not in base:
+            row["device_profile"] = cfg.get("device-profile", "uniform")
     summary_path = run_dir / "summary.json"
     run_seconds = None
     if (run_dir / "run_seconds.txt").is_file():
