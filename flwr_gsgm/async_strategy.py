@@ -12,7 +12,7 @@ Use it in your own ServerApp::
 
     @app.main()
     def main(grid, context):
-        strategy = GSGM(server_learning_rate=0.02, beta=0.5)
+        strategy = GSGM(client_mode="weights", local_lr=0.01)  # a FedAvg-style ClientApp
         result = strategy.start(grid, ArrayRecord(model.state_dict()), max_updates=3000)
 """
 
@@ -32,11 +32,12 @@ from flwr.serverapp.strategy import Result
 from flwr_gsgm.async_engine import AsyncEngine, EngineReport, EngineSettings, EvaluateFn
 from flwr_gsgm.core import OPTIMIZERS, ServerOptimizer, declared_params, make_optimizer
 from flwr_gsgm.core.backups import DispatchBackups
+from flwr_gsgm.core.params import DISPLACEMENT_MODES
 from flwr_gsgm.federated_evaluation import FederatedEvaluation
 from flwr_gsgm.run_end import FAILED, RunFailed
 from flwr_gsgm.virtual_clock import VirtualClock
 
-__all__ = ["AsyncStrategy", "AsyncResult", "CLIENT_MODES"]
+__all__ = ["AsyncStrategy", "AsyncResult", "CLIENT_MODES", "DISPLACEMENT_MODES"]
 
 CLIENT_MODES = ("gradient", "delta", "weights")
 # Keyword arguments of AsyncStrategy itself (the rest are the optimizer's).
@@ -46,7 +47,9 @@ _STRATEGY_KEYWORDS = (
     "batch_size",
     "local_batches",
     "local_steps",
+    "local_epochs",
     "local_lr",
+    "local_momentum",
     "virtual_clock",
     "engine",
     "seed",
@@ -79,27 +82,39 @@ class AsyncStrategy:
         Name in :data:`flwr_gsgm.core.OPTIMIZERS` ("gsgm", "asgd", "masgd",
         "dcasgd", "fedasync", "fedbuff", and any rule registered since).
     server_learning_rate : float | None
-        Server learning rate eta (> 0), the optimizer's ``lr``. None (default) takes
-        the rule's declared default, 0.02: the value the tuning protocol chose for
-        GSGM, ASGD, momentum ASGD and DC-ASGD on Fashion-MNIST (``docs/RESULTS.md``);
-        tune it for your model and data.
+        Server learning rate eta (> 0), the optimizer's ``lr``. In gradient mode a
+        step size per gradient; in delta and weights modes a dimensionless fraction
+        of each node's displacement ``w_sent - w_local`` (1.0 applies it whole),
+        whatever the client's learning rate. None (default) takes the rule's
+        declared default for the client mode (each rule's file declares both: e.g.
+        GSGM 0.1 per cycle in gradient mode, the tuning protocol's choice on
+        Fashion-MNIST, ``docs/results/fashion_mnist_scale``, and 1.0 per cycle in
+        the displacement modes; ASGD 0.02 and 0.1); tune it for your model and data.
     client_mode : str
         What the clients return, sent as ``mode`` in every train message:
         "gradient" (mean gradient of ``local_batches`` mini-batches at the received
-        weights), "delta" (``(w_received - w_local) / local_lr`` after
-        ``local_steps`` SGD steps) or "weights" (the trained weights ``w_local``, as
-        for Flower's FedAvg: the server forms ``(w_sent - w_local) / local_lr``
-        from the weights it sent in that dispatch, so the rule sees what delta mode
-        would send). Choose "weights" for a ClientApp written for FedAvg, or any
-        client that returns its model (it costs the server one model copy per message
-        in flight); "delta" for the same local work with half the server memory;
+        weights), "delta" (the displacement ``w_received - w_local`` after the local
+        SGD steps) or "weights" (the trained weights ``w_local``, as for Flower's
+        FedAvg: the server forms the displacement ``w_sent - w_local`` from the
+        weights it sent in that dispatch, so the rule sees what delta mode would
+        send). Choose "weights" for a ClientApp written for FedAvg, or any client
+        that returns its model (it costs the server one model copy per message in
+        flight); "delta" for the same local work with half the server memory;
         "gradient" for the cheapest client step (one gradient, no local SGD).
     batch_size, local_batches, local_steps : int
-        Client work per update, sent in every train message.
+        Client work per update, sent in every train message (each >= 1).
+    local_epochs : int
+        Delta and weights modes: passes over the node's partition per message, each
+        ``ceil(N / batch_size)`` SGD steps (N the node's examples); 0 (default) runs
+        ``local_steps`` steps instead. Sent in every train message.
     local_lr : float
-        Client learning rate of delta and weights modes; in weights mode also the
-        normalisation of the server's pseudo-gradient (set it to the client's own
-        learning rate if the client ignores the one sent).
+        Client learning rate of delta and weights modes (> 0). The server learning
+        rate does not depend on it; DC-ASGD reads ``displacement / local_lr`` as its
+        gradient estimate (``update_scale``).
+    local_momentum : float
+        SGD momentum of the clients' local steps, in [0, 1) (torch.optim.SGD's);
+        0 (default): plain SGD; FedAvg-style clients use 0.9. Sent in every train
+        message.
     virtual_clock : VirtualClock | None
         Simulation clock (reproducible order) or None for real arrival order.
     engine : EngineSettings | None
@@ -148,7 +163,9 @@ class AsyncStrategy:
         batch_size: int = 32,
         local_batches: int = 1,
         local_steps: int = 1,
+        local_epochs: int = 0,
         local_lr: float = 0.05,
+        local_momentum: float = 0.0,
         virtual_clock: VirtualClock | None = None,
         engine: EngineSettings | None = None,
         seed: int = 0,
@@ -156,18 +173,40 @@ class AsyncStrategy:
         federated_evaluation: FederatedEvaluation | None = None,
         **optimizer_params: Any,
     ) -> None:
-        _check_client_work(optimizer, client_mode, batch_size, local_batches, local_steps, local_lr)
+        _check_client_work(
+            optimizer,
+            client_mode,
+            batch_size,
+            local_batches,
+            local_steps,
+            local_lr,
+            local_epochs,
+            local_momentum,
+        )
         self.optimizer_name = optimizer
         self.optimizer_params = _resolve_optimizer_params(
-            optimizer, server_learning_rate, optimizer_params
+            optimizer, server_learning_rate, optimizer_params, client_mode, float(local_lr)
         )
         self.server_learning_rate = float(self.optimizer_params["lr"])
+        #: Where :attr:`server_learning_rate` comes from: "given", or the rule's
+        #: "gradient-mode default" / "displacement-mode default".
+        self.server_learning_rate_source = (
+            "given"
+            if server_learning_rate is not None
+            else (
+                "displacement-mode default"
+                if client_mode in DISPLACEMENT_MODES
+                else "gradient-mode default"
+            )
+        )
         self.client_mode = client_mode
         self.client_work = {
             "batch-size": int(batch_size),
             "local-batches": int(local_batches),
             "local-steps": int(local_steps),
+            "local-epochs": int(local_epochs),
             "local-lr": float(local_lr),
+            "local-momentum": float(local_momentum),
         }
         self.virtual_clock = virtual_clock
         self.engine = engine or EngineSettings()
@@ -203,6 +242,14 @@ class AsyncStrategy:
     def summary(self) -> None:
         """Log the strategy's configuration."""
         log(INFO, "\t├── Server optimizer: %s %s", self.optimizer_name, self.optimizer_params)
+        log(
+            INFO,
+            "\t├── Server learning rate: %g (%s, %s mode%s)",
+            self.server_learning_rate,
+            self.server_learning_rate_source,
+            self.client_mode,
+            "" if self.client_mode == "gradient" else ": a fraction of each displacement",
+        )
         log(INFO, "\t├── Client work: mode=%s %s", self.client_mode, self.client_work)
         log(INFO, "\t├── Federated evaluation: %s", self.federated_evaluation)
         log(INFO, "\t└── Virtual clock: %s", self.virtual_clock)
@@ -234,8 +281,8 @@ class AsyncStrategy:
             Budget in virtual seconds (virtual clock) or wall seconds (deployment).
         train_config : ConfigRecord | None
             Extra keys sent in every train message (the strategy adds ``mode``,
-            ``batch-size``, ``local-batches``, ``local-steps``, ``local-lr``,
-            ``model-version``, ``seed`` and ``virtual-duration``).
+            ``batch-size``, ``local-batches``, ``local-steps``, ``local-epochs``,
+            ``local-lr``, ``local-momentum``, ``model-version``, ``seed`` and ``virtual-duration``).
         evaluate_fn : callable | None
             ``(updates_received, arrays) -> MetricRecord`` with ``accuracy`` and
             ``loss``; centralized evaluation.
@@ -330,6 +377,8 @@ def _check_client_work(
     local_batches: int,
     local_steps: int,
     local_lr: float,
+    local_epochs: int = 0,
+    local_momentum: float = 0.0,
 ) -> None:
     """Raise ValueError on an unknown optimizer or client mode, or bad client work."""
     if optimizer not in OPTIMIZERS:
@@ -345,13 +394,27 @@ def _check_client_work(
             raise ValueError(f"{key} must be >= 1, got {value!r}")
     if not local_lr > 0:
         raise ValueError(f"local-lr must be > 0, got {local_lr!r}")
+    if isinstance(local_epochs, bool) or int(local_epochs) != local_epochs or local_epochs < 0:
+        raise ValueError(f"local-epochs must be an integer >= 0, got {local_epochs!r}")
+    if not 0 <= local_momentum < 1:
+        raise ValueError(f"local-momentum must be in [0, 1), got {local_momentum!r}")
 
 
 def _resolve_optimizer_params(
-    optimizer: str, server_learning_rate: float | None, given: dict[str, Any]
+    optimizer: str,
+    server_learning_rate: float | None,
+    given: dict[str, Any],
+    client_mode: str = "gradient",
+    local_lr: float = 0.05,
 ) -> dict[str, Any]:
-    """Every declared parameter of ``optimizer``: given values over declared defaults."""
-    declared = {p.name: p.default for p in declared_params(optimizer)}
+    """Every declared parameter of ``optimizer``: given values over declared defaults.
+
+    The defaults are those of ``client_mode`` (:meth:`Param.default_for`: the server
+    learning rate has one for gradients, one for displacements); a rule that reads
+    its updates' scale (``update_scale``, DC-ASGD) gets ``local_lr`` in the
+    displacement modes unless given.
+    """
+    declared = {p.name: p.default_for(client_mode) for p in declared_params(optimizer)}
     unknown = sorted(k for k in given if k not in declared or k == "lr")
     if unknown:
         own = ", ".join(k for k in declared if k != "lr")
@@ -361,6 +424,8 @@ def _resolve_optimizer_params(
             f"(and server_learning_rate); the strategy takes {', '.join(_STRATEGY_KEYWORDS)}"
         )
     params = {**declared, **given}
+    if "update_scale" in declared and "update_scale" not in given:
+        params["update_scale"] = local_lr if client_mode in DISPLACEMENT_MODES else None
     if server_learning_rate is not None:
         params["lr"] = server_learning_rate
     return params

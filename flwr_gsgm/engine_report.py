@@ -26,6 +26,8 @@ class EngineReport:
     "completed" or "failed" (:mod:`flwr_gsgm.run_end`), ``status_reason`` says why a
     run failed ("" otherwise); ``per_node`` (counts and state by partition-id) and
     ``warnings`` come from :class:`~flwr_gsgm.node_stats.NodeStats`.
+    ``server_learning_rate`` is the rule's ``lr`` the run used (given, or the rule's
+    default for the client mode).
     """
 
     arrays: ArrayRecord
@@ -41,6 +43,7 @@ class EngineReport:
     status_reason: str = ""
     per_node: dict[str, dict[str, Any]] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    server_learning_rate: float | None = None
 
 
 def build_report(engine: AsyncEngine) -> EngineReport:
@@ -66,4 +69,5 @@ def build_report(engine: AsyncEngine) -> EngineReport:
         status_reason=engine.end.reason,
         per_node=engine.stats.report(engine.members),
         warnings=list(engine.stats.warnings),
+        server_learning_rate=float(optimizer.rule.params["lr"]),
     )

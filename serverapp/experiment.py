@@ -310,7 +310,9 @@ def _run_synchronous(grid: Grid, cfg: Mapping[str, Any], initial: ArrayRecord, e
             "mode": "weights",
             "batch-size": cfg["batch-size"],
             "local-steps": cfg["local-steps"],
+            "local-epochs": cfg["local-epochs"],
             "local-lr": cfg["local-lr"],
+            "local-momentum": cfg["local-momentum"],
         }
     )
     clock = virtual_clock_from(cfg)

@@ -48,7 +48,9 @@ class FedBuffRule(ServerOptimizer):
     PARAMS: ClassVar[tuple[Param, ...]] = (
         # A step per buffer of several updates: the tuned rate (10 nodes, seed 0,
         # docs/results/fashion_mnist_scale/tuned.toml) is larger than a per-arrival one.
-        server_learning_rate(0.1),
+        # Displacement modes: 1.0 steps along the mean displacement of K nodes, FedAvg's
+        # step over K nodes.
+        server_learning_rate(0.1, displacement=1.0),
         Param("buffer_size", 5, "buffer size K", kind=int, low=1, run_config_key="fedbuff-k"),
     )
 

@@ -250,7 +250,9 @@ class GSGMRule(ServerOptimizer):
         ),
         # The tuned choice (docs/results/fashion_mnist_scale/tuned.toml): lr 0.1 per
         # cycle, which at 10 nodes and quorum 0.5 is the earlier default of 0.02 per step.
-        server_learning_rate(0.1),
+        # Displacement modes: 1.0 per cycle moves w by about the cycle's mean displacement
+        # (with the momentum), FedAvg's step (lr_scaling = "cycle").
+        server_learning_rate(0.1, displacement=1.0),
         Param(
             "lr_scaling",
             "cycle",
