@@ -30,32 +30,21 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 
 from flwr_gsgm.async_engine import AsyncEngine, EngineReport, EngineSettings, EvaluateFn
-from flwr_gsgm.core import OPTIMIZERS, ServerOptimizer, declared_params, make_optimizer
-from flwr_gsgm.core.backups import DispatchBackups
+from flwr_gsgm.core import ServerOptimizer, make_optimizer
 from flwr_gsgm.core.params import DISPLACEMENT_MODES
 from flwr_gsgm.federated_evaluation import FederatedEvaluation
 from flwr_gsgm.run_end import FAILED, RunFailed
+from flwr_gsgm.strategy_args import (
+    CLIENT_MODES,
+    check_prefetch,
+    client_work,
+    learning_rate_source,
+    resolve_optimizer_params,
+)
+from flwr_gsgm.strategy_args import trainable_keys as _trainable_keys
 from flwr_gsgm.virtual_clock import VirtualClock
 
 __all__ = ["AsyncStrategy", "AsyncResult", "CLIENT_MODES", "DISPLACEMENT_MODES"]
-
-CLIENT_MODES = ("gradient", "delta", "weights")
-# Keyword arguments of AsyncStrategy itself (the rest are the optimizer's).
-_STRATEGY_KEYWORDS = (
-    "server_learning_rate",
-    "client_mode",
-    "batch_size",
-    "local_batches",
-    "local_steps",
-    "local_epochs",
-    "local_lr",
-    "local_momentum",
-    "virtual_clock",
-    "engine",
-    "seed",
-    "trainable_keys",
-    "federated_evaluation",
-)
 
 
 @dataclass
@@ -82,14 +71,11 @@ class AsyncStrategy:
         Name in :data:`flwr_gsgm.core.OPTIMIZERS` ("gsgm", "asgd", "masgd",
         "dcasgd", "fedasync", "fedbuff", and any rule registered since).
     server_learning_rate : float | None
-        Server learning rate eta (> 0), the optimizer's ``lr``. In gradient mode a
-        step size per gradient; in delta and weights modes a dimensionless fraction
-        of each node's displacement ``w_sent - w_local`` (1.0 applies it whole),
-        whatever the client's learning rate. None (default) takes the rule's
-        declared default for the client mode (each rule's file declares both: e.g.
-        GSGM 0.1 per cycle in gradient mode, the tuning protocol's choice on
-        Fashion-MNIST, ``docs/results/fashion_mnist_scale``, and 1.0 per cycle in
-        the displacement modes; ASGD 0.02 and 0.1); tune it for your model and data.
+        Server learning rate eta (> 0), the optimizer's ``lr``. Gradient mode: a step
+        per gradient; delta and weights modes: a fraction of each node's displacement
+        ``w_sent - w_local`` (1.0 applies it whole), whatever the client's lr. None
+        (default): the rule's declared default for the client mode (GSGM: 0.1 per cycle,
+        the tuned choice of docs/results/fashion_mnist_scale, and 1.0; ASGD 0.02, 0.1).
     client_mode : str
         What the clients return, sent as ``mode`` in every train message:
         "gradient" (mean gradient of ``local_batches`` mini-batches at the received
@@ -105,16 +91,13 @@ class AsyncStrategy:
         Client work per update, sent in every train message (each >= 1).
     local_epochs : int
         Delta and weights modes: passes over the node's partition per message, each
-        ``ceil(N / batch_size)`` SGD steps (N the node's examples); 0 (default) runs
-        ``local_steps`` steps instead. Sent in every train message.
+        ``ceil(N / batch_size)`` SGD steps; 0 (default): ``local_steps`` steps.
     local_lr : float
-        Client learning rate of delta and weights modes (> 0). The server learning
-        rate does not depend on it; DC-ASGD reads ``displacement / local_lr`` as its
-        gradient estimate (``update_scale``).
+        Client learning rate of delta and weights modes (> 0; DC-ASGD's gradient
+        estimate is ``displacement / local_lr``).
     local_momentum : float
-        SGD momentum of the clients' local steps, in [0, 1) (torch.optim.SGD's);
-        0 (default): plain SGD; FedAvg-style clients use 0.9. Sent in every train
-        message.
+        SGD momentum of the local steps in [0, 1), torch.optim.SGD's; 0 (default):
+        plain SGD; FedAvg-style clients use 0.9.
     virtual_clock : VirtualClock | None
         Simulation clock (reproducible order) or None for real arrival order.
     engine : EngineSettings | None
@@ -173,44 +156,27 @@ class AsyncStrategy:
         federated_evaluation: FederatedEvaluation | None = None,
         **optimizer_params: Any,
     ) -> None:
-        _check_client_work(
+        # Checked first: a bad value fails before anything is built.
+        self.client_work = client_work(
             optimizer,
             client_mode,
-            batch_size,
-            local_batches,
-            local_steps,
-            local_lr,
-            local_epochs,
-            local_momentum,
+            batch_size=batch_size,
+            local_batches=local_batches,
+            local_steps=local_steps,
+            local_epochs=local_epochs,
+            local_lr=local_lr,
+            local_momentum=local_momentum,
         )
         self.optimizer_name = optimizer
-        self.optimizer_params = _resolve_optimizer_params(
+        self.optimizer_params = resolve_optimizer_params(
             optimizer, server_learning_rate, optimizer_params, client_mode, float(local_lr)
         )
         self.server_learning_rate = float(self.optimizer_params["lr"])
-        #: Where :attr:`server_learning_rate` comes from: "given", or the rule's
-        #: "gradient-mode default" / "displacement-mode default".
-        self.server_learning_rate_source = (
-            "given"
-            if server_learning_rate is not None
-            else (
-                "displacement-mode default"
-                if client_mode in DISPLACEMENT_MODES
-                else "gradient-mode default"
-            )
-        )
+        self.server_learning_rate_source = learning_rate_source(server_learning_rate, client_mode)
         self.client_mode = client_mode
-        self.client_work = {
-            "batch-size": int(batch_size),
-            "local-batches": int(local_batches),
-            "local-steps": int(local_steps),
-            "local-epochs": int(local_epochs),
-            "local-lr": float(local_lr),
-            "local-momentum": float(local_momentum),
-        }
         self.virtual_clock = virtual_clock
         self.engine = engine or EngineSettings()
-        _check_prefetch(optimizer, self.engine, virtual_clock)
+        check_prefetch(optimizer, self.engine, virtual_clock)
         self.seed = int(seed)
         self.trainable_keys = _trainable_keys(trainable_keys)
         self.federated_evaluation = federated_evaluation
@@ -242,14 +208,8 @@ class AsyncStrategy:
     def summary(self) -> None:
         """Log the strategy's configuration."""
         log(INFO, "\t├── Server optimizer: %s %s", self.optimizer_name, self.optimizer_params)
-        log(
-            INFO,
-            "\t├── Server learning rate: %g (%s, %s mode%s)",
-            self.server_learning_rate,
-            self.server_learning_rate_source,
-            self.client_mode,
-            "" if self.client_mode == "gradient" else ": a fraction of each displacement",
-        )
+        lr, source = self.server_learning_rate, self.server_learning_rate_source
+        log(INFO, "\t├── Server learning rate: %g (%s)", lr, source)
         log(INFO, "\t├── Client work: mode=%s %s", self.client_mode, self.client_work)
         log(INFO, "\t├── Federated evaluation: %s", self.federated_evaluation)
         log(INFO, "\t└── Virtual clock: %s", self.virtual_clock)
@@ -367,87 +327,3 @@ def _result(report: EngineReport) -> AsyncResult:
             {"train-loss": row["train_loss"], "staleness-mean": row["staleness_mean"]}
         )
     return result
-
-
-# ----------------------------------------------------------- argument checks
-def _check_client_work(
-    optimizer: str,
-    client_mode: str,
-    batch_size: int,
-    local_batches: int,
-    local_steps: int,
-    local_lr: float,
-    local_epochs: int = 0,
-    local_momentum: float = 0.0,
-) -> None:
-    """Raise ValueError on an unknown optimizer or client mode, or bad client work."""
-    if optimizer not in OPTIMIZERS:
-        raise ValueError(f"strategy {optimizer!r} is unknown; expected one of {sorted(OPTIMIZERS)}")
-    if client_mode not in CLIENT_MODES:
-        raise ValueError(f"client-mode {client_mode!r} is unknown; expected one of {CLIENT_MODES}")
-    for key, value in {
-        "batch-size": batch_size,
-        "local-batches": local_batches,
-        "local-steps": local_steps,
-    }.items():
-        if int(value) < 1:
-            raise ValueError(f"{key} must be >= 1, got {value!r}")
-    if not local_lr > 0:
-        raise ValueError(f"local-lr must be > 0, got {local_lr!r}")
-    if isinstance(local_epochs, bool) or int(local_epochs) != local_epochs or local_epochs < 0:
-        raise ValueError(f"local-epochs must be an integer >= 0, got {local_epochs!r}")
-    if not 0 <= local_momentum < 1:
-        raise ValueError(f"local-momentum must be in [0, 1), got {local_momentum!r}")
-
-
-def _resolve_optimizer_params(
-    optimizer: str,
-    server_learning_rate: float | None,
-    given: dict[str, Any],
-    client_mode: str = "gradient",
-    local_lr: float = 0.05,
-) -> dict[str, Any]:
-    """Every declared parameter of ``optimizer``: given values over declared defaults.
-
-    The defaults are those of ``client_mode`` (:meth:`Param.default_for`: the server
-    learning rate has one for gradients, one for displacements); a rule that reads
-    its updates' scale (``update_scale``, DC-ASGD) gets ``local_lr`` in the
-    displacement modes unless given.
-    """
-    declared = {p.name: p.default_for(client_mode) for p in declared_params(optimizer)}
-    unknown = sorted(k for k in given if k not in declared or k == "lr")
-    if unknown:
-        own = ", ".join(k for k in declared if k != "lr")
-        raise ValueError(
-            f"strategy {optimizer!r}: unknown keyword argument(s) "
-            f"{', '.join(repr(k) for k in unknown)}; the optimizer takes {own} "
-            f"(and server_learning_rate); the strategy takes {', '.join(_STRATEGY_KEYWORDS)}"
-        )
-    params = {**declared, **given}
-    if "update_scale" in declared and "update_scale" not in given:
-        params["update_scale"] = local_lr if client_mode in DISPLACEMENT_MODES else None
-    if server_learning_rate is not None:
-        params["lr"] = server_learning_rate
-    return params
-
-
-def _check_prefetch(
-    optimizer: str, engine: EngineSettings, virtual_clock: VirtualClock | None
-) -> None:
-    """Raise ValueError if ``engine.prefetch`` is ruled out by the clock or the rule."""
-    if not engine.prefetch:
-        return
-    replace(engine, virtual_clock=virtual_clock)  # EngineSettings checks the clock
-    if issubclass(OPTIMIZERS[optimizer], DispatchBackups):
-        # Its one copy per node of the weights sent would belong to the second message.
-        raise ValueError(
-            f"prefetch: strategy {optimizer!r} keeps the weights sent to each node for "
-            "one message in flight per node; expected prefetch = false"
-        )
-
-
-def _trainable_keys(keys: Iterable[str] | None) -> list[str] | None:
-    """``keys`` as a list (None stays None); a lone string is refused (ValueError)."""
-    if isinstance(keys, str):
-        raise ValueError(f"trainable_keys must be a list of array names, got the string {keys!r}")
-    return None if keys is None else list(keys)
