@@ -75,7 +75,7 @@ class AsyncStrategy:
         per gradient; delta and weights modes: a fraction of each node's displacement
         ``w_sent - w_local`` (1.0 applies it whole), whatever the client's lr. None
         (default): the rule's declared default for the client mode (GSGM: 0.1 per cycle,
-        the tuned choice of docs/results/fashion_mnist_scale, and 1.0; ASGD 0.02, 0.1).
+        the tuned choice of docs/results/fashion_mnist_scale, and 0.5; ASGD 0.02, 0.1).
     client_mode : str
         What the clients return, sent as ``mode`` in every train message:
         "gradient" (mean gradient of ``local_batches`` mini-batches at the received

@@ -92,10 +92,10 @@ def accuracy(arrays: ArrayRecord) -> float:
 
 
 STRATEGIES = {
-    # eta = 1.0: each arrival applies the node's whole displacement (ASGD), or the mean
-    # displacement of K = 5 arrivals (FedBuff: its displacement-mode default); GSGM
-    # keeps its defaults (1.0 per cycle). local-lr is left at its default, 0.05: the
-    # server learning rate does not depend on it.
+    # ASGD at eta = 1.0: each arrival applies the node's whole displacement; FedBuff and
+    # GSGM keep their displacement-mode defaults (0.5 of the mean displacement of K = 5
+    # arrivals; 0.5 per cycle). local-lr is left at its default, 0.05: the server
+    # learning rate does not depend on it.
     "gsgm": lambda: GSGM(client_mode="weights", virtual_clock=VirtualClock()),
     "asgd": lambda: ASGD(
         server_learning_rate=1.0, client_mode="weights", virtual_clock=VirtualClock()
