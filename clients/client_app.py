@@ -59,8 +59,12 @@ cannot answer it is keyed by its node id); content ignored. Reply content:
   - ``"mode"`` (str): ``"gradient"``, ``"delta"`` or ``"weights"``; absent ->
     ``"weights"`` (so Flower's own FedAvg / FedAvgM work unchanged).
   - ``"batch-size"`` (int, 32), ``"local-batches"`` (int, 1: B, gradient mode),
-    ``"local-steps"`` (int, 1: E, delta and weights modes), ``"local-lr"``
-    (float, 0.05: SGD learning rate, delta and weights modes).
+    ``"local-steps"`` (int, 1: E, delta and weights modes), ``"local-epochs"``
+    (int, 0: delta and weights modes, passes over the partition, each
+    ceil(N / batch-size) SGD steps; 0 = ``local-steps`` steps), ``"local-lr"``
+    (float, 0.05: SGD learning rate, delta and weights modes), ``"local-momentum"``
+    (float in [0, 1), 0: SGD momentum of torch.optim.SGD, delta and weights modes;
+    FedAvg-style clients use 0.9; the buffer starts at zero in every message).
   - ``"seed"`` (int): per-dispatch seed of the mini-batch sampling, chosen by the
     server. Absent -> derived from (run config ``seed``, ``partition-id``,
     ``"server-round"`` or 0); an asynchronous server must send it, otherwise every
@@ -73,11 +77,13 @@ cannot answer it is keyed by its node id); content ignored. Reply content:
 
   - ``"arrays"``: ArrayRecord with the same keys, order and shapes as received,
     float32 values: the update. ``gradient``: mean gradient of B mini-batches at w;
-    ``delta``: (w - w_local) / local-lr after E SGD steps; ``weights``: w_local.
-    The server's rule steps against the first two; from ``weights`` the server
-    forms (w - w_local) / local-lr itself, from the weights it sent.
+    ``delta``: the displacement w - w_local after the local SGD steps (not divided
+    by local-lr); ``weights``: w_local. The server's rule steps against the first
+    two; from ``weights`` the server forms the displacement w - w_local itself,
+    from the weights it sent.
   - ``"metrics"``: MetricRecord ``{"num-examples": int (example-gradients
-    computed: min(batch-size, N) * B or * E), "model-version": int (echo, -1 if
+    computed: min(batch-size, N) * B or * E, or N * local-epochs),
+    "model-version": int (echo, -1 if
     absent), "partition-id": int, "num-partitions": int, "train-loss": float
     (mean cross-entropy of the mini-batches used), "compute-time": float (wall
     seconds of the local computation), "virtual-duration": float (only if sent),
@@ -102,8 +108,8 @@ error reply (``Message.has_error()``) that the server counts.
 
 Preprocessing, for ports to other frameworks: images are Fashion-MNIST uint8
 ``[N, 1, 28, 28]``, normalised as ``(x / 255 - 0.2860) / 0.3530`` inside the model
-(:mod:`clients.models`); loss is mean cross-entropy; SGD has no momentum and no
-weight decay.
+(:mod:`clients.models`); loss is mean cross-entropy; SGD has no weight decay,
+and momentum only with ``local-momentum``.
 """
 
 from __future__ import annotations
@@ -161,7 +167,9 @@ DEFAULT_TRAIN_CONFIG: dict[str, object] = {
     "batch-size": 32,
     "local-batches": 1,
     "local-steps": 1,
+    "local-epochs": 0,
     "local-lr": 0.05,
+    "local-momentum": 0.0,
 }
 
 app = ClientApp()
@@ -527,7 +535,11 @@ def train(msg: Message, context: Context) -> Message:
     batch_size = _get_int(config, "batch-size", d["batch-size"], minimum=1)
     local_batches = _get_int(config, "local-batches", d["local-batches"], minimum=1)
     local_steps = _get_int(config, "local-steps", d["local-steps"], minimum=1)
+    local_epochs = _get_int(config, "local-epochs", d["local-epochs"], minimum=0)
     local_lr = _get_float(config, "local-lr", d["local-lr"], positive=True)
+    local_momentum = _get_float(config, "local-momentum", d["local-momentum"])
+    if not 0.0 <= local_momentum < 1.0:
+        raise ValueError(f"Invalid local-momentum={local_momentum!r}: expected a number in [0, 1)")
     model_version = _get_int(config, "model-version", -1)
     if "seed" in config:
         seed = _get_int(config, "seed", None)
@@ -550,6 +562,8 @@ def train(msg: Message, context: Context) -> Message:
             local_lr=local_lr,
             seed=seed,
             device=device,
+            local_epochs=local_epochs,
+            local_momentum=local_momentum,
         )
         compute_time = time.perf_counter() - start
     sleep_time = 0.0
@@ -570,6 +584,7 @@ def train(msg: Message, context: Context) -> Message:
             batch_size=batch_size,
             local_batches=local_batches,
             local_steps=local_steps,
+            local_epochs=local_epochs,
         ),
         "model-version": model_version,
         "partition-id": settings.partition_id,

@@ -5,18 +5,29 @@ the update the node sends back, in one of three modes:
 
 - ``"gradient"``: g = (1/B) * sum_b grad L_b(w), the mean of the gradients of
   ``local_batches`` (B) mini-batches, all taken at w; no step is taken.
-- ``"delta"``: ``local_steps`` (E) plain SGD steps w <- w - local_lr * grad L_b(w)
-  give w_local; the update is the pseudo-gradient (w - w_local) / local_lr. With
-  E = 1 it equals the gradient of the first mini-batch up to float32 rounding.
+- ``"delta"``: E local SGD steps (``local_steps``, or ``local_epochs`` passes over
+  the data: :func:`steps_per_message`) at rate ``local_lr`` give w_local; the update
+  is the displacement d = w - w_local, whatever ``local_lr`` (the server's learning
+  rate is a fraction of it). With E = 1 and no momentum it equals ``local_lr``
+  times the gradient of the first mini-batch, up to float32 rounding.
 - ``"weights"``: the same E SGD steps; the update is w_local itself (what Flower's
-  synchronous FedAvg / FedAvgM average).
+  synchronous FedAvg / FedAvgM average; the server forms w - w_local).
 
-L_b is the mean cross-entropy over mini-batch b. Plain SGD: no momentum, no weight
-decay. Mini-batches are drawn by :func:`sample_batches`: walk a random permutation
-of the node's examples (``torch.Generator`` seeded with ``seed``) in chunks of
-``min(batch_size, N)``, drawing a fresh permutation when fewer than a full chunk
-remain. So the first batch is the same in every mode for the same seed, batches
-never repeat an example within a pass, and every batch has the same size.
+L_b is the mean cross-entropy over mini-batch b. Local SGD is torch.optim.SGD's
+rule with momentum mu = ``local_momentum`` (no dampening, no Nesterov, no weight
+decay): v <- g_b at the first step, v <- mu * v + g_b after, w <- w - local_lr * v;
+mu = 0 (the default) is plain SGD, w <- w - local_lr * g_b. The momentum buffer
+starts at zero in every message (a stateless client).
+
+Mini-batches: with ``local_steps`` (and in gradient mode), :func:`sample_batches`
+walks a random permutation of the node's examples (``torch.Generator`` seeded with
+``seed``) in chunks of ``min(batch_size, N)``, drawing a fresh permutation when fewer
+than a full chunk remain. So the first batch is the same in every mode for the same
+seed, batches never repeat an example within a pass, and every batch has the same
+size. With ``local_epochs`` > 0, :func:`epoch_batches`: each epoch a fresh
+permutation cut into ``ceil(N / batch_size)`` batches, the last one smaller when
+``batch_size`` does not divide N (as a torch DataLoader with ``shuffle=True``), so
+every example is used once per epoch.
 
 Determinism: the outputs are a function of (weights, data, arguments, seed) only;
 with the same number of torch threads they are bit-identical across calls and
@@ -40,9 +51,11 @@ from torch.nn import functional as F
 __all__ = [
     "MODES",
     "compute_update",
+    "epoch_batches",
     "evaluate",
     "num_examples_used",
     "sample_batches",
+    "steps_per_message",
 ]
 
 MODES = ("gradient", "delta", "weights")
@@ -52,6 +65,57 @@ def _check_positive_int(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ValueError(f"Invalid {name}={value!r}: expected an integer >= 1")
     return int(value)
+
+
+def _check_non_negative_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ValueError(f"Invalid {name}={value!r}: expected an integer >= 0")
+    return int(value)
+
+
+def _check_momentum(value: object) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float, np.integer, np.floating))
+        or not 0 <= value < 1
+    ):
+        raise ValueError(f"Invalid local-momentum={value!r}: expected a number in [0, 1)")
+    return float(value)
+
+
+def steps_per_message(
+    mode: str,
+    local_batches: int,
+    local_steps: int,
+    local_epochs: int,
+    batch_size: int,
+    num_examples: int,
+) -> int:
+    """Mini-batches one train message makes a node compute (a pure function).
+
+    Gradient mode: ``local_batches`` gradients at the received weights. Delta and
+    weights modes: SGD steps, ``local_epochs * ceil(num_examples / batch_size)``
+    when ``local_epochs`` > 0, else ``local_steps``. Each is one forward and
+    backward pass of a mini-batch of at most ``batch_size`` examples (the unit a
+    time model charges per step).
+
+    Raises
+    ------
+    ValueError
+        Unknown mode, sizes that are not integers >= 1 (``local_epochs``: >= 0).
+    """
+    if mode not in MODES:
+        raise ValueError(f"Invalid mode={mode!r}: expected one of {MODES}")
+    _check_positive_int("local-batches", local_batches)
+    _check_positive_int("local-steps", local_steps)
+    epochs = _check_non_negative_int("local-epochs", local_epochs)
+    b = _check_positive_int("batch-size", batch_size)
+    n = _check_positive_int("num-examples", num_examples)
+    if mode == "gradient":
+        return int(local_batches)
+    if epochs:
+        return epochs * -(-n // b)
+    return int(local_steps)
 
 
 def _parameters_in_state_order(model: nn.Module) -> list[torch.Tensor]:
@@ -147,6 +211,32 @@ def sample_batches(
     return batches
 
 
+def epoch_batches(
+    num_examples: int, batch_size: int, num_epochs: int, seed: int
+) -> list[torch.Tensor]:
+    """Mini-batches of ``num_epochs`` passes over the data, seeded.
+
+    Each epoch draws a fresh permutation of ``[0, N)`` (``torch.Generator`` seeded
+    with ``seed``, one generator for all epochs) and cuts it into
+    ``ceil(N / batch_size)`` consecutive batches: every example once per epoch, the
+    last batch of an epoch ``N - (ceil(N / batch_size) - 1) * batch_size`` long.
+
+    Raises
+    ------
+    ValueError
+        If N, batch_size or num_epochs is not a positive integer.
+    """
+    n = _check_positive_int("num-examples", num_examples)
+    b = _check_positive_int("batch-size", batch_size)
+    _check_positive_int("local-epochs", num_epochs)
+    generator = torch.Generator().manual_seed(int(seed) % 2**64)
+    batches = []
+    for _ in range(num_epochs):
+        perm = torch.randperm(n, generator=generator)
+        batches.extend(perm[s : s + b] for s in range(0, n, b))
+    return batches
+
+
 def num_examples_used(
     num_examples: int,
     *,
@@ -154,10 +244,13 @@ def num_examples_used(
     batch_size: int,
     local_batches: int = 1,
     local_steps: int = 1,
+    local_epochs: int = 0,
 ) -> int:
     """Number of example-gradients :func:`compute_update` computes (reported as
-    ``num-examples``): ``min(batch_size, N) * B`` in gradient mode,
-    ``min(batch_size, N) * E`` otherwise."""
+    ``num-examples``): ``min(batch_size, N) * B`` in gradient mode, ``N *
+    local_epochs`` with local epochs, ``min(batch_size, N) * E`` otherwise."""
+    if mode != "gradient" and local_epochs:
+        return num_examples * local_epochs
     count = local_batches if mode == "gradient" else local_steps
     return min(batch_size, num_examples) * count
 
@@ -174,6 +267,8 @@ def compute_update(
     local_lr: float = 0.05,
     seed: int = 0,
     device: torch.device | str | None = None,
+    local_epochs: int = 0,
+    local_momentum: float = 0.0,
 ) -> tuple[list[np.ndarray], float]:
     """Compute a node's update at the model's current weights.
 
@@ -194,9 +289,16 @@ def compute_update(
     local_batches : int
         B, number of mini-batches averaged in gradient mode (>= 1).
     local_steps : int
-        E, number of SGD steps in delta and weights modes (>= 1).
+        E, number of SGD steps in delta and weights modes (>= 1), unless
+        ``local_epochs`` > 0.
     local_lr : float
         SGD learning rate of delta and weights modes (finite, > 0).
+    local_epochs : int
+        Delta and weights modes: passes over the data (>= 0); > 0 replaces
+        ``local_steps`` by ``local_epochs * ceil(N / batch_size)`` steps
+        (:func:`epoch_batches`); 0 (default): ``local_steps``.
+    local_momentum : float
+        SGD momentum mu of delta and weights modes, in [0, 1) (default 0: plain SGD).
     seed : int
         Seed of the mini-batch sampling (:func:`sample_batches`).
     device : torch.device or str, optional
@@ -216,20 +318,26 @@ def compute_update(
     Raises
     ------
     ValueError
-        Unknown mode, non-positive sizes or learning rate, empty or mismatched data,
-        or a model with non-parameter state.
+        Unknown mode, non-positive sizes or learning rate, negative local epochs, a
+        momentum outside [0, 1), empty or mismatched data, or a model with
+        non-parameter state.
     """
     _check_update_args(mode, images, labels, local_lr, local_batches, local_steps)
-    num_batches = local_batches if mode == "gradient" else local_steps
-    batches = sample_batches(len(labels), batch_size, num_batches, seed)
+    epochs = _check_non_negative_int("local-epochs", local_epochs)
+    momentum = _check_momentum(local_momentum)
+    if mode != "gradient" and epochs:
+        batches = epoch_batches(len(labels), batch_size, epochs, seed)
+    else:
+        num_batches = local_batches if mode == "gradient" else local_steps
+        batches = sample_batches(len(labels), batch_size, num_batches, seed)
     model, target = _on_device(model, device)
     data = (images, labels, target)
     if mode == "gradient":
         update, losses = _gradient_update(model, data, batches)
     elif mode == "delta":
-        update, losses = _delta_update(model, data, batches, local_lr)
+        update, losses = _delta_update(model, data, batches, local_lr, momentum)
     else:
-        update, losses = _weights_update(model, data, batches, local_lr)
+        update, losses = _weights_update(model, data, batches, local_lr, momentum)
     arrays = [np.ascontiguousarray(t.cpu().numpy(), dtype=np.float32).copy() for t in update]
     return arrays, float(np.mean(losses))
 
@@ -291,39 +399,65 @@ def _gradient_update(
 
 
 def _local_sgd(
-    model: nn.Module, data: _Data, batches: list[torch.Tensor], local_lr: float
+    model: nn.Module,
+    data: _Data,
+    batches: list[torch.Tensor],
+    local_lr: float,
+    momentum: float = 0.0,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[float]]:
-    """One SGD step per batch on a copy of ``model``: (w, local weights, batch losses)."""
+    """One SGD step per batch on a copy of ``model``: (w, local weights, batch losses).
+
+    torch.optim.SGD's update (momentum buffer = the first gradient, then
+    ``mu * buf + g``; ``p -= lr * buf``), written out so that no ``.grad`` is kept.
+    """
     images, labels, target = data
     local = copy.deepcopy(model)
     params = _parameters_in_state_order(local)
     start = [p.detach().clone() for p in params]
     local.train()
     losses = []
+    velocity: list[torch.Tensor] | None = None
     for idx in batches:
         x, y = _batch(images, labels, idx, target)
         loss = F.cross_entropy(local(x), y)
         grads = torch.autograd.grad(loss, params)
         with torch.no_grad():
-            for p, g in zip(params, grads):
-                p.add_(g, alpha=-local_lr)
+            if momentum == 0.0:  # plain SGD: the same float operations as before momentum
+                for p, g in zip(params, grads):
+                    p.add_(g, alpha=-local_lr)
+            else:
+                if velocity is None:
+                    velocity = [g.clone() for g in grads]
+                else:
+                    for v, g in zip(velocity, grads):
+                        v.mul_(momentum).add_(g)
+                for p, v in zip(params, velocity):
+                    p.add_(v, alpha=-local_lr)
         losses.append(loss.item())
     return start, [p.detach() for p in params], losses
 
 
 def _delta_update(
-    model: nn.Module, data: _Data, batches: list[torch.Tensor], local_lr: float
+    model: nn.Module,
+    data: _Data,
+    batches: list[torch.Tensor],
+    local_lr: float,
+    momentum: float = 0.0,
 ) -> tuple[list[torch.Tensor], list[float]]:
-    """Delta mode: ``(w - w_local) / local_lr`` after the local steps, batch losses."""
-    start, local, losses = _local_sgd(model, data, batches, local_lr)
-    return [(w0 - w) / local_lr for w0, w in zip(start, local)], losses
+    """Delta mode: the displacement ``w - w_local`` after the local steps, batch losses."""
+    start, local, losses = _local_sgd(model, data, batches, local_lr, momentum)
+    return [w0 - w for w0, w in zip(start, local)], losses
 
 
 def _weights_update(
-    model: nn.Module, data: _Data, batches: list[torch.Tensor], local_lr: float
+    model: nn.Module,
+    data: _Data,
+    batches: list[torch.Tensor],
+    local_lr: float,
+    momentum: float = 0.0,
 ) -> tuple[list[torch.Tensor], list[float]]:
     """Weights mode: the local weights after the local steps, batch losses."""
-    _start, local, losses = _local_sgd(model, data, batches, local_lr)
+    _start, local, losses = _local_sgd(model, data, batches, local_lr, momentum)
     return local, losses
 
 

@@ -12,7 +12,7 @@ Use it in your own ServerApp::
 
     @app.main()
     def main(grid, context):
-        strategy = GSGM(server_learning_rate=0.02, beta=0.5)
+        strategy = GSGM(client_mode="weights", local_lr=0.01)  # a FedAvg-style ClientApp
         result = strategy.start(grid, ArrayRecord(model.state_dict()), max_updates=3000)
 """
 
@@ -30,29 +30,21 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 
 from flwr_gsgm.async_engine import AsyncEngine, EngineReport, EngineSettings, EvaluateFn
-from flwr_gsgm.core import OPTIMIZERS, ServerOptimizer, declared_params, make_optimizer
-from flwr_gsgm.core.backups import DispatchBackups
+from flwr_gsgm.core import ServerOptimizer, make_optimizer
+from flwr_gsgm.core.params import DISPLACEMENT_MODES
 from flwr_gsgm.federated_evaluation import FederatedEvaluation
 from flwr_gsgm.run_end import DIVERGED, FAILED, RunDiverged, RunFailed
+from flwr_gsgm.strategy_args import (
+    CLIENT_MODES,
+    check_prefetch,
+    client_work,
+    learning_rate_source,
+    resolve_optimizer_params,
+)
+from flwr_gsgm.strategy_args import trainable_keys as _trainable_keys
 from flwr_gsgm.virtual_clock import VirtualClock
 
-__all__ = ["AsyncStrategy", "AsyncResult", "CLIENT_MODES"]
-
-CLIENT_MODES = ("gradient", "delta", "weights")
-# Keyword arguments of AsyncStrategy itself (the rest are the optimizer's).
-_STRATEGY_KEYWORDS = (
-    "server_learning_rate",
-    "client_mode",
-    "batch_size",
-    "local_batches",
-    "local_steps",
-    "local_lr",
-    "virtual_clock",
-    "engine",
-    "seed",
-    "trainable_keys",
-    "federated_evaluation",
-)
+__all__ = ["AsyncStrategy", "AsyncResult", "CLIENT_MODES", "DISPLACEMENT_MODES"]
 
 
 @dataclass
@@ -79,27 +71,33 @@ class AsyncStrategy:
         Name in :data:`flwr_gsgm.core.OPTIMIZERS` ("gsgm", "asgd", "masgd",
         "dcasgd", "fedasync", "fedbuff", and any rule registered since).
     server_learning_rate : float | None
-        Server learning rate eta (> 0), the optimizer's ``lr``. None (default) takes
-        the rule's declared default, 0.02: the value the tuning protocol chose for
-        GSGM, ASGD, momentum ASGD and DC-ASGD on Fashion-MNIST (``docs/RESULTS.md``);
-        tune it for your model and data.
+        Server learning rate eta (> 0), the optimizer's ``lr``. Gradient mode: a step
+        per gradient; delta and weights modes: a fraction of each node's displacement
+        ``w_sent - w_local`` (1.0 applies it whole), whatever the client's lr. None
+        (default): the rule's declared default for the client mode (GSGM: 0.1 per cycle,
+        the tuned choice of docs/results/fashion_mnist_scale, and 0.5; ASGD 0.02, 0.1).
     client_mode : str
         What the clients return, sent as ``mode`` in every train message:
         "gradient" (mean gradient of ``local_batches`` mini-batches at the received
-        weights), "delta" (``(w_received - w_local) / local_lr`` after
-        ``local_steps`` SGD steps) or "weights" (the trained weights ``w_local``, as
-        for Flower's FedAvg: the server forms ``(w_sent - w_local) / local_lr``
-        from the weights it sent in that dispatch, so the rule sees what delta mode
-        would send). Choose "weights" for a ClientApp written for FedAvg, or any
-        client that returns its model (it costs the server one model copy per message
-        in flight); "delta" for the same local work with half the server memory;
+        weights), "delta" (the displacement ``w_received - w_local`` after the local
+        SGD steps) or "weights" (the trained weights ``w_local``, as for Flower's
+        FedAvg: the server forms the displacement ``w_sent - w_local`` from the
+        weights it sent in that dispatch, so the rule sees what delta mode would
+        send). Choose "weights" for a ClientApp written for FedAvg, or any client
+        that returns its model (it costs the server one model copy per message in
+        flight); "delta" for the same local work with half the server memory;
         "gradient" for the cheapest client step (one gradient, no local SGD).
     batch_size, local_batches, local_steps : int
-        Client work per update, sent in every train message.
+        Client work per update, sent in every train message (each >= 1).
+    local_epochs : int
+        Delta and weights modes: passes over the node's partition per message, each
+        ``ceil(N / batch_size)`` SGD steps; 0 (default): ``local_steps`` steps.
     local_lr : float
-        Client learning rate of delta and weights modes; in weights mode also the
-        normalisation of the server's pseudo-gradient (set it to the client's own
-        learning rate if the client ignores the one sent).
+        Client learning rate of delta and weights modes (> 0; DC-ASGD's gradient
+        estimate is ``displacement / local_lr``).
+    local_momentum : float
+        SGD momentum of the local steps in [0, 1), torch.optim.SGD's; 0 (default):
+        plain SGD; FedAvg-style clients use 0.9.
     virtual_clock : VirtualClock | None
         Simulation clock (reproducible order) or None for real arrival order.
     engine : EngineSettings | None
@@ -148,7 +146,9 @@ class AsyncStrategy:
         batch_size: int = 32,
         local_batches: int = 1,
         local_steps: int = 1,
+        local_epochs: int = 0,
         local_lr: float = 0.05,
+        local_momentum: float = 0.0,
         virtual_clock: VirtualClock | None = None,
         engine: EngineSettings | None = None,
         seed: int = 0,
@@ -156,22 +156,27 @@ class AsyncStrategy:
         federated_evaluation: FederatedEvaluation | None = None,
         **optimizer_params: Any,
     ) -> None:
-        _check_client_work(optimizer, client_mode, batch_size, local_batches, local_steps, local_lr)
+        # Checked first: a bad value fails before anything is built.
+        self.client_work = client_work(
+            optimizer,
+            client_mode,
+            batch_size=batch_size,
+            local_batches=local_batches,
+            local_steps=local_steps,
+            local_epochs=local_epochs,
+            local_lr=local_lr,
+            local_momentum=local_momentum,
+        )
         self.optimizer_name = optimizer
-        self.optimizer_params = _resolve_optimizer_params(
-            optimizer, server_learning_rate, optimizer_params
+        self.optimizer_params = resolve_optimizer_params(
+            optimizer, server_learning_rate, optimizer_params, client_mode, float(local_lr)
         )
         self.server_learning_rate = float(self.optimizer_params["lr"])
+        self.server_learning_rate_source = learning_rate_source(server_learning_rate, client_mode)
         self.client_mode = client_mode
-        self.client_work = {
-            "batch-size": int(batch_size),
-            "local-batches": int(local_batches),
-            "local-steps": int(local_steps),
-            "local-lr": float(local_lr),
-        }
         self.virtual_clock = virtual_clock
         self.engine = engine or EngineSettings()
-        _check_prefetch(optimizer, self.engine, virtual_clock)
+        check_prefetch(optimizer, self.engine, virtual_clock)
         self.seed = int(seed)
         self.trainable_keys = _trainable_keys(trainable_keys)
         self.federated_evaluation = federated_evaluation
@@ -203,6 +208,8 @@ class AsyncStrategy:
     def summary(self) -> None:
         """Log the strategy's configuration."""
         log(INFO, "\t├── Server optimizer: %s %s", self.optimizer_name, self.optimizer_params)
+        lr, source = self.server_learning_rate, self.server_learning_rate_source
+        log(INFO, "\t├── Server learning rate: %g (%s)", lr, source)
         log(INFO, "\t├── Client work: mode=%s %s", self.client_mode, self.client_work)
         log(INFO, "\t├── Federated evaluation: %s", self.federated_evaluation)
         log(INFO, "\t└── Virtual clock: %s", self.virtual_clock)
@@ -234,8 +241,8 @@ class AsyncStrategy:
             Budget in virtual seconds (virtual clock) or wall seconds (deployment).
         train_config : ConfigRecord | None
             Extra keys sent in every train message (the strategy adds ``mode``,
-            ``batch-size``, ``local-batches``, ``local-steps``, ``local-lr``,
-            ``model-version``, ``seed`` and ``virtual-duration``).
+            ``batch-size``, ``local-batches``, ``local-steps``, ``local-epochs``,
+            ``local-lr``, ``local-momentum``, ``model-version``, ``seed`` and ``virtual-duration``).
         evaluate_fn : callable | None
             ``(updates_received, arrays) -> MetricRecord`` with ``accuracy`` and
             ``loss``; centralized evaluation.
@@ -330,69 +337,3 @@ def _result(report: EngineReport) -> AsyncResult:
             {"train-loss": row["train_loss"], "staleness-mean": row["staleness_mean"]}
         )
     return result
-
-
-# ----------------------------------------------------------- argument checks
-def _check_client_work(
-    optimizer: str,
-    client_mode: str,
-    batch_size: int,
-    local_batches: int,
-    local_steps: int,
-    local_lr: float,
-) -> None:
-    """Raise ValueError on an unknown optimizer or client mode, or bad client work."""
-    if optimizer not in OPTIMIZERS:
-        raise ValueError(f"strategy {optimizer!r} is unknown; expected one of {sorted(OPTIMIZERS)}")
-    if client_mode not in CLIENT_MODES:
-        raise ValueError(f"client-mode {client_mode!r} is unknown; expected one of {CLIENT_MODES}")
-    for key, value in {
-        "batch-size": batch_size,
-        "local-batches": local_batches,
-        "local-steps": local_steps,
-    }.items():
-        if int(value) < 1:
-            raise ValueError(f"{key} must be >= 1, got {value!r}")
-    if not local_lr > 0:
-        raise ValueError(f"local-lr must be > 0, got {local_lr!r}")
-
-
-def _resolve_optimizer_params(
-    optimizer: str, server_learning_rate: float | None, given: dict[str, Any]
-) -> dict[str, Any]:
-    """Every declared parameter of ``optimizer``: given values over declared defaults."""
-    declared = {p.name: p.default for p in declared_params(optimizer)}
-    unknown = sorted(k for k in given if k not in declared or k == "lr")
-    if unknown:
-        own = ", ".join(k for k in declared if k != "lr")
-        raise ValueError(
-            f"strategy {optimizer!r}: unknown keyword argument(s) "
-            f"{', '.join(repr(k) for k in unknown)}; the optimizer takes {own} "
-            f"(and server_learning_rate); the strategy takes {', '.join(_STRATEGY_KEYWORDS)}"
-        )
-    params = {**declared, **given}
-    if server_learning_rate is not None:
-        params["lr"] = server_learning_rate
-    return params
-
-
-def _check_prefetch(
-    optimizer: str, engine: EngineSettings, virtual_clock: VirtualClock | None
-) -> None:
-    """Raise ValueError if ``engine.prefetch`` is ruled out by the clock or the rule."""
-    if not engine.prefetch:
-        return
-    replace(engine, virtual_clock=virtual_clock)  # EngineSettings checks the clock
-    if issubclass(OPTIMIZERS[optimizer], DispatchBackups):
-        # Its one copy per node of the weights sent would belong to the second message.
-        raise ValueError(
-            f"prefetch: strategy {optimizer!r} keeps the weights sent to each node for "
-            "one message in flight per node; expected prefetch = false"
-        )
-
-
-def _trainable_keys(keys: Iterable[str] | None) -> list[str] | None:
-    """``keys`` as a list (None stays None); a lone string is refused (ValueError)."""
-    if isinstance(keys, str):
-        raise ValueError(f"trainable_keys must be a list of array names, got the string {keys!r}")
-    return None if keys is None else list(keys)

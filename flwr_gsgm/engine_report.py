@@ -29,6 +29,8 @@ class EngineReport:
     ``last_finite`` holds ``(updates received, model)`` of the last evaluation that
     showed no divergence (None before the first, or if the first diverged): a diverged
     run's ``arrays`` are the diverged model, this is the one to keep.
+    ``server_learning_rate`` is the rule's ``lr`` the run used (given, or the rule's
+    default for the client mode).
     """
 
     arrays: ArrayRecord
@@ -45,6 +47,7 @@ class EngineReport:
     per_node: dict[str, dict[str, Any]] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     last_finite: tuple[int, ArrayRecord] | None = None
+    server_learning_rate: float | None = None
 
 
 def build_report(engine: AsyncEngine) -> EngineReport:
@@ -71,4 +74,5 @@ def build_report(engine: AsyncEngine) -> EngineReport:
         per_node=engine.stats.report(engine.members),
         warnings=list(engine.stats.warnings),
         last_finite=engine.evaluator.last_finite,
+        server_learning_rate=float(optimizer.rule.params["lr"]),
     )

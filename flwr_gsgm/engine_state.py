@@ -11,6 +11,14 @@ changes the result (:mod:`flwr_gsgm.resume_check`) or its nodes report another
 number of partitions, unless run config ``resume-allow-changes`` lists the key.
 Every node that answers at the restart is in the run again: one lost before the
 checkpoint rejoins, one active then but silent now is lost until it comes back.
+
+A checkpoint of a delta- or weights-mode run records ``displacement_updates``
+(:data:`DISPLACEMENT_UPDATES`): its updates are displacements ``w_sent - w_local``
+and its server learning rate a fraction of them. One written before (the updates
+were ``(w_sent - w_local) / local-lr``) is refused (:func:`check_update_meaning`):
+its optimizer state (momentum, buffers, caches, tables) holds updates in the old
+scale and no resume can continue it; the message gives the server learning rate
+that takes the same steps in a new run, old / local-lr.
 """
 
 from __future__ import annotations
@@ -22,16 +30,30 @@ from typing import TYPE_CHECKING, Any
 from flwr.common.logger import log
 
 from flwr_gsgm import checkpoint
+from flwr_gsgm.core import OPTIMIZERS
+from flwr_gsgm.core.params import DISPLACEMENT_MODES
 from flwr_gsgm.in_flight import Dispatch
 from flwr_gsgm.resume_check import ResumeRefused, check_resume, fingerprint
 
 if TYPE_CHECKING:
     from flwr_gsgm.async_engine import AsyncEngine
 
-__all__ = ["check_settings", "load_for_resume", "save_state", "restore_state", "save_checkpoint"]
+__all__ = [
+    "DISPLACEMENT_UPDATES",
+    "check_settings",
+    "check_update_meaning",
+    "load_for_resume",
+    "save_state",
+    "restore_state",
+    "save_checkpoint",
+]
 
 #: Top-level keys every engine checkpoint has (later ones are optional).
 REQUIRED = ("keys", "optimizer", "nodes", "speeds", "num_partitions", "in_flight", "rows")
+#: Key of a checkpoint whose delta/weights updates are displacements ``w_sent -
+#: w_local`` (True): written by every engine since the server learning rate of those
+#: modes became a fraction of the displacement (issue 22).
+DISPLACEMENT_UPDATES = "displacement_updates"
 
 
 def _fingerprint(engine: AsyncEngine, with_optimizer: bool) -> dict[str, Any]:
@@ -67,6 +89,7 @@ def save_state(engine: AsyncEngine) -> dict[str, Any]:
         "node_stats": engine.stats.state_dict(),
         "norm_bound": engine.norm_bound.state_dict(),
         "fingerprint": _fingerprint(engine, with_optimizer=True),
+        DISPLACEMENT_UPDATES: True,
     }
 
 
@@ -104,6 +127,7 @@ def check_settings(engine: AsyncEngine, state: dict[str, Any]) -> None:
             f"checkpoint {engine.settings.checkpoint_path} is not an engine state of "
             f"flwr-gsgm: it lacks {missing}"
         )
+    check_update_meaning(engine.settings.checkpoint_path, state)
     if engine.settings.run_config is None:
         return  # compared once the optimizer exists (restore_state)
     if "fingerprint" not in state:
@@ -120,6 +144,59 @@ def check_settings(engine: AsyncEngine, state: dict[str, Any]) -> None:
         _fingerprint(engine, with_optimizer=False),
         engine.settings.resume_allow_changes,
     )
+
+
+def check_update_meaning(path: object, state: dict[str, Any]) -> None:
+    """Refuse a delta/weights-mode checkpoint written before updates were displacements.
+
+    The client mode is the checkpoint's run config ``client-mode`` (or, for a
+    strategy started from Python, its train config ``mode``; for a checkpoint
+    without a fingerprint, the mode of its in-flight messages). A gradient-mode
+    checkpoint passes: that meaning did not change.
+
+    Raises
+    ------
+    ResumeRefused
+        A delta- or weights-mode checkpoint without :data:`DISPLACEMENT_UPDATES`; the
+        message names the checkpoint and gives the server learning rate of a new run
+        that takes the same steps: old / local-lr.
+    """
+    if state.get(DISPLACEMENT_UPDATES):
+        return
+    saved = state.get("fingerprint") or {}
+    mode = saved.get("client-mode", saved.get("train.mode"))
+    if mode is None:
+        modes = {d.get("config", {}).get("mode") for d in state.get("in_flight", [])}
+        mode = next((m for m in modes if m in DISPLACEMENT_MODES), None)
+    if mode not in DISPLACEMENT_MODES:
+        return
+    old_lr, local_lr = _old_learning_rates(saved)
+    if old_lr is not None and local_lr:
+        convert = (
+            f"server-learning-rate = old / local-lr = {old_lr:g} / {local_lr:g} = "
+            f"{old_lr / local_lr:.6g}"
+        )
+    else:
+        convert = "server-learning-rate = (its server learning rate) / (its local-lr)"
+    raise ResumeRefused(
+        f"resume refused: checkpoint {path} was written in {mode} client mode before the "
+        "server learning rate of the delta and weights modes became a fraction of the "
+        "node's displacement w_sent - w_local (it multiplied (w_sent - w_local) / local-lr); "
+        "its optimizer state holds updates in that scale and cannot be continued. Start "
+        f"the run afresh (resume=false, or another run-name) with {convert} for the same steps"
+    )
+
+
+def _old_learning_rates(saved: dict[str, Any]) -> tuple[float | None, float | None]:
+    """The old server learning rate (the rule's gradient default for 0) and local-lr."""
+    if "client-mode" in saved:  # a run config
+        lr, local_lr = saved.get("server-learning-rate"), saved.get("local-lr")
+        if not lr and saved.get("strategy") in OPTIMIZERS:
+            # 0: the rule's own default, the same number in every mode before
+            lr = OPTIMIZERS[saved["strategy"]].defaults()["lr"]
+        return (float(lr) if lr else None), local_lr
+    lr = saved.get("optimizer.lr")
+    return (float(lr) if lr else None), saved.get("train.local-lr")
 
 
 def restore_state(engine: AsyncEngine, state: dict[str, Any]) -> None:

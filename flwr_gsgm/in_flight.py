@@ -43,7 +43,7 @@ class Dispatch:
     base_version: int = field(compare=False)
     config: dict[str, Any] = field(compare=False)
     # The weights sent (model order), kept when checkpoints are on (a resumed run
-    # re-sends them) and in "weights" client mode (the pseudo-gradient is formed
+    # re-sends them) and in "weights" client mode (the displacement is formed
     # from them): one model copy per message in flight.
     arrays: list[np.ndarray] | None = field(compare=False, default=None)
     message_id: str = field(compare=False, default="")

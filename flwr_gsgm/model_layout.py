@@ -67,7 +67,7 @@ class ModelUpdate:
     """One accepted reply, split by the layout.
 
     ``trainable``: float32 arrays in :attr:`ModelLayout.trainable_keys` order (a
-    gradient or a pseudo-gradient: what the core rule steps against). ``buffers``:
+    gradient or a displacement: what the core rule steps against). ``buffers``:
     the buffer values the node reported, by key (a subset of
     :attr:`ModelLayout.buffer_keys`; values, not updates), dtypes and shapes the model's.
     """

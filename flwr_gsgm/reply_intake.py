@@ -27,8 +27,8 @@ __all__ = [
     "REQUIRED_REPLY_METRICS",
     "ReplyIntake",
     "ReplyRejected",
+    "displacement",
     "metadata_int",
-    "pseudo_gradient",
 ]
 
 #: Metric a train reply must carry: Flower's standard reply is arrays + num-examples.
@@ -99,10 +99,11 @@ class ReplyIntake:
     (or Flower's ``train_loss``) is used when present and must be a number.
 
     In ``"weights"`` client mode (the dispatch's config ``mode``) the node returns
-    its trained weights; the update handed to the rule is the pseudo-gradient
-    ``(w_sent - w_returned) / local-lr`` over the trainable arrays, from the weights
-    this dispatch sent (:func:`pseudo_gradient`), the update a delta-mode client
-    would have sent. Buffers are values in every mode.
+    its trained weights; the update handed to the rule is the displacement
+    ``w_sent - w_returned`` over the trainable arrays, from the weights this
+    dispatch sent (:func:`displacement`), the update a delta-mode client would have
+    sent; the client's learning rate does not enter it. Buffers are values in every
+    mode.
 
     Replays are caught before, by the message a reply answers, not by its content
     (:meth:`flwr_gsgm.in_flight.InFlight.pull`): a deterministic client may send the
@@ -142,9 +143,7 @@ class ReplyIntake:
         if dispatch.config.get("mode") == "weights":
             assert dispatch.arrays is not None  # the dispatcher keeps them in this mode
             sent = self.layout.trainable_of(dispatch.arrays)
-            update.trainable = pseudo_gradient(
-                sent, update.trainable, float(dispatch.config["local-lr"])
-            )
+            update.trainable = displacement(sent, update.trainable)
         return update
 
     @staticmethod
@@ -209,22 +208,16 @@ def _train_loss(metrics: MetricRecord) -> tuple[str, Any]:
     return TRAIN_LOSS_METRICS[0], None
 
 
-def pseudo_gradient(
-    sent: list[np.ndarray], returned: list[np.ndarray], local_lr: float
-) -> list[np.ndarray]:
-    """``(w_sent - w_returned) / local_lr`` per array, float32 (new arrays).
+def displacement(sent: list[np.ndarray], returned: list[np.ndarray]) -> list[np.ndarray]:
+    """The node's displacement ``w_sent - w_returned`` per array, float32 (new arrays).
 
-    The normalisation by the client learning rate ``local_lr`` (> 0, the ``local-lr``
-    the dispatch sent) makes the update the scale of a gradient, as in delta mode,
-    so one server learning rate suits every client mode; a client that trains with
-    another learning rate only rescales the step by ``its lr / local_lr``.
-    Non-finite returned weights give a non-finite update, which the rule rejects.
+    Independent of the client's learning rate: the server learning rate of the
+    displacement modes is a fraction of it (1.0 applies it whole), as in delta
+    mode, where the client sends it itself. Non-finite returned weights give a
+    non-finite update, which the rule rejects.
     """
-    scale = np.float32(local_lr)
     out = []
     for w0, w1 in zip(sent, returned):
         with np.errstate(over="ignore", invalid="ignore"):
-            diff = np.subtract(w0, w1, dtype=np.float32)
-            diff /= scale
-        out.append(diff)
+            out.append(np.subtract(w0, w1, dtype=np.float32))
     return out

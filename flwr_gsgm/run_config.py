@@ -124,12 +124,25 @@ RUN_CONFIG: dict[str, RunConfigKey] = {
         "gradient",
         _one_of("gradient", "delta", "weights"),
         "gradient, delta or weights",
-        "what clients return (weights: the server forms (w_sent - w) / local-lr)",
+        "what clients return (delta: the displacement w_sent - w_local; weights: w_local, "
+        "the server forms the displacement)",
     ),
     "batch-size": _key(32, _positive, "an integer > 0", "mini-batch size"),
     "local-batches": _key(1, _positive, "an integer > 0", "gradient mode: mini-batches averaged"),
     "local-steps": _key(1, _positive, "an integer > 0", "delta/weights mode: local SGD steps"),
+    "local-epochs": _key(
+        0,
+        _non_negative,
+        "an integer >= 0 (0 = local-steps)",
+        "delta/weights mode: passes over the node's partition, ceil(N / batch-size) steps each",
+    ),
     "local-lr": _key(0.05, _positive, "> 0", "client learning rate (delta/weights mode)"),
+    "local-momentum": _key(
+        0.0,
+        lambda v: 0 <= v < 1,
+        "in [0, 1)",
+        "delta/weights mode: client SGD momentum (0 = plain SGD)",
+    ),
     "eval-max-examples": _key(
         1000,
         _positive,

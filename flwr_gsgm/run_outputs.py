@@ -136,8 +136,10 @@ def summarize(
     :class:`~flwr_gsgm.async_engine.EngineReport`, absent for Flower's synchronous
     strategies) adds ``status`` ("completed", "diverged" or "failed") and
     ``status_reason``, ``per_node`` (counts and state per partition-id) and its
-    ``warnings``; ``status`` ``(status, status_reason)`` gives them without a report
-    (a synchronous run that diverged); ``warnings`` adds sentences about the run
+    ``warnings`` and ``server_learning_rate`` (the rule's ``lr`` used: given, or its
+    default for the client mode; None without a report); ``status``
+    ``(status, status_reason)`` gives them without a report (a synchronous run that
+    diverged); ``warnings`` adds sentences about the run
     that the log also holds (a pathological split that uses only some classes)
     after the report's.
     """
@@ -172,6 +174,7 @@ def summarize(
         "staleness_max": int(staleness_max),
         "virtual_seconds": float(virtual_seconds),
         "wall_seconds": float(wall_seconds),
+        "server_learning_rate": getattr(report, "server_learning_rate", None),
         "per_node": dict(getattr(report, "per_node", {})),
         "warnings": list(getattr(report, "warnings", [])) + list(warnings),
     }

@@ -68,11 +68,13 @@ class GSGM(RuleStrategy):
     averaging with every node in flight, slot averaging under a ``max-in-flight``
     limit (docs/GSGM.md, "Averaging under a limit"), updates applied
     on arrival with the learning rate counted per cycle, ``lr_scaling="cycle"``, and
-    ``server_learning_rate=0.1`` per cycle) are the choice of the scale preset's tuning
-    stage: every grid point on seed 0 at 10 nodes (Fashion-MNIST, 2 classes per node),
-    used unchanged at 30, 100 and 300 nodes; ``docs/results/fashion_mnist_scale/README.md``
-    has the grid. Table averaging's memory grows with the number of nodes times the
-    model size.
+    ``server_learning_rate=0.1`` per cycle in gradient mode) are the choice of the scale
+    preset's tuning stage: every grid point on seed 0 at 10 nodes (Fashion-MNIST, 2
+    classes per node), used unchanged at 30, 100 and 300 nodes;
+    ``docs/results/fashion_mnist_scale/README.md`` has the grid. In delta and weights
+    modes the server learning rate is a fraction of each node's displacement, with its
+    own declared default (below; docs/GSGM.md, "Client modes"). Table averaging's
+    memory grows with the number of nodes times the model size.
     """
 
     rule = "gsgm"

@@ -127,7 +127,9 @@ def build_strategy(
         batch_size=cfg["batch-size"],
         local_batches=cfg["local-batches"],
         local_steps=cfg["local-steps"],
+        local_epochs=cfg["local-epochs"],
         local_lr=cfg["local-lr"],
+        local_momentum=cfg["local-momentum"],
         virtual_clock=(
             virtual_clock_from(cfg, partition_examples) if cfg["virtual-clock"] else None
         ),

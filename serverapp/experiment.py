@@ -104,7 +104,7 @@ def partition_examples(grid: Grid, cfg: Mapping[str, Any]) -> dict[int, int] | N
     for the virtual clock to time epoch work; None when it is not needed (no
     ``local-epochs`` > 0, or no virtual clock) or not known (no nodes)."""
     num_nodes = len(list(grid.get_node_ids()))
-    if not cfg["virtual-clock"] or cfg.get("local-epochs", 0) <= 0 or num_nodes == 0:
+    if not cfg["virtual-clock"] or cfg["local-epochs"] <= 0 or num_nodes == 0:
         return None
     config = _partition_config(cfg, num_nodes)
     return {
@@ -415,7 +415,9 @@ def _run_synchronous(
             "mode": "weights",
             "batch-size": cfg["batch-size"],
             "local-steps": cfg["local-steps"],
+            "local-epochs": cfg["local-epochs"],
             "local-lr": cfg["local-lr"],
+            "local-momentum": cfg["local-momentum"],
         }
     )
     clock = virtual_clock_from(cfg, examples)
@@ -430,7 +432,7 @@ def _run_synchronous(
             batch_size=cfg["batch-size"],
             local_batches=cfg["local-batches"],
             local_steps=cfg["local-steps"],
-            local_epochs=cfg.get("local-epochs", 0),
+            local_epochs=cfg["local-epochs"],
         )
         return clock.duration(speeds[p], p, index, steps, model_bytes)
 

@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from .base import Outcome, Parts, ServerOptimizer, chunks
-from .params import Param
+from .params import Param, server_learning_rate
 
 __all__ = ["ACERule"]
 
@@ -82,6 +82,9 @@ class ACERule(ServerOptimizer):
 
     name: ClassVar[str] = "ace"
     PARAMS: ClassVar[tuple[Param, ...]] = (
+        # Displacement modes: every arrival steps 0.1 along the mean displacement of the
+        # table, so 10 arrivals move w about as far as FedAvg's mean (as ASGD).
+        server_learning_rate(0.02, displacement=0.1),
         Param(
             "max_row_age",
             None,

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from .base import Outcome, Parts, ServerOptimizer
+from .params import Param, server_learning_rate
 
 __all__ = ["ASGDRule"]
 
@@ -33,6 +34,11 @@ class ASGDRule(ServerOptimizer):
     """
 
     name: ClassVar[str] = "asgd"
+    PARAMS: ClassVar[tuple[Param, ...]] = (
+        # Displacement modes: every arrival applies 0.1 of its node's displacement, so
+        # 10 arrivals (a round of 10 nodes) move w about as far as FedAvg's mean.
+        server_learning_rate(0.02, displacement=0.1),
+    )
 
     def _step_bound(self, norm: float) -> tuple[float, float]:
         # lr * g, then w - lr * g.

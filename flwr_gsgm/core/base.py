@@ -268,7 +268,9 @@ class ServerOptimizer(abc.ABC):
             (keyword only; a missing one takes its declared default). Declared here
             for every rule:
 
-            - ``lr``: server learning rate eta, > 0 (default 0.02).
+            - ``lr``: server learning rate eta, > 0 (default 0.02 in gradient mode,
+              0.1 of the displacement in delta and weights modes; each rule
+              redeclares both, see :func:`~flwr_gsgm.core.params.server_learning_rate`).
             - ``max_staleness``: optional staleness bound s_max >= 0: a valid update
               with staleness ``version - base_version`` above it is dropped
               (:attr:`Outcome.STALE`). Default None (no bound).
@@ -315,7 +317,9 @@ class ServerOptimizer(abc.ABC):
     name: ClassVar[str] = ""
     #: This class's own parameters; :meth:`declared_params` adds the inherited ones.
     PARAMS: ClassVar[tuple[Param, ...]] = (
-        server_learning_rate(0.02),
+        # Gradient mode: a step per arrival. Displacement modes: a tenth of the
+        # node's displacement per arrival (about FedAvg's step per round at 10 nodes).
+        server_learning_rate(0.02, displacement=0.1),
         Param(
             "max_staleness",
             None,
@@ -521,9 +525,10 @@ class ServerOptimizer(abc.ABC):
         Args:
             partition_id: partition-id of the active node that computed ``update``.
             update: arrays shaped like ``weights``, float32, finite (a gradient or a
-                pseudo-gradient: the rule steps against it). An array that shares
-                memory with the optimizer's own buffers (a view of ``weights``, say)
-                is copied before the rule runs, so the rule's writes do not change it.
+                displacement ``w_sent - w_local``: the rule steps against it). An
+                array that shares memory with the optimizer's own buffers (a view of
+                ``weights``, say) is copied before the rule runs, so the rule's
+                writes do not change it.
             base_version: the ``version`` of the weights the node computed on.
             now: the engine's clock in seconds (virtual seconds in simulation), used
                 only by GSGM's cycle time budget.

@@ -7,6 +7,13 @@ Reference:
 Implemented: the constant-lambda variant (DC-ASGD-c), whose compensation
 approximates the Hessian by ``lambda * g * g`` (element-wise); the adaptive variant
 DC-ASGD-a (lambda scaled by a running mean square of the gradient) is not.
+
+Displacement client modes (delta, weights: the update is ``d = w_tau - w_local``):
+the curvature estimate needs a gradient, so the rule reads ``d / update_scale``
+(``update_scale`` = the client's ``local-lr``, set by the strategy) as one, the
+gradient estimate of plain SGD: compensated, ``d~ = d + (lambda / update_scale) *
+d * d * (w_t - w_tau)``, and ``w <- w - lr * d~`` with ``lr`` a fraction of the
+displacement. So ``dc_lambda`` means the same in every mode.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ import numpy as np
 
 from .backups import DispatchBackups
 from .base import Outcome, Parts, chunks
-from .params import Param
+from .params import Param, server_learning_rate
 
 __all__ = ["DCASGDRule"]
 
@@ -26,13 +33,18 @@ class DCASGDRule(DispatchBackups):
     """DC-ASGD: ``g~ = g + dc_lambda * g * g * (w_t - w_tau); w <- w - lr * g~``.
 
     ``w_tau`` is the copy of the weights sent to the node, recorded by
-    ``on_dispatch``; products are element-wise.
+    ``on_dispatch``; products are element-wise. With ``update_scale = s`` (the
+    displacement client modes) the update ``u`` is read as ``s`` times a gradient:
+    ``u~ = u + (dc_lambda / s) * u * u * (w_t - w_tau)``.
 
     Args:
         weights: initial weights, a sequence of numpy arrays (copied to float32).
         partition_ids: partition-ids of the initially active nodes.
         lr: server learning rate, > 0.
         dc_lambda: variance-control parameter lambda >= 0 (0 gives ASGD).
+        update_scale: None (gradient mode: the update is a gradient) or the
+            client learning rate that turns a displacement into a gradient
+            estimate, > 0 (set by the strategy in delta and weights modes).
         max_staleness: optional staleness bound (see :class:`ServerOptimizer`).
         max_norm: optional L2-norm bound (see :class:`ServerOptimizer`).
 
@@ -49,22 +61,40 @@ class DCASGDRule(DispatchBackups):
 
     name: ClassVar[str] = "dcasgd"
     PARAMS: ClassVar[tuple[Param, ...]] = (
+        # Displacement modes: ASGD's (the compensation is a small correction).
+        server_learning_rate(0.02, displacement=0.1),
         Param("dc_lambda", 0.04, "delay compensation lambda", low=0.0, run_config_key="dc-lambda"),
+        # Set by the strategy from the client mode and local-lr, not a run config key.
+        Param(
+            "update_scale",
+            None,
+            "update per gradient unit (none = gradient mode; the client's local-lr "
+            "in delta and weights modes)",
+            low=0.0,
+            low_open=True,
+            optional=True,
+        ),
     )
 
     def _step_bound(self, norm: float) -> tuple[float, float]:
         # w_t - w_tau <= 2r; * g * g * lambda; g~ = g + that; w - lr * g~.
-        r, lr, lam = self._bound_w, self._lr, self._dc_lambda
+        r, lr, lam = self._bound_w, self._lr, self._compensation()
         comp = 2.0 * r * max(1.0, norm) ** 2 * max(1.0, lam)
         w_after = r + lr * (norm + comp)
         return w_after + (1.0 + lr) * (norm + comp), w_after
+
+    def _compensation(self) -> float:
+        """The coefficient of ``u * u * (w_t - w_tau)``: lambda, or lambda / update_scale."""
+        if self._update_scale is None:
+            return self._dc_lambda
+        return self._dc_lambda / self._update_scale
 
     def _on_valid(
         self, partition_id: int, parts: Parts, base_version: int, staleness: int, now: float
     ) -> Outcome:
         w, a = self._w, self._scr_a
         backup = self._backups[partition_id][0]
-        lr, lam = self._lr, self._dc_lambda
+        lr, lam = self._lr, self._compensation()
         for lo, hi, g in chunks(parts):
             t = a[: hi - lo]
             ws = w[lo:hi]

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from .base import Outcome, Parts, ServerOptimizer
-from .params import Param
+from .params import Param, server_learning_rate
 
 __all__ = ["DelayAdaptiveASGDRule"]
 
@@ -55,6 +55,8 @@ class DelayAdaptiveASGDRule(ServerOptimizer):
 
     name: ClassVar[str] = "daasgd"
     PARAMS: ClassVar[tuple[Param, ...]] = (
+        # Displacement modes: ASGD's (the step of an update no older than m).
+        server_learning_rate(0.02, displacement=0.1),
         Param(
             "delay_threshold",
             None,

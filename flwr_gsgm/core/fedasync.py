@@ -20,7 +20,7 @@ import numpy as np
 
 from .backups import DispatchBackups
 from .base import Outcome, Parts, chunks
-from .params import Param
+from .params import Param, server_learning_rate
 
 __all__ = ["FedAsyncRule"]
 
@@ -54,6 +54,9 @@ class FedAsyncRule(DispatchBackups):
 
     name: ClassVar[str] = "fedasync"
     PARAMS: ClassVar[tuple[Param, ...]] = (
+        # Displacement modes: 1.0 rebuilds the node's model w_i = w_tau - d = w_local
+        # (the paper's rule); the step size is the mixing weight alpha.
+        server_learning_rate(0.02, displacement=1.0),
         Param(
             "alpha",
             0.6,

@@ -250,7 +250,10 @@ class GSGMRule(ServerOptimizer):
         ),
         # The tuned choice (docs/results/fashion_mnist_scale/tuned.toml): lr 0.1 per
         # cycle, which at 10 nodes and quorum 0.5 is the earlier default of 0.02 per step.
-        server_learning_rate(0.1),
+        # Displacement modes: a cycle of quorum 0.5 is half the nodes' contributions, so
+        # 0.5 per cycle moves w per client training about as far as FedAvg (each round's
+        # mean displacement); 1.0 was unstable in a sanity check (docs/GSGM.md).
+        server_learning_rate(0.1, displacement=0.5),
         Param(
             "lr_scaling",
             "cycle",

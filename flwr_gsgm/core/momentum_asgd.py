@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from .base import Outcome, Parts, ServerOptimizer, chunks
-from .params import BETA, Param
+from .params import BETA, Param, server_learning_rate
 
 __all__ = ["MomentumASGDRule"]
 
@@ -41,7 +41,11 @@ class MomentumASGDRule(ServerOptimizer):
     """
 
     name: ClassVar[str] = "masgd"
-    PARAMS: ClassVar[tuple[Param, ...]] = (BETA,)
+    PARAMS: ClassVar[tuple[Param, ...]] = (
+        # Displacement modes: ASGD's 0.1 over the momentum's gain 1 / (1 - beta) = 2.
+        server_learning_rate(0.02, displacement=0.05),
+        BETA,
+    )
     _LABELS: ClassVar[dict[str, str]] = {"_v": "velocity"}
 
     def __init__(

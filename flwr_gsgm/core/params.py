@@ -21,7 +21,19 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["BETA", "Param", "resolve", "describe", "server_learning_rate"]
+__all__ = [
+    "BETA",
+    "DISPLACEMENT_MODES",
+    "Param",
+    "resolve",
+    "describe",
+    "server_learning_rate",
+]
+
+#: Client modes whose update is a displacement ``w_sent - w_local`` (not a gradient):
+#: there a rule's learning rate is a dimensionless fraction of that displacement,
+#: with its own declared default (:attr:`Param.displacement_default`).
+DISPLACEMENT_MODES = ("delta", "weights")
 
 _KINDS = (float, int, bool, str)
 
@@ -50,6 +62,10 @@ class Param:
             (the server learning rate: a step per arrival, per buffer or per cycle
             means different scales); its shared run config key then defaults to
             ``0``, "the strategy's own default".
+        displacement_default: with ``rule_default``, the default in the
+            displacement client modes (:data:`DISPLACEMENT_MODES`, whose update is
+            ``w_sent - w_local``): ``default`` is then the gradient mode's. Checked
+            like ``default``; ``None`` for every other parameter.
 
     Raises:
         ValueError: an inconsistent declaration (unknown kind, choices on a
@@ -69,6 +85,7 @@ class Param:
     run_config_key: str | None = None
     normalize: Callable[[str], str] | None = None
     rule_default: bool = False
+    displacement_default: Any = None
 
     def __post_init__(self) -> None:
         if self.kind not in _KINDS:
@@ -76,6 +93,17 @@ class Param:
         if self.choices is not None and self.kind is not str:
             raise ValueError(f"Param {self.name}: choices need kind=str")
         self.check(self.default)  # a declaration whose default fails is a bug
+        if self.displacement_default is not None:
+            if not self.rule_default:
+                raise ValueError(f"Param {self.name}: displacement_default needs rule_default")
+            self.check(self.displacement_default)
+
+    def default_for(self, client_mode: str) -> Any:
+        """The default in ``client_mode``: :attr:`displacement_default` in a
+        displacement mode (:data:`DISPLACEMENT_MODES`) when declared, else :attr:`default`."""
+        if client_mode in DISPLACEMENT_MODES and self.displacement_default is not None:
+            return self.displacement_default
+        return self.default
 
     # ------------------------------------------------------------------ checking
     def check(self, value: Any) -> Any:
@@ -170,7 +198,10 @@ def describe(params: Iterable[Param], rename: Mapping[str, str] | None = None) -
     lines = ["", "    Declared parameters (defaults)", "    ------------------------------"]
     for p in params:
         kind = p.kind.__name__ + (" | None" if p.optional else "")
-        lines.append(f"    {rename.get(p.name, p.name)} : {kind} = {p.default!r}")
+        default = f"{p.default!r}"
+        if p.displacement_default is not None:
+            default += f" (gradient mode); {p.displacement_default!r} (delta and weights modes)"
+        lines.append(f"    {rename.get(p.name, p.name)} : {kind} = {default}")
         lines.append(
             f"        {p.doc[:1].upper()}{p.doc[1:]}; {p.expected()}"
             f"{' or None' if p.optional else ''}."
@@ -210,15 +241,19 @@ BETA = Param(
 )
 
 
-def server_learning_rate(default: float) -> Param:
-    """The server learning rate ``lr`` with a rule's own default.
+def server_learning_rate(default: float, displacement: float) -> Param:
+    """The server learning rate ``lr`` with a rule's own defaults, one per kind of update.
 
     Strategies take it as ``server_learning_rate`` (as Flower's FedAvgM), the run
     config as ``server-learning-rate``; inside the core it is ``lr`` (as torch.optim).
 
-    Declared on the base (0.02, a step per arrival) and redeclared by the rules whose
-    step has another scale (a step per buffer, GSGM's rate per cycle); the shared key
-    then defaults to 0, "the strategy's default".
+    ``default`` is the gradient mode's (the update is a gradient: ``lr`` is a step
+    size in weight units per gradient unit); ``displacement`` the delta and weights
+    modes' (the update is the node's displacement ``w_sent - w_local``: ``lr`` is a
+    dimensionless fraction of it, 1.0 applies it whole, whatever the client's own
+    learning rate). Each rule declares both in its own file, next to its other
+    parameters (a step per arrival, per buffer or per cycle means different
+    scales); the shared run config key defaults to 0, "the strategy's default".
     """
     return Param(
         "lr",
@@ -228,4 +263,5 @@ def server_learning_rate(default: float) -> Param:
         low_open=True,
         run_config_key="server-learning-rate",
         rule_default=True,
+        displacement_default=displacement,
     )

@@ -141,6 +141,40 @@ def test_train_is_deterministic_and_seed_dependent(weights):
     assert a.content["metrics"]["num-examples"] == 64
 
 
+def test_train_with_local_epochs_and_momentum_returns_the_displacement(weights):
+    # One epoch at batch-size 1000: ceil(N / 1000) steps, every example once, so
+    # num-examples = N; delta mode returns w - w_local as compute_update computes it.
+    config = {"batch-size": 1000, "local-epochs": 1, "local-momentum": 0.9, "local-lr": 0.05}
+    reply = app(train_msg(weights, mode="delta", seed=5, **config), context())
+    images, labels = node_data()
+    assert reply.content["metrics"]["num-examples"] == len(labels)
+    torch.set_num_threads(1)
+    model = build_model("fashion-mnist")
+    model.load_state_dict(weights.to_torch_state_dict())
+    expected, loss = compute_update(
+        model,
+        images,
+        labels,
+        mode="delta",
+        batch_size=1000,
+        local_lr=0.05,
+        local_epochs=1,
+        local_momentum=0.9,
+        seed=5,
+    )
+    assert reply.content["metrics"]["train-loss"] == loss
+    for got, exp in zip(reply.content["arrays"].to_numpy_ndarrays(), expected):
+        np.testing.assert_array_equal(got, exp)
+    # the same work in weights mode returns w_local: the displacement is w - w_local,
+    # bit for bit (not divided by local-lr)
+    local = app(train_msg(weights, mode="weights", seed=5, **config), context())
+    for d, w, w_local in zip(
+        expected, weights.to_numpy_ndarrays(), local.content["arrays"].to_numpy_ndarrays()
+    ):
+        np.testing.assert_array_equal(d, w - w_local)
+        assert np.abs(d).max() > 0
+
+
 def test_train_default_is_weights_mode_for_flower_fedavg(weights):
     # What Flower's FedAvg sends: arrays plus {"server-round": r}; no mode, no seed.
     r1 = app(train_msg(weights, **{"server-round": 1}), context())
@@ -186,6 +220,8 @@ def test_received_key_order_is_echoed(weights):
     [
         ({"mode": "newton"}, "mode='newton'"),
         ({"mode": "delta", "local-lr": -0.1}, "local-lr=-0.1"),
+        ({"mode": "delta", "local-epochs": -1}, "local-epochs=-1"),
+        ({"mode": "weights", "local-momentum": 1.0}, "local-momentum=1.0"),
         ({"mode": "gradient", "batch-size": 0}, "batch-size=0"),
         ({"mode": "gradient", "local-batches": 1.5}, "local-batches=1.5"),
     ],

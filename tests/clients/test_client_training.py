@@ -13,7 +13,14 @@ from torch.nn import functional as F
 
 from clients.datasets import load_dataset
 from clients.models import build_model, get_weights
-from clients.training import compute_update, evaluate, num_examples_used, sample_batches
+from clients.training import (
+    compute_update,
+    epoch_batches,
+    evaluate,
+    num_examples_used,
+    sample_batches,
+    steps_per_message,
+)
 
 FMNIST_ROOT = Path("/usr/share/datasets/fashion-mnist")
 EPS32 = 2.0**-24  # unit roundoff of float32
@@ -72,6 +79,47 @@ def test_sample_batches_walks_permutations():
     assert [sorted(b.tolist()) for b in sample_batches(3, 32, 2, seed=0)] == [[0, 1, 2]] * 2
     assert num_examples_used(3, mode="gradient", batch_size=32, local_batches=2) == 6
     assert num_examples_used(600, mode="delta", batch_size=32, local_steps=5) == 160
+    # local epochs: every example once per epoch (local-steps ignored)
+    assert (
+        num_examples_used(600, mode="weights", batch_size=32, local_steps=5, local_epochs=2) == 1200
+    )
+    # ... but not in gradient mode
+    assert num_examples_used(600, mode="gradient", batch_size=32, local_epochs=2) == 32
+
+
+def test_epoch_batches_cover_every_example_once_per_epoch():
+    batches = epoch_batches(10, 4, 2, seed=3)
+    # ceil(10 / 4) = 3 batches per epoch, the last one 10 - 2 * 4 = 2 long
+    assert [len(b) for b in batches] == [4, 4, 2, 4, 4, 2]
+    for epoch in (batches[:3], batches[3:]):
+        assert sorted(torch.cat(epoch).tolist()) == list(range(10))
+    assert not torch.equal(torch.cat(batches[:3]), torch.cat(batches[3:]))  # reshuffled
+    same = epoch_batches(10, 4, 2, seed=3)
+    assert all(torch.equal(a, b) for a, b in zip(batches, same))
+    assert [len(b) for b in epoch_batches(3, 32, 1, seed=0)] == [3]  # one batch of all
+
+
+@pytest.mark.parametrize(
+    ("args", "steps"),
+    [
+        (("weights", 1, 7, 0, 32, 600), 7),  # local-steps
+        (("weights", 1, 7, 2, 32, 600), 38),  # 2 epochs of ceil(600 / 32) = 19 steps
+        (("delta", 1, 1, 1, 32, 640), 20),  # 640 / 32 exactly
+        (("delta", 1, 1, 3, 32, 10), 3),  # batch above N: one step per epoch
+        (("gradient", 3, 7, 2, 32, 600), 3),  # gradient mode: local-batches
+    ],
+)
+def test_steps_per_message(args, steps):
+    assert steps_per_message(*args) == steps
+
+
+def test_steps_per_message_refuses_bad_values():
+    with pytest.raises(ValueError, match="mode='sgd'"):
+        steps_per_message("sgd", 1, 1, 0, 32, 10)
+    with pytest.raises(ValueError, match="local-epochs=-1"):
+        steps_per_message("weights", 1, 1, -1, 32, 10)
+    with pytest.raises(ValueError, match="num-examples=0"):
+        steps_per_message("weights", 1, 1, 1, 32, 0)
 
 
 # ------------------------------------------------------------- gradient mode
@@ -109,12 +157,12 @@ def test_gradient_mode_equals_autograd_on_the_cnn_and_leaves_model_untouched(nod
 
 
 # ------------------------------------------------------- delta / weights mode
-def test_delta_one_step_equals_gradient_up_to_float32_rounding(node_data):
-    """(w - (w - lr*g)) / lr == g in exact arithmetic. In float32, with u = 2**-24:
-    the step w_local = fl(w - fl(lr*g)) errs by <= (|w| + lr|g|) u + lr|g| u,
-    the difference w - w_local by <= lr|g| u (it is about lr*g), and the division by
-    lr by <= |g| u. Dividing the first two by lr gives, element-wise,
-    |d - g| <= (|w| / lr + 4 |g|) u; we allow twice that."""
+def test_delta_one_step_is_the_displacement_local_lr_times_the_gradient(node_data):
+    """Delta mode returns the displacement d = w - w_local, not divided by lr: one step
+    gives w - (w - lr*g) == lr * g in exact arithmetic. In float32, with u = 2**-24:
+    the step w_local = fl(w - fl(lr*g)) errs by <= (|w| + lr|g|) u + lr|g| u and the
+    difference w - w_local by <= lr|g| u (it is about lr*g), so element-wise
+    |d - lr g| <= (|w| + 3 lr|g|) u; we allow twice that."""
     images, labels = node_data
     model = build_model("fashion-mnist", seed=0)
     lr = 0.05
@@ -125,10 +173,12 @@ def test_delta_one_step_equals_gradient_up_to_float32_rounding(node_data):
     assert loss_g == loss_d  # same first batch, same weights
     for w, g, d in zip(get_weights(model), grad, delta):
         w, g, d = (a.astype(np.float64) for a in (w, g, d))
-        bound = 2 * (np.abs(w) / lr + 4 * np.abs(g)) * EPS32
-        assert np.all(np.abs(d - g) <= bound), (np.abs(d - g).max(), bound.max())
-    # For this model (|w| <= 0.2) that is below 2 * 0.2 / 0.05 * 2**-24 ~ 5e-7 + O(|g| u).
-    assert max(np.abs(d - g).max() for g, d in zip(grad, delta)) < 1e-6
+        bound = 2 * (np.abs(w) + 3 * lr * np.abs(g)) * EPS32
+        assert np.all(np.abs(d - lr * g) <= bound), (np.abs(d - lr * g).max(), bound.max())
+    # For this model (|w| <= 0.2) that is below 2 * 0.2 * 2**-24 ~ 2.4e-8 + O(lr |g| u);
+    # d / lr is the gradient up to 5e-7 (the former delta mode's update)
+    assert max(np.abs(d - lr * g).max() for g, d in zip(grad, delta)) < 3e-8
+    assert max(np.abs(d / lr - g).max() for g, d in zip(grad, delta)) < 1e-6
 
 
 def test_delta_and_weights_modes_equal_manual_sgd(node_data):
@@ -153,9 +203,77 @@ def test_delta_and_weights_modes_equal_manual_sgd(node_data):
     w0 = get_weights(model)
     for a, r, d, w in zip(new_w, get_weights(ref), delta, w0):
         np.testing.assert_allclose(a, r, rtol=0, atol=1e-6)
-        np.testing.assert_allclose(d, (w - a) / lr, rtol=0, atol=1e-5)
+        # the displacement, the same float32 subtraction as on the server: bit for bit
+        np.testing.assert_array_equal(d, w - a)
     assert loss_w == loss_d == pytest.approx(np.mean(losses), rel=1e-6)
     assert losses[-1] != losses[0]  # the steps did move the weights
+
+
+def torch_sgd_epochs(model, x, y, lr, momentum, batch_size, epochs, seed):
+    """torch.optim.SGD(momentum) over epoch_batches: the FedAvg-style client's loop."""
+    ref = copy.deepcopy(model)
+    opt = torch.optim.SGD(ref.parameters(), lr=lr, momentum=momentum)
+    losses = []
+    for idx in epoch_batches(len(y), batch_size, epochs, seed):
+        opt.zero_grad()
+        loss = F.cross_entropy(ref(x[idx]), y[idx])
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return [p.detach().numpy() for p in ref.parameters()], losses
+
+
+def test_local_epochs_with_momentum_follow_torch_sgd():
+    # N = 50, B = 16: ceil(50 / 16) = 4 steps per epoch, 2 epochs = 8 steps (the last
+    # batch of each epoch 2 long); momentum 0.9 as torch.optim.SGD (buffer = first
+    # gradient, then 0.9 buf + g; w -= lr buf).
+    model, x, y = linear_problem()
+    kw = dict(mode="weights", batch_size=16, local_steps=3, local_lr=0.2, seed=5)
+    new_w, loss = compute_update(model, x, y, local_epochs=2, local_momentum=0.9, **kw)
+    ref_w, ref_losses = torch_sgd_epochs(model, x, y, 0.2, 0.9, 16, 2, seed=5)
+    assert len(ref_losses) == 8
+    for a, r in zip(new_w, ref_w):
+        np.testing.assert_allclose(a, r, rtol=0, atol=1e-6)
+    assert loss == pytest.approx(np.mean(ref_losses), rel=1e-6)
+    # momentum changes the trajectory as torch's does: without it, the plain-SGD path
+    plain_w, _ = compute_update(model, x, y, local_epochs=2, **kw)
+    ref_plain, _ = torch_sgd_epochs(model, x, y, 0.2, 0.0, 16, 2, seed=5)
+    for a, r, m in zip(plain_w, ref_plain, new_w):
+        np.testing.assert_allclose(a, r, rtol=0, atol=1e-6)
+        assert np.abs(m - a).max() > 1e-2  # far apart: momentum took other steps
+    # delta mode: the same local work, the displacement returned
+    delta, _ = compute_update(
+        model, x, y, **{**kw, "mode": "delta"}, local_epochs=2, local_momentum=0.9
+    )
+    for d, a, w in zip(delta, new_w, get_weights(model)):
+        np.testing.assert_array_equal(d, w - a)
+
+
+def test_momentum_by_hand_on_two_steps():
+    # One example x = 1 of label 0, a linear model without bias of 2 outputs: logits
+    # (w0, w1), L = -log softmax(w0, w1)[0], dL/dw = (p0 - 1, p1); two steps of SGD
+    # with momentum 0.9 from w = (0, 0), by hand.
+    model = nn.Linear(1, 2, bias=False)
+    with torch.no_grad():
+        model.weight.copy_(torch.tensor([[0.0], [0.0]]))
+    x, y = torch.ones(1, 1), torch.zeros(1, dtype=torch.int64)
+    lr, mu = 0.5, 0.9
+    out, _ = compute_update(
+        model, x, y, mode="weights", batch_size=1, local_steps=2, local_lr=lr, local_momentum=mu
+    )
+    # logits (a, b) = (w0, w1); dL/da = p0 - 1, dL/db = p1 with p = softmax(a, b).
+    w = np.zeros(2)
+    v = None
+    for _ in range(2):
+        p = np.exp(w) / np.exp(w).sum()
+        g = np.array([p[0] - 1.0, p[1]])
+        v = g.copy() if v is None else mu * v + g
+        w = w - lr * v
+    # step 1: g = (-0.5, 0.5), w = (0.25, -0.25); step 2: v = 0.9 g1 + g2
+    np.testing.assert_allclose(out[0].reshape(-1), w, rtol=0, atol=1e-6)
+    p1 = 1.0 / (1.0 + np.exp(-0.5))  # softmax(0.25, -0.25)[0]
+    v2 = 0.9 * np.array([-0.5, 0.5]) + np.array([p1 - 1.0, 1.0 - p1])
+    np.testing.assert_allclose(w, np.array([0.25, -0.25]) - 0.5 * v2, rtol=0, atol=1e-12)
 
 
 # --------------------------------------------------------------- determinism
@@ -182,6 +300,9 @@ def test_same_seed_bit_identical_other_seed_different(node_data, mode):
         (dict(mode="gradient", batch_size=0), "batch-size=0"),
         (dict(mode="gradient", local_batches=0), "local-batches=0"),
         (dict(mode="weights", local_steps=-1), "local-steps=-1"),
+        (dict(mode="weights", local_epochs=-1), "local-epochs=-1"),
+        (dict(mode="delta", local_momentum=1.0), "local-momentum=1.0"),
+        (dict(mode="delta", local_momentum=-0.1), "local-momentum=-0.1"),
     ],
 )
 def test_invalid_arguments(kwargs, match):

@@ -68,6 +68,37 @@ def test_dcasgd():
     assert opt.backup_versions == {1: 1, 2: 0}
 
 
+def test_dcasgd_on_displacements_reads_them_as_update_scale_times_a_gradient():
+    # test_dcasgd's gradients as displacements of a client at lr 0.25: d = 0.25 g, and
+    # the server lr 0.5 per gradient is 0.5 / 0.25 = 2 of the displacement. With
+    # update_scale 0.25 the compensation is (0.5 / 0.25) d * d * (w_t - w_tau): the
+    # same steps as in gradient mode, bit for bit.
+    opt = DCASGDRule([f32(0, 0)], [1, 2], lr=2.0, dc_lambda=0.5, update_scale=0.25)
+    opt.on_dispatch(1)
+    opt.on_dispatch(2)
+    # node 1 d = [0.5, 1]: w = [0, 0] - 2 [0.5, 1] = [-1, -2].
+    opt.on_update(1, [f32(0.5, 1)], 0)
+    assert_bits_equal(opt.weights[0], f32(-1, -2))
+    # node 2 d = [0.25, 0.5] at version 0, w_t - w_tau = [-1, -2]:
+    # d~ = [0.25, 0.5] + 2 * [0.0625, 0.25] * [-1, -2] = [0.125, -0.5];
+    # w = [-1, -2] - 2 [0.125, -0.5] = [-1.25, -1], test_dcasgd's result.
+    opt.on_update(2, [f32(0.25, 0.5)], 0)
+    assert_bits_equal(opt.weights[0], f32(-1.25, -1))
+    with pytest.raises(ValueError, match="update_scale must be > 0"):
+        DCASGDRule([f32(0, 0)], [1], lr=1.0, update_scale=0.0)
+
+
+def test_fedasync_with_lr_one_mixes_the_node_model_rebuilt_from_its_displacement():
+    # Displacement modes, lr 1.0 (its declared default there): w_i = w_tau - d is the
+    # node's local model. Node 1 trained [0, 0] to [2, 4]: d = [-2, -4]; alpha 0.5,
+    # staleness 0: w = 0.5 [0, 0] + 0.5 [2, 4] = [1, 2].
+    assert FedAsyncRule.declared_params()[0].default_for("weights") == 1.0
+    opt = FedAsyncRule([f32(0, 0)], [1, 2], lr=1.0, alpha=0.5, poly_a=1.0)
+    opt.on_dispatch(1)
+    opt.on_update(1, [f32(-2, -4)], 0)
+    assert_bits_equal(opt.weights[0], f32(1, 2))
+
+
 def test_dcasgd_needs_the_dispatch_of_the_base_version():
     opt = DCASGDRule([f32(0, 0)], [1, 2], lr=0.5)
     with pytest.raises(UpdateRejected) as info:  # never dispatched

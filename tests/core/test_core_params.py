@@ -185,3 +185,38 @@ def test_a_taken_name_is_refused(scratch_registry):
             name = "asgd"
 
     assert OPTIMIZERS["asgd"].__module__ == "flwr_gsgm.core.asgd"
+
+
+# ------------------------------------------------------- per-mode learning rate
+def test_the_server_learning_rate_has_a_default_per_kind_of_update():
+    from flwr_gsgm.core.params import server_learning_rate
+
+    lr = server_learning_rate(0.02, displacement=0.1)
+    assert (lr.default, lr.displacement_default) == (0.02, 0.1)
+    assert lr.default_for("gradient") == 0.02
+    assert lr.default_for("delta") == lr.default_for("weights") == 0.1
+    with pytest.raises(ValueError, match="lr must be > 0.0, got 0"):
+        server_learning_rate(0.02, displacement=0)
+    with pytest.raises(ValueError, match="displacement_default needs rule_default"):
+        Param("x", 1.0, "x", displacement_default=2.0)
+    # every shipped rule declares both, in its own file
+    from flwr_gsgm.core import OPTIMIZERS
+
+    declared = {
+        name: next(p for p in cls.declared_params() if p.name == "lr")
+        for name, cls in OPTIMIZERS.items()
+    }
+    assert {n: (p.default, p.displacement_default) for n, p in declared.items()} == {
+        "gsgm": (0.1, 0.5),
+        "asgd": (0.02, 0.1),
+        "masgd": (0.02, 0.05),
+        "dcasgd": (0.02, 0.1),
+        "fedasync": (0.02, 1.0),
+        "fedbuff": (0.1, 0.5),
+        "ca2fl": (0.1, 1.0),
+        "ace": (0.02, 0.1),
+        "daasgd": (0.02, 0.1),
+    }
+    assert "lr : float = 0.1 (gradient mode); 0.5 (delta and weights modes)" in (
+        OPTIMIZERS["gsgm"].__doc__
+    )

@@ -2,9 +2,10 @@
 
 Such a client returns its trained weights ("arrays" + "num-examples"), has no query
 handler, and reports neither partition-id nor model-version: with
-``client_mode="weights"`` the server forms ``(w_sent - w_returned) / local-lr`` from
-the weights it sent in that dispatch, registers the node without the query, and
-takes the bookkeeping from its own dispatch record.
+``client_mode="weights"`` the server forms the displacement ``w_sent - w_returned``
+from the weights it sent in that dispatch (whatever the client's learning rate),
+registers the node without the query, and takes the bookkeeping from its own
+dispatch record.
 """
 
 from __future__ import annotations
@@ -76,27 +77,58 @@ def start(strategy, app, num_nodes=3, max_updates=60, grid=None, **kwargs):
 
 
 # ------------------------------------------------------------------ weights mode
-@pytest.mark.parametrize("updates, expected", [(1, [2.0, -2.0]), (2, [0.0, 0.0]), (3, [2.0, -2.0])])
-def test_weights_mode_steps_along_w_sent_minus_w_returned_over_local_lr(updates, expected):
-    # One node, ASGD eta = 0.5, local-lr = 0.25, the node always returns (1, -1).
-    # Update 1: sent (0, 0): g = ((0, 0) - (1, -1)) / 0.25 = (-4, 4), w = (0, 0) - 0.5 g = (2, -2).
-    # Update 2: sent (2, -2): g = (4, -4), w = (0, 0); update 3 as update 1.
-    strategy = ASGD(server_learning_rate=0.5, client_mode="weights", local_lr=0.25)
+@pytest.mark.parametrize("local_lr", [0.25, 0.05, 1.0])
+@pytest.mark.parametrize(
+    "updates, expected", [(1, [0.5, -0.5]), (2, [0.75, -0.75]), (3, [0.875, -0.875])]
+)
+def test_asgd_weights_mode_steps_a_fraction_of_the_displacement(updates, expected, local_lr):
+    # One node, ASGD eta = 0.5 of the displacement, the node always returns (1, -1);
+    # the client's local-lr does not enter (invariance).
+    # Update 1: sent (0, 0): d = (0, 0) - (1, -1) = (-1, 1), w = (0, 0) - 0.5 d = (0.5, -0.5).
+    # Update 2: sent (0.5, -0.5): d = (-0.5, 0.5), w = (0.75, -0.75).
+    # Update 3: sent (0.75, -0.75): d = (-0.25, 0.25), w = (0.875, -0.875). All exact.
+    strategy = ASGD(server_learning_rate=0.5, client_mode="weights", local_lr=local_lr)
     result = start(
         strategy, fedavg_app(returned={0: [1.0, -1.0]}), num_nodes=1, max_updates=updates
     )
     assert result.arrays["w"].numpy().tolist() == expected
-    assert result.arrays["b"].numpy().tolist() == [0.0]  # returned unchanged: g = 0
+    assert result.arrays["b"].numpy().tolist() == [0.0]  # returned unchanged: d = 0
     assert result.report.rejections == {}
 
 
-def test_the_pseudo_gradient_uses_the_weights_sent_in_that_dispatch():
-    # Both nodes are sent w0 = (0, 0) and return c_0 = (1, 0), c_1 = (0, 1); local-lr 1,
-    # eta 0.5. Whatever the order, the second reply was computed on w0, so
-    # w2 = w0 - 0.5 (w0 - c_a) - 0.5 (w0 - c_b) = (0.5, 0.5). From the current
-    # weights instead, it would be (0.25, 0.5) or (0.5, 0.25).
+@pytest.mark.parametrize("local_lr", [0.25, 0.05])
+@pytest.mark.parametrize(
+    "updates, expected", [(1, [0.5, -0.5]), (2, [0.875, -0.875]), (3, [1.09375, -1.09375])]
+)
+def test_gsgm_weights_mode_with_its_displacement_default(updates, expected, local_lr):
+    # GSGM's declared defaults in weights mode: lr 0.5 per cycle (lr_scaling "cycle"),
+    # ema momentum beta 0.5, quorum 0.5, table averaging. One node: a cycle is its one
+    # contribution (c = ceil(0.5 * 1) = 1, per-step lr 0.5), the table mean is its
+    # latest displacement d; the node always returns (1, -1).
+    # 1: sent (0, 0), d1 = (-1, 1); no momentum yet: w = (0, 0) - 0.5 d1 = (0.5, -0.5);
+    #    the cycle closes: M = d1 = (-1, 1).
+    # 2: sent (0.5, -0.5), d2 = (-0.5, 0.5): w = w - 0.5 (0.5 d2 + 0.5 M)
+    #    = w - (-0.375, 0.375) = (0.875, -0.875); close: M = 0.5 M + 0.5 d2 = (-0.75, 0.75).
+    # 3: sent (0.875, -0.875), d3 = (-0.125, 0.125): w = w - 0.5 (0.5 d3 + 0.5 M)
+    #    = w - (-0.21875, 0.21875) = (1.09375, -1.09375). All exact in float32.
+    strategy = GSGM(client_mode="weights", local_lr=local_lr)
+    assert strategy.server_learning_rate == 0.5
+    assert strategy.server_learning_rate_source.startswith("the rule's default, weights mode")
+    result = start(
+        strategy, fedavg_app(returned={0: [1.0, -1.0]}), num_nodes=1, max_updates=updates
+    )
+    assert result.arrays["w"].numpy().tolist() == expected
+    assert result.report.counters["steps_applied"] == updates
+    assert result.report.server_learning_rate == 0.5
+
+
+def test_the_displacement_uses_the_weights_sent_in_that_dispatch():
+    # Both nodes are sent w0 = (0, 0) and return c_0 = (1, 0), c_1 = (0, 1); eta 0.5
+    # (local-lr 0.1: it does not enter). Whatever the order, the second reply was
+    # computed on w0, so w2 = w0 - 0.5 (w0 - c_a) - 0.5 (w0 - c_b) = (0.5, 0.5). From
+    # the current weights instead, it would be (0.25, 0.5) or (0.5, 0.25).
     strategy = ASGD(
-        server_learning_rate=0.5, client_mode="weights", local_lr=1.0, virtual_clock=CLOCK
+        server_learning_rate=0.5, client_mode="weights", local_lr=0.1, virtual_clock=CLOCK
     )
     returned = {0: [1.0, 0.0], 1: [0.0, 1.0]}
     result = start(strategy, fedavg_app(returned=returned), num_nodes=2, max_updates=2)
@@ -106,11 +138,17 @@ def test_the_pseudo_gradient_uses_the_weights_sent_in_that_dispatch():
 
 @pytest.mark.parametrize("strategy_class", [ASGD, GSGM])
 def test_weights_mode_equals_gradient_mode_for_one_sgd_step(strategy_class):
-    # One local SGD step: (w - (w - lr (w - t))) / lr = w - t, the gradient the
-    # quadratic app returns, up to float32 rounding.
-    common = {"server_learning_rate": 0.1, "virtual_clock": CLOCK, "local_lr": 0.05}
-    weights = start(strategy_class(client_mode="weights", **common), fedavg_app(query="none"))
-    gradient = start(strategy_class(client_mode="gradient", **common), make_app())
+    # One local SGD step: the displacement w - (w - lr (w - t)) = lr (w - t), lr times
+    # the gradient the quadratic app returns (up to float32 rounding): the server
+    # learning rate eta / lr on displacements takes the gradient run's steps of eta.
+    common = {"virtual_clock": CLOCK, "local_lr": 0.05}
+    weights = start(
+        strategy_class(client_mode="weights", server_learning_rate=0.1 / 0.05, **common),
+        fedavg_app(query="none"),
+    )
+    gradient = start(
+        strategy_class(client_mode="gradient", server_learning_rate=0.1, **common), make_app()
+    )
     for key in ("w", "b"):
         np.testing.assert_allclose(
             weights.arrays[key].numpy(), gradient.arrays[key].numpy(), atol=2e-5
@@ -118,6 +156,53 @@ def test_weights_mode_equals_gradient_mode_for_one_sgd_step(strategy_class):
     assert weights.report.counters == gradient.report.counters
     assert weights.report.rejections == {}
     assert [r["train_loss"] for r in weights.rows[1:]] == [0.25] * (len(weights.rows) - 1)
+
+
+@pytest.mark.parametrize("mode", ["gradient", "delta", "weights"])
+def test_each_rule_takes_its_declared_default_of_the_client_mode(mode):
+    from flwr_gsgm.core import declared_params
+    from flwr_gsgm.run_config import parse_run_config
+    from flwr_gsgm.strategies import STRATEGIES
+    from flwr_gsgm.strategy_from_config import build_strategy
+
+    for name, cls in STRATEGIES.items():
+        lr = next(p for p in declared_params(name) if p.name == "lr")
+        expected = lr.default if mode == "gradient" else lr.displacement_default
+        assert cls(client_mode=mode).server_learning_rate == expected, name
+        # the run config's server-learning-rate = 0: the same default
+        cfg = parse_run_config({"strategy": name, "client-mode": mode})
+        assert build_strategy(cfg).server_learning_rate == expected, name
+        given = parse_run_config(
+            {"strategy": name, "client-mode": mode, "server-learning-rate": 0.3}
+        )
+        assert build_strategy(given).server_learning_rate == 0.3, name
+
+
+def test_dcasgd_reads_displacements_through_the_client_learning_rate():
+    from flwr_gsgm.strategies import DCASGD
+
+    assert DCASGD(client_mode="weights", local_lr=0.01).optimizer_params["update_scale"] == 0.01
+    assert DCASGD(client_mode="delta", local_lr=0.2).optimizer_params["update_scale"] == 0.2
+    assert DCASGD(client_mode="gradient", local_lr=0.2).optimizer_params["update_scale"] is None
+
+
+def test_local_epochs_and_momentum_are_sent_in_every_train_message():
+    seen = []
+    inner = fedavg_app()
+
+    def app(msg: Message, context: Context) -> Message:
+        if msg.metadata.message_type == "train":
+            seen.append(dict(msg.content["config"]))
+        return inner(msg, context)
+
+    strategy = ASGD(client_mode="weights", local_epochs=2, local_momentum=0.9)
+    start(strategy, app, num_nodes=2, max_updates=4)
+    assert len(seen) >= 4
+    assert all(c["local-epochs"] == 2 and c["local-momentum"] == 0.9 for c in seen)
+    with pytest.raises(ValueError, match="local-momentum must be in \\[0, 1\\), got 1.0"):
+        ASGD(client_mode="weights", local_momentum=1.0)
+    with pytest.raises(ValueError, match="local-epochs must be an integer >= 0, got -1"):
+        ASGD(client_mode="weights", local_epochs=-1)
 
 
 # -------------------------------------------------------------- optional query
@@ -218,8 +303,8 @@ def test_a_query_error_other_than_a_client_exception_registers_nothing(caplog):
 
 
 def test_the_project_client_app_in_weights_mode_trains_as_in_delta_mode(tmp_path):
-    # The same local work (3 SGD steps); delta mode divides on the node, weights mode
-    # on the server: the runs differ by float32 rounding only.
+    # The same local work (3 SGD steps); delta mode forms the displacement on the node,
+    # weights mode on the server, from the same float32 operands: the same runs.
     from clients.client_app import app
     from flwr_gsgm.run_config import parse_run_config
     from serverapp.experiment import run_experiment
@@ -240,7 +325,8 @@ def test_the_project_client_app_in_weights_mode_trains_as_in_delta_mode(tmp_path
         with InProcessGrid(app, 3, run_config=cfg, workers=2) as grid:
             summary = run_experiment(grid, cfg)
         assert summary["rejected"] == 0 and summary["updates_received"] == 40
+        assert summary["server_learning_rate"] == 0.5  # GSGM's displacement-mode default
         models[mode] = torch.load(tmp_path / mode / "model.pt")
     assert list(models["weights"]) == list(models["delta"])
     for key, value in models["delta"].items():
-        torch.testing.assert_close(models["weights"][key], value, atol=1e-4, rtol=0)
+        assert torch.equal(models["weights"][key], value), key

@@ -5,8 +5,8 @@ The ClientApp is what a Flower quickstart has: a CNN with BatchNorm (buffers
 ``@app.train()`` that loads the received ``state_dict``, trains a few local SGD
 steps at its own learning rate and returns ``ArrayRecord(model.state_dict())`` with
 ``num-examples`` and ``train_loss``; no query handler, no protocol metadata. Only the
-server side changes: ``client_mode="weights"`` and ``local_lr`` set to the client's
-learning rate. Run on the in-process grid (the ``flwr run`` version is the example
+server side changes: ``client_mode="weights"`` (the server learning rate is then a
+fraction of each node's displacement, whatever the client's own learning rate). Run on the in-process grid (the ``flwr run`` version is the example
 app's test).
 """
 
@@ -92,21 +92,15 @@ def accuracy(arrays: ArrayRecord) -> float:
 
 
 STRATEGIES = {
-    # eta = local-lr: each arrival applies the node's whole displacement (ASGD), or the
-    # mean displacement of K = 5 arrivals (FedBuff); GSGM keeps its defaults.
-    "gsgm": lambda: GSGM(client_mode="weights", local_lr=LOCAL_LR, virtual_clock=VirtualClock()),
+    # ASGD at eta = 1.0: each arrival applies the node's whole displacement; FedBuff and
+    # GSGM keep their displacement-mode defaults (0.5 of the mean displacement of K = 5
+    # arrivals; 0.5 per cycle). local-lr is left at its default, 0.05: the server
+    # learning rate does not depend on it.
+    "gsgm": lambda: GSGM(client_mode="weights", virtual_clock=VirtualClock()),
     "asgd": lambda: ASGD(
-        server_learning_rate=LOCAL_LR,
-        client_mode="weights",
-        local_lr=LOCAL_LR,
-        virtual_clock=VirtualClock(),
+        server_learning_rate=1.0, client_mode="weights", virtual_clock=VirtualClock()
     ),
-    "fedbuff": lambda: FedBuff(
-        server_learning_rate=LOCAL_LR,
-        client_mode="weights",
-        local_lr=LOCAL_LR,
-        virtual_clock=VirtualClock(),
-    ),
+    "fedbuff": lambda: FedBuff(client_mode="weights", virtual_clock=VirtualClock()),
 }
 
 

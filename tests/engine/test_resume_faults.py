@@ -22,7 +22,7 @@ import pytest
 from flwr.app import MetricRecord
 
 from flwr_gsgm.async_engine import EngineSettings
-from flwr_gsgm.checkpoint import CheckpointError, load
+from flwr_gsgm.checkpoint import CheckpointError, load, save
 from flwr_gsgm.inprocess_grid import InProcessGrid
 from flwr_gsgm.resume_check import ResumeRefused
 from flwr_gsgm.strategies import ASGD, GSGM
@@ -252,6 +252,57 @@ def test_a_changed_rule_parameter_without_run_config_is_refused(tmp_path):
     with pytest.raises(ResumeRefused) as info:
         start(path, resume=True, run_config=None, lr=0.05)
     assert "optimizer.lr: 0.1 in the checkpoint, 0.05 now" in str(info.value)
+
+
+def rewrite(path, **changes):
+    """Rewrite the checkpoint at ``path`` with its fingerprint updated by ``changes``
+    and without ``displacement_updates``: a checkpoint as the engine wrote it before
+    weights/delta updates were displacements (its checksum line written anew)."""
+    state = load(path)
+    assert state.pop("displacement_updates") is True  # written by every engine now
+    state["fingerprint"] = {**state["fingerprint"], **changes}
+    save(path, state)
+
+
+def test_a_weights_mode_checkpoint_of_the_old_meaning_is_refused_with_the_conversion(tmp_path):
+    # Before, weights/delta updates were (w_sent - w_local) / local-lr: the checkpoint's
+    # state holds updates 1 / local-lr times larger. server-learning-rate 0 was GSGM's
+    # default then, 0.1: the same steps need 0.1 / 0.05 = 2 of the displacement.
+    path = tmp_path / "checkpoint.pt"
+    killed_run(path)
+    old = {**RUN_CONFIG, "client-mode": "weights", "server-learning-rate": 0.0, "local-lr": 0.05}
+    rewrite(path, **old, strategy="gsgm")
+    grid = CountingGrid(make_app(), 3, run_config={})
+    with pytest.raises(ResumeRefused) as info:
+        start(path, resume=True, run_config={**old, "strategy": "gsgm"}, grid=grid)
+    assert str(info.value) == (
+        f"resume refused: checkpoint {path} was written in weights client mode before the "
+        "server learning rate of the delta and weights modes became a fraction of the "
+        "node's displacement w_sent - w_local (it multiplied (w_sent - w_local) / local-lr); "
+        "its optimizer state holds updates in that scale and cannot be continued. Start the "
+        "run afresh (resume=false, or another run-name) with server-learning-rate = old / "
+        "local-lr = 0.1 / 0.05 = 2 for the same steps"
+    )
+    assert grid.pushed == 0  # refused before any message
+
+
+def test_a_delta_mode_checkpoint_without_run_config_is_refused_with_the_conversion(tmp_path):
+    path = tmp_path / "checkpoint.pt"
+    killed_run(path, run_config=None)
+    rewrite(path, **{"train.mode": "delta", "optimizer.lr": 0.02, "train.local-lr": 0.01})
+    with pytest.raises(ResumeRefused, match=r"in delta client mode .* 0\.02 / 0\.01 = 2 "):
+        start(path, resume=True, run_config=None)
+
+
+def test_a_gradient_mode_checkpoint_written_before_the_change_still_resumes(tmp_path):
+    # The gradient mode's meaning did not change: no refusal, the same run.
+    whole, _ = start(tmp_path / "whole.pt")
+    path = tmp_path / "checkpoint.pt"
+    killed_run(path)
+    rewrite(path)
+    resumed, _ = start(path, resume=True)
+    assert resumed.report.counters == whole.report.counters
+    np.testing.assert_array_equal(resumed.arrays["w"].numpy(), whole.arrays["w"].numpy())
 
 
 def test_another_number_of_nodes_is_refused(tmp_path):
