@@ -31,6 +31,16 @@ reporting seeds). Layout (every run-config key is a key of
     seed = 0
     nodes = 10
     partition = { partitioner = "pathological", classes-per-node = 2 }
+    device-profile = "edge"                # optional; default: the base config's
+    client-works = ["batch", "epoch"]      # optional; default: every work a question runs
+                                           #   the method (or an ablation of it) with
+    config = { max-seconds = 600 }         # optional; run config of the tuning runs
+
+    [client-works.batch]                   # optional: named client works (what a node
+    title = "one gradient mini-batch"      #   computes per message), client keys only
+    config = { client-mode = "gradient", local-batches = 1 }
+    [client-works.epoch]
+    config = { client-mode = "weights", local-steps = 150 }
 
     [methods.gsgm]
     config = { strategy = "gsgm" }
@@ -41,6 +51,10 @@ reporting seeds). Layout (every run-config key is a key of
     config = { beta = 0.0 }
     grid = { server-learning-rate = [0.01, 0.02, 0.05] }
 
+    [methods.fedavg]
+    config = { strategy = "fedavg" }
+    client-works = ["epoch"]               # optional; runs only with these works
+
     [questions.stability]
     title = "Stability: 10 nodes, 2 classes per node"
     kind = "stability"                     # stability | scale | noniid | time-to-target
@@ -49,6 +63,9 @@ reporting seeds). Layout (every run-config key is a key of
     methods = ["gsgm", "asgd"]             # optional; default every method
     max-in-flight = [0, 20]                # optional; nodes training at once (0 = all, default [0])
     config = { max-updates = 10000 }       # optional; run config of this question's runs
+    client-works = ["batch", "epoch"]      # optional; default: the base config's client work
+    device-profiles = ["edge", "loopback"] # optional; run config device-profile per run
+                                           #   (default: the base config's)
 
     [estimate]                             # cost model of --dry-run (seconds)
     updates-per-second = 40.0              # client updates per second, in process
@@ -56,11 +73,31 @@ reporting seeds). Layout (every run-config key is a key of
     overhead-seconds = 6.0                 # process start, data loading, partitioning
 
 A run is identified by its folder under the sweep's output folder:
-``tune/<method>/<grid point>`` or ``runs/<method>/<setting>/s<seed>``, where the
-setting is ``n<nodes>-<partition>`` with ``-f<max-in-flight>`` appended when fewer
-than all nodes train at once (a max-in-flight of at least the number of nodes is
-"all"); a run shared by several questions (same method, seed and setting) runs once,
+``tune/<method>/<grid point>`` (``tune/<method>/<work>/<grid point>`` for a named
+client work) or ``runs/<method>/<setting>/s<seed>``, where the setting is
+``n<nodes>-<partition>`` with ``-f<max-in-flight>`` appended when fewer than all
+nodes train at once (a max-in-flight of at least the number of nodes is "all"), then
+``-<work>`` when the question lists ``client-works`` and ``-<profile>`` when it lists
+``device-profiles`` (``n10-k2-f20-epoch-edge``; without those keys the labels are as
+before); a run shared by several questions (same method, seed and setting) runs once,
 and two questions that would give it different run configs are refused.
+
+Client works and device profiles. A question's runs are methods x settings x client
+works x device profiles x seeds. A method runs with the question's works it allows
+(``[methods.X] client-works``; none of them: refused). A run's config is the base
+config, the question's ``config``, the tuned choice of its (method, work) -- which
+holds the work's ``config``, then the method's -- and the setting's partition,
+max-in-flight and ``device-profile``. Tuning runs each method's grid once per work it
+is tuned with (:func:`tune_works`); an ablation starts from its parent's choice for
+the same work. Refused, naming them: an unknown work; a work's config with a key that
+is not client work (``strategy``, partition keys, ``max-in-flight``,
+``device-profile``) or a bad value; a method whose config sets a key of a work it runs
+with to another value, or whose grid tunes a key the work sets; an ablation with a
+work its parent does not run with; a question whose config sets a key one of its works
+sets; a (method, work) a question runs but ``[tune] client-works`` leaves out; any run
+config :func:`~flwr_gsgm.run_config.parse_run_config` refuses. ``device-profiles``
+needs the run config key ``device-profile`` (the time model). With a time budget
+(``max-seconds`` in ``[tune] config``) tuning picks by the accuracy at the budget.
 """
 
 from __future__ import annotations
