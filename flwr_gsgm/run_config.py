@@ -40,6 +40,7 @@ __all__ = [
     "optimizer_params_from",
     "parse_run_config",
     "strategy_keys",
+    "unread_settings",
     "check_deadlines",
     "REMOVED_KEYS",
 ]
@@ -402,3 +403,34 @@ def parse_run_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
             f"[1, {num_classes}] ({cfg['dataset']} has {num_classes} classes)"
         )
     return cfg
+
+
+def unread_settings(cfg: Mapping[str, Any]) -> list[str]:
+    """Warnings for server optimizer keys set to a non-default value that the strategy ignores.
+
+    Which keys ``cfg["strategy"]`` reads is :func:`strategy_keys` (the rules' declarations;
+    Flower's FedAvg and FedAvgM from :data:`SYNC_STRATEGY_KEYS`), the same knowledge the
+    presets use to refuse such keys. A key at its default gives nothing: the default is
+    what every run config holds after :func:`parse_run_config`.
+
+    Parameters
+    ----------
+    cfg : Mapping[str, Any]
+        A run config parsed by :func:`parse_run_config`.
+
+    Returns
+    -------
+    list[str]
+        One sentence per ignored key, in key order, naming the key, its value and the strategy.
+    """
+    strategy = cfg["strategy"]
+    takes = strategy_keys(strategy)
+    found = []
+    for key in sorted(OPTIMIZER_KEYS - takes):
+        value = cfg[key]
+        if value != RUN_CONFIG[key].default:
+            found.append(
+                f"run config {key}={value!r} does nothing: strategy {strategy!r} does not read "
+                f"{key!r} (it reads {', '.join(sorted(takes)) or 'none of the optimizer keys'})"
+            )
+    return found

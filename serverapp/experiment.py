@@ -31,7 +31,7 @@ from clients.training import evaluate
 from flwr_gsgm import run_outputs
 from flwr_gsgm.divergence import evaluation_divergence
 from flwr_gsgm.federated_evaluation import column_name
-from flwr_gsgm.run_config import SYNC_STRATEGIES
+from flwr_gsgm.run_config import SYNC_STRATEGIES, unread_settings
 from flwr_gsgm.run_end import DIVERGED, RunDiverged, RunFailed
 from flwr_gsgm.run_outputs import run_dir_for
 from flwr_gsgm.strategy_from_config import build_strategy, virtual_clock_from
@@ -145,7 +145,10 @@ def run_experiment(
         model of the last evaluation before the divergence (asynchronous strategies).
     """
     torch.set_num_threads(cfg["client-threads"])
-    warnings = check_partitions(grid, cfg)  # an impossible split fails here, at once
+    warnings = list(check_partitions(grid, cfg))  # an impossible split fails here, at once
+    for warning in unread_settings(cfg):  # a setting the strategy ignores: say so
+        log(WARNING, "[flwr-gsgm] %s", warning)
+        warnings.append(warning)
     run_dir = run_dir or run_dir_for(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     run_outputs.write_config(run_dir, cfg)
