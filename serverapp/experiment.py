@@ -361,6 +361,8 @@ def _run_synchronous(
     partition-id -> training examples, for epoch work) and the model's bytes each way, as
     the asynchronous engine charges a message.
 
+    With the virtual clock ``max-seconds`` > 0 is a virtual budget: the run ends with the
+    last round that finished within it (a round that ends later is not applied).
     Without the virtual clock (deployment) ``max-seconds`` > 0 is a wall-clock budget, as
     for the asynchronous strategies: no round starts once that many seconds have passed
     since the start (the round running then finishes), and the last round's model is
@@ -395,6 +397,7 @@ def _run_synchronous(
         return bool(every) and crossed(server_round, every)
 
     wall_budget = 0.0 if cfg["virtual-clock"] else cfg["max-seconds"]
+    virtual_budget = cfg["max-seconds"] if cfg["virtual-clock"] else 0.0
     t0 = time.monotonic()
 
     def budget_spent() -> bool:
@@ -461,6 +464,10 @@ def _run_synchronous(
         server_round: int, arrays: ArrayRecord, force: bool = False
     ) -> MetricRecord | None:
         vt = virtual_time(server_round)  # every round, so no sampled round is missed
+        if virtual_budget and vt > virtual_budget:
+            # The round ended past the budget: its model does not count (as the async
+            # engine applies no reply that arrives after max-seconds).
+            raise _WallBudgetSpent(server_round - 1)
         last.update(round=server_round, arrays=arrays)
         if not (force or due(server_round)):
             return None
@@ -509,7 +516,7 @@ def _run_synchronous(
         log(
             INFO,
             "[flwr-gsgm] max-seconds=%s spent: no round after %d",
-            wall_budget,
+            wall_budget or virtual_budget,
             spent.last_round,
         )
         rounds = spent.last_round

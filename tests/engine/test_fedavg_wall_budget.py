@@ -1,5 +1,5 @@
-"""FedAvg in deployment (virtual-clock = false): max-seconds is a wall-clock budget, as
-for the asynchronous strategies. No real waiting: the experiment's clock is a fake one
+"""FedAvg's max-seconds: a wall-clock budget in deployment (virtual-clock = false), a
+virtual one under the virtual clock, as for the asynchronous strategies. No real waiting: the experiment's clock is a fake one
 that each training round moves by 4 s."""
 
 from __future__ import annotations
@@ -65,10 +65,12 @@ def test_no_round_starts_after_the_wall_budget(tmp_path, monkeypatch):
     assert [float(r["wall_time"]) for r in rows] == [0.0, 8.0, 12.0]
 
 
-def test_max_seconds_under_the_virtual_clock_does_not_stop_fedavg_by_wall_time(
-    tmp_path, monkeypatch
-):
-    grid, summary, rows = run(tmp_path, monkeypatch, **{"max-seconds": 10.0})
-    assert grid.train_rounds == 10
-    assert summary["updates_received"] == 40
-    assert [int(r["updates"]) for r in rows] == [0, 8, 16, 24, 32, 40]
+def test_max_seconds_under_the_virtual_clock_is_a_virtual_budget(tmp_path, monkeypatch):
+    # uniform profile, jitter 0: a round lasts its slow node's 4 x 1.0 s, so rounds end
+    # at 4, 8, 12 virtual seconds; the third ends past 10 s and is not applied.
+    grid, summary, rows = run(tmp_path, monkeypatch, **{"max-seconds": 10.0, "jitter": 0.0})
+    assert grid.train_rounds == 3  # the third round ran, its model was discarded
+    assert summary["updates_received"] == 8
+    assert [int(r["updates"]) for r in rows] == [0, 8]
+    assert [float(r["virtual_time"]) for r in rows] == [0.0, 8.0]
+    assert summary["virtual_seconds"] == 8.0
