@@ -45,6 +45,8 @@ reporting seeds). Layout (every run-config key is a key of
     [methods.gsgm]
     config = { strategy = "gsgm" }
     grid = { server-learning-rate = [0.01, 0.02, 0.05], beta = [0.5, 0.9] }
+    work-grid = { epoch = { server-learning-rate = [0.5, 1.0] } }  # optional: replaces
+                                           #   grid for that client work
 
     [methods.gsgm-beta0]                   # an ablation: GSGM's tuned choice, then beta = 0,
     inherit = "gsgm"                       # then its own grid (tuned after gsgm)
@@ -160,6 +162,9 @@ class Method:
 
     ``client_works``: the named client works it may run with (``[methods.X]
     client-works``); None = any, including the base config's (the implicit work).
+    ``work_grids``: a grid per named client work that replaces ``grid`` for that work
+    (``[methods.X] work-grid = { batch = { ... } }``): a gradient-mode work and a
+    weights-mode work read the server learning rate on different scales.
     """
 
     name: str
@@ -167,6 +172,11 @@ class Method:
     grid: dict[str, list[Any]]
     inherit: str | None = None
     client_works: list[str] | None = None
+    work_grids: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
+
+    def grid_for(self, work: str) -> dict[str, list[Any]]:
+        """The tuning grid of this method with client work ``work``."""
+        return self.work_grids.get(work, self.grid)
 
     def allows(self, work: str) -> bool:
         """Whether this method runs with ``work`` (``""``: the base config's client work)."""
@@ -683,17 +693,28 @@ def _parse_methods(
     cycle, known client works."""
     methods: dict[str, Method] = {}
     for name, spec in raw.items():
-        extra = set(spec) - {"config", "grid", "inherit", "client-works"}
+        extra = set(spec) - {"config", "grid", "inherit", "client-works", "work-grid"}
         if extra:
             _fail(path, f"[methods.{name}]: unknown key(s) {sorted(extra)}")
         config = dict(spec.get("config", {}))
         grid = {k: list(v) for k, v in spec.get("grid", {}).items()}
+        work_grids = {
+            w: {k: list(v) for k, v in g.items()} for w, g in spec.get("work-grid", {}).items()
+        }
         _check_config(path, f"[methods.{name}] config", config)
-        _check_config(path, f"[methods.{name}] grid", grid)
-        for k, values in grid.items():
-            if not values:
-                _fail(path, f"[methods.{name}] grid {k!r} is empty")
-        for key in (*config, *grid):
+        for where, g in (("grid", grid), *((f"work-grid.{w}", g) for w, g in work_grids.items())):
+            _check_config(path, f"[methods.{name}] {where}", g)
+            for k, values in g.items():
+                if not values:
+                    _fail(path, f"[methods.{name}] {where} {k!r} is empty")
+        for w in work_grids:
+            if w not in works:
+                _fail(
+                    path,
+                    f"[methods.{name}] work-grid: unknown client work {w!r}; "
+                    f"known: {sorted(works)}",
+                )
+        for key in (*config, *grid, *(k for g in work_grids.values() for k in g)):
             if key == PROFILE_KEY:
                 _fail(path, f"[methods.{name}]: {key!r} is set by device-profiles, not a method")
         allowed = None
@@ -701,7 +722,7 @@ def _parse_methods(
             allowed = _name_list(
                 path, f"[methods.{name}] client-works", spec["client-works"], works
             )
-        methods[name] = Method(name, config, grid, spec.get("inherit"), allowed)
+        methods[name] = Method(name, config, grid, spec.get("inherit"), allowed, work_grids)
     if not methods:
         _fail(path, "no [methods.*]")
     for m in methods.values():
@@ -822,7 +843,7 @@ def _check_run_configs(path: Path, preset: Preset) -> None:
     for m, method in preset.methods.items():
         for work in tune_works(preset, m):
             with_work = f" with client work {work!r}" if work else ""
-            for point in grid_points(method.grid):
+            for point in grid_points(method.grid_for(work)):
                 cfg = {
                     **_tune_run_config(preset, method_base_config(preset, m, stand_in, work)),
                     **point,
@@ -870,7 +891,7 @@ def _check_works_of(path: Path, preset: Preset, method: str) -> None:
                     f"config sets {key} = {value!r}, [client-works.{work}] {key} = "
                     f"{wcfg[key]!r} (restrict the method with client-works = [...])",
                 )
-        for key in m.grid.keys() & wcfg.keys():
+        for key in m.grid_for(work).keys() & wcfg.keys():
             _fail(
                 path,
                 f"method {method!r} cannot run with client work {work!r}: [methods.{method}] "
@@ -945,7 +966,7 @@ def stand_in_tuned(preset: Preset) -> dict[str, dict[str, Any]]:
             for work in tune_works(preset, m):
                 tuned[tuned_key(m, work)] = {
                     **method_base_config(preset, m, tuned, work),
-                    **grid_points(preset.methods[m].grid)[0],
+                    **grid_points(preset.methods[m].grid_for(work))[0],
                 }
     return tuned
 
@@ -965,7 +986,8 @@ def _check_method_keys(path: Path, preset: Preset, method: str) -> None:
     }
     strategy = lineage.get("strategy", RUN_CONFIG["strategy"].default)
     takes = strategy_keys(strategy)
-    for where, keys in (("config", m.config), ("grid", m.grid)):
+    grids = (("grid", m.grid), *((f"work-grid.{w}", g) for w, g in m.work_grids.items()))
+    for where, keys in (("config", m.config), *grids):
         for key in keys:
             if key in OPTIMIZER_KEYS and key not in takes:
                 _fail(
@@ -1020,11 +1042,12 @@ def tune_runs(
     or ``tune/<method>/<work>/<grid point>`` for a named work.
     """
     m = preset.methods[method]
-    if not m.grid:
+    grid = m.grid_for(work)
+    if not grid:
         return []
     base = method_base_config(preset, method, tuned, work)
     runs = []
-    for point in grid_points(m.grid):
+    for point in grid_points(grid):
         cfg = _tune_run_config(preset, {**base, **point})
         runs.append(
             RunSpec(

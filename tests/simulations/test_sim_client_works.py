@@ -271,6 +271,27 @@ REFUSED = [
 ]
 
 
+def test_a_work_grid_replaces_the_grid_for_that_work(tmp_path, profiles):
+    text = PRESET.replace(
+        "grid = { server-learning-rate = [0.01, 0.1] }",
+        "grid = { server-learning-rate = [0.01, 0.1] }\n"
+        "work-grid = { steps4 = { server-learning-rate = [0.5, 1.0, 2.0] } }",
+    )
+    preset = load_preset(write(tmp_path, text))
+    tuned = stand_in_tuned(preset)
+    lrs = {
+        w: [s.run_config["server-learning-rate"] for s in tune_runs(preset, "gsgm", tuned, w)]
+        for w in ("batch", "steps4", "steps8")
+    }
+    assert lrs == {"batch": [0.01, 0.1], "steps4": [0.5, 1.0, 2.0], "steps8": [0.01, 0.1]}
+    assert [s.run_id for s in tune_runs(preset, "gsgm", tuned, "steps4")][0] == (
+        "tune/gsgm/steps4/server-learning-rate=0.5"
+    )
+    bad = text.replace("work-grid = { steps4", "work-grid = { steps9")
+    with pytest.raises(ValueError, match="work-grid: unknown client work 'steps9'"):
+        load_preset(write(tmp_path, bad))
+
+
 @pytest.mark.parametrize("text, message", REFUSED)
 def test_bad_works_and_profiles_are_refused_naming_them(tmp_path, profiles, text, message):
     with pytest.raises(ValueError) as err:
