@@ -243,6 +243,10 @@ def run_row(
     for key in SUMMARY_FIELDS:
         value = summary.get(key)
         row[key] = math.nan if value is None else value
+    if summary.get("server_learning_rate") is not None:
+        # what the run applied: the strategy's default for its client mode where the run
+        # config left server-learning-rate unset (0)
+        row["server_learning_rate"] = summary["server_learning_rate"]
     row["rejected_by_reason"] = json.dumps(summary.get("rejected_by_reason", {}), sort_keys=True)
     row["status_reason"] = summary.get("status_reason", "")
     row["warnings"] = json.dumps(summary.get("warnings", []))

@@ -344,6 +344,23 @@ def test_accuracy_at_budget_is_the_last_evaluation_at_or_before_max_seconds(tmp_
     assert math.isnan(run_row(run, {}, chance=0.1, margin=0.05, target=0.5)["accuracy_at_budget"])
 
 
+def test_runs_csv_takes_the_server_learning_rate_the_run_applied(tmp_path):
+    # The plan leaves server-learning-rate unset (the strategy's default for the client
+    # mode): the row takes summary.json's; without it, the plan's value stays.
+    run = tmp_path / "r"
+
+    class Spec:
+        run_config, nodes = {}, 4
+
+    fake_run(run, Spec, [0.0, 10.0], [0.1, 0.5])
+    base = {"run_id": "r", "server_learning_rate": ""}
+    assert run_row(run, base, chance=0.1, margin=0.05, target=0.5)["server_learning_rate"] == ""
+    summary = json.loads((run / "summary.json").read_text())
+    (run / "summary.json").write_text(json.dumps({**summary, "server_learning_rate": 0.5}))
+    row = run_row(run, base, chance=0.1, margin=0.05, target=0.5)
+    assert row["server_learning_rate"] == 0.5
+
+
 def _row(out, method, work, seed, final, status="ok", profile="edge", nodes=4):
     run_id = f"runs/{method}/n{nodes}-iid-{work}-{profile}/s{seed}"
     return {
