@@ -114,3 +114,96 @@ def test_a_fresh_venv_with_the_wheel_imports_flwr_gsgm_without_the_app(wheel, tm
     assert lines["file"].startswith(str(site / "flwr_gsgm"))
     assert lines["findable"] == "[] loaded []"
     assert lines["strategy"] == "GSGM"
+
+
+# A user's Flower app, built with hatchling (as `flwr new` makes them), that depends on
+# flwr-gsgm (issue 24 item 1). {extra} is the dependency line and any settings.
+HATCHLING_APP = """
+[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+
+[project]
+name = "myapp"
+version = "1.0.0"
+dependencies = ["flwr>=1.42,<1.43", {dependency}]
+{settings}
+[tool.hatch.build.targets.wheel]
+packages = ["myapp"]
+
+[tool.flwr.app]
+publisher = "me"
+
+[tool.flwr.app.components]
+serverapp = "myapp.server_app:app"
+clientapp = "myapp.client_app:app"
+"""
+
+
+def _venv_without_flwr_gsgm(tmp_path: Path) -> Path:
+    """A fresh venv that sees this test's packages (flwr, numpy, torch, hatchling) but not
+    flwr-gsgm: a folder of links to every entry of this environment's site-packages but
+    flwr-gsgm's (and editable-install hooks), added to the venv by a .pth file."""
+    venv = tmp_path / "venv"
+    # without pip (and the old setuptools it brings, which would shadow torch's need)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    shared = tmp_path / "shared-site"
+    shared.mkdir()
+    for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
+        name = entry.name.lower()
+        if name.startswith(("flwr_gsgm", "__editable__", "_flwr_gsgm")) or name.endswith(".pth"):
+            continue
+        (shared / entry.name).symlink_to(entry)
+    site = subprocess.check_output(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        text=True,
+    ).strip()
+    Path(site, "project-deps.pth").write_text(f"{shared}\n")
+    return python
+
+
+def _install_app(python: Path, app: Path, wheels: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PIP_CONSTRAINT")}
+    return subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-index"]
+        + ["--no-build-isolation"]
+        + ["--find-links", str(wheels), str(app)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**env, "PIP_CONFIG_FILE": os.devnull},
+    )
+
+
+def _app(tmp_path: Path, name: str, dependency: str, settings: str = "") -> Path:
+    app = tmp_path / name
+    (app / "myapp").mkdir(parents=True)
+    (app / "myapp" / "__init__.py").write_text("")
+    (app / "pyproject.toml").write_text(
+        HATCHLING_APP.format(dependency=dependency, settings=settings)
+    )
+    return app
+
+
+def test_a_hatchling_flower_app_installs_flwr_gsgm_as_the_readme_shows(wheel, tmp_path):
+    python = _venv_without_flwr_gsgm(tmp_path)
+    wheels = wheel.parent
+    # The README's way: the dependency by name, the wheel found with --find-links.
+    done = _install_app(python, _app(tmp_path, "by-name", '"flwr-gsgm"'), wheels)
+    assert done.returncode == 0, done.stderr[-3000:]
+    where = subprocess.check_output(
+        [str(python), "-c", "import flwr_gsgm; print(flwr_gsgm.__file__)"],
+        text=True,
+        cwd=tmp_path,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+    )
+    assert str(tmp_path / "venv") in where  # from the wheel, not this checkout
+    # A direct reference needs hatchling's allow-direct-references (the README says so).
+    direct = f'"flwr-gsgm @ {wheel.as_uri()}"'
+    refused = _install_app(python, _app(tmp_path, "direct", direct), wheels)
+    assert refused.returncode != 0
+    assert "allow-direct-references" in refused.stderr
+    allowed = "\n[tool.hatch.metadata]\nallow-direct-references = true\n"
+    done = _install_app(python, _app(tmp_path, "direct-allowed", direct, allowed), wheels)
+    assert done.returncode == 0, done.stderr[-3000:]
