@@ -89,6 +89,16 @@ class EngineSettings:
         Keys that may differ on resume, each change logged [``resume-allow-changes``].
     virtual_clock : VirtualClock | None
         Simulation clock, or None to use real arrival order (deployment).
+    query_partition_ids : bool | None
+        Ask each new node for its ``partition-id`` with a ``query`` message (the
+        ClientApp needs a query handler, :mod:`flwr_gsgm.query_reply`), so that nodes
+        are keyed on their partition (a SuperNode that restarts under a new node id
+        keeps its place; a node of another partitioning is refused). False: no query,
+        nodes are keyed by node id in node-id order (a ClientApp written for FedAvg has
+        no query handler, and under Flower's simulation engine every query would log
+        an ERROR traceback). None (default): query only where keys must mean the
+        same partition from run to run: with a ``virtual_clock`` (a node's simulated
+        device) or ``checkpoint_path`` (a resume finds its nodes).
     seed : int
         Run seed; each dispatch's client seed is derived from it.
     max_in_flight : int | None
@@ -145,6 +155,7 @@ class EngineSettings:
     checkpoint_path: Path | None = None
     resume: bool = _run_default("resume")
     virtual_clock: VirtualClock | None = None
+    query_partition_ids: bool | None = None
     seed: int = 0
     max_in_flight: int | None = _run_default("max-in-flight") or None
     dispatch: str = _run_default("dispatch")
@@ -211,6 +222,14 @@ class EngineSettings:
     def dispatches_per_node(self) -> int:
         """Train dispatches a node may have in flight: 2 with ``prefetch``, else 1."""
         return 2 if self.prefetch else 1
+
+    @property
+    def queries_partition_ids(self) -> bool:
+        """Whether new nodes are asked for their partition-id (``query_partition_ids``
+        with None resolved: with a virtual clock or checkpoints)."""
+        if self.query_partition_ids is not None:
+            return bool(self.query_partition_ids)
+        return self.virtual_clock is not None or self.checkpoint_path is not None
 
     @property
     def in_flight_limit(self) -> int | None:

@@ -107,6 +107,8 @@ class Membership:
         self.last_refresh = -math.inf
         self.started = False
         self.unkeyed: list[int] = []  # node ids without a partition-id, before the start
+        self.unqueried: list[int] = []  # new node ids not queried (query_partition_ids off)
+        self.said_unqueried = False
 
     def start(self, pids: list[int]) -> None:
         """Training starts with ``pids``: from now on an attach is a join. Logged."""
@@ -183,7 +185,38 @@ class Membership:
         returning = {n.node_id for n in self.nodes.values() if not n.active and n.may_return}
         new_ids = sorted(((present - self.node_ids_seen) | (present & returning)) - asked)
         self.node_ids_seen.update(new_ids)
-        self.in_flight.push_queries(new_ids)
+        if self.settings.queries_partition_ids:
+            self.in_flight.push_queries(new_ids)
+        else:
+            self.unqueried.extend(new_ids)
+
+    def _register_unqueried(self, lose: LoseFn) -> list[int]:
+        """Register the node ids not asked for a partition-id (``query_partition_ids``
+        off) as a node without a query handler is: keyed by node id (:meth:`key_for`),
+        at start-up once every node is in. Return the partition-ids that (re)joined."""
+        new, self.unqueried = self.unqueried, []
+        if new and not self.said_unqueried:
+            self.said_unqueried = True
+            log(
+                INFO,
+                "[async] nodes keyed by node id, in node-id order, without a query "
+                "(query_partition_ids is off without a virtual clock or checkpoints; set "
+                "it to True if your ClientApp answers a query with its partition-id)",
+            )
+        if not self.started:
+            self.unkeyed.extend(new)
+            return []
+        joined = []
+        for node_id in new:
+            pid = self.key_for(node_id)
+            if self._attach(pid, node_id, lose, identified=False):
+                joined.append(pid)
+        return joined
+
+    @property
+    def joins_pending(self) -> bool:
+        """Queries in flight or new node ids not yet registered."""
+        return bool(self.in_flight.queries or self.unqueried)
 
     def refresh_due(self) -> bool:
         """True (and the refresh clock restarts) every ``node_refresh_interval`` wall seconds."""
@@ -204,7 +237,7 @@ class Membership:
         answered within ``startup_timeout`` seconds failed: it is sent again, up to
         ``max_node_failures`` failed queries in a row (:meth:`_query_failed`).
         """
-        joined = []
+        joined = self._register_unqueried(lose)
         queries = self.in_flight.queries
         for mid in [m for m in queries if m in self.in_flight.arrived]:
             node_id, _ = queries.pop(mid)

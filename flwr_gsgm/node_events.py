@@ -190,7 +190,7 @@ def check_deadlines(engine: AsyncEngine) -> None:
 def register_joins(engine: AsyncEngine) -> None:
     """Register answered queries as joins; query new node ids now and then."""
     assert engine.optimizer is not None
-    if engine.in_flight.queries:
+    if engine.members.joins_pending:
         for pid in engine.members.register_query_replies(engine.lose):
             engine.optimizer.on_node_joined(pid, now=now(engine))
             engine.ledger.count("nodes_joined")

@@ -106,7 +106,9 @@ def test_another_error_code_is_backed_off_too_and_never_readmitted():
     # another message, not even a query.
     grid = ErrorCodeGrid(make_app(), 3, run_config={}, code=ErrorCode.LOAD_CLIENT_APP_EXCEPTION)
     settings = EngineSettings(
-        backoff=Backoff(base=0.01, factor=2.0, cap=0.05), node_refresh_interval=0.0
+        backoff=Backoff(base=0.01, factor=2.0, cap=0.05),
+        node_refresh_interval=0.0,
+        query_partition_ids=True,
     )
     result = ASGD(server_learning_rate=0.1, virtual_clock=None, engine=settings).start(
         grid, initial_arrays(), max_updates=300
@@ -228,7 +230,7 @@ def test_the_startup_deadline_is_its_own_setting():
     # Nodes that never answer: start-up fails after startup-timeout, naming it.
     never = threading.Event()
     grid = InProcessGrid(slow_query_app(never), 2, run_config={}, workers=2)
-    settings = EngineSettings(startup_timeout=0.2, min_nodes=2)
+    settings = EngineSettings(startup_timeout=0.2, min_nodes=2, query_partition_ids=True)
     with pytest.raises(RuntimeError) as err:
         ASGD(server_learning_rate=0.1, engine=settings).start(grid, initial_arrays())
     assert str(err.value) == (

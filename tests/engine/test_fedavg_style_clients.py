@@ -257,6 +257,32 @@ def test_nodes_without_a_query_answer_are_registered_at_once(caplog):
     )
 
 
+def test_without_a_virtual_clock_or_checkpoints_no_node_is_queried(caplog, tmp_path):
+    # A FedAvg-written ClientApp has no query handler (under Flower's simulation engine
+    # every query would log an ERROR traceback): by default the engine sends none and
+    # keys the nodes by node id, in node-id order, saying so once.
+    caplog.set_level(logging.INFO)
+    calls: list = []
+
+    def app(msg: Message, context: Context) -> Message:
+        calls.append(msg.metadata.message_type)
+        return fedavg_app(query="none")(msg, context)
+
+    strategy = ASGD(server_learning_rate=0.1, client_mode="weights")
+    result = start(strategy, None, max_updates=12, grid=InProcessGrid(app, 3, run_config={}))
+    assert result.report.counters["updates_received"] == 12
+    assert set(calls) == {"train"}
+    logged = [r.getMessage() for r in caplog.records]
+    said = [line for line in logged if "nodes keyed by node id" in line]
+    assert len(said) == 1 and "query_partition_ids" in said[0]
+    assert any("3 nodes (partition-ids [0, 1, 2])" in line for line in logged)
+    # With a virtual clock (or checkpoints) the nodes are asked, as before.
+    assert EngineSettings(virtual_clock=CLOCK).queries_partition_ids
+    assert EngineSettings(checkpoint_path=tmp_path / "c.pt").queries_partition_ids
+    assert not EngineSettings().queries_partition_ids
+    assert EngineSettings(query_partition_ids=True).queries_partition_ids
+
+
 def test_a_node_without_a_query_handler_joins_mid_run_under_the_next_free_key(caplog):
     caplog.set_level(logging.INFO)
     grid = InProcessGrid(fedavg_app(query="none"), 2, run_config={})
@@ -289,7 +315,11 @@ def test_a_query_error_other_than_a_client_exception_registers_nothing(caplog):
             return Message(Error(ErrorCode.LOAD_CLIENT_APP_EXCEPTION, "no app"), reply_to=msg)
         return inner(msg, context)
 
-    strategy = ASGD(server_learning_rate=0.1, client_mode="weights")
+    strategy = ASGD(
+        server_learning_rate=0.1,
+        client_mode="weights",
+        engine=EngineSettings(query_partition_ids=True),
+    )
     result = start(strategy, None, max_updates=10, grid=InProcessGrid(app, 2, run_config={}))
     logged = [r.getMessage() for r in caplog.records]
     error = (
