@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import re
+from pathlib import Path
 
 import pytest
 from flwr.serverapp.strategy import FedAvg
@@ -114,3 +115,19 @@ def test_several_fedavg_keywords_are_named_in_the_order_given():
 def test_a_keyword_neither_fedavg_nor_ours_keeps_the_generic_message():
     with pytest.raises(ValueError, match="unknown keyword argument.*'rounds'.*the strategy takes"):
         GSGM(rounds=3)
+
+
+def test_the_porting_guide_names_every_fedavg_keyword_and_only_real_counterparts():
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "PORTING.md").read_text()
+    for keyword in FEDAVG_COUNTERPARTS:
+        assert f"`{keyword}" in doc, keyword
+    settings = {f.name for f in dataclasses.fields(EngineSettings)}
+    for name in re.findall(r"EngineSettings\((\w+)=", doc):
+        assert name in settings, name
+    evaluation = {f.name for f in dataclasses.fields(FederatedEvaluation)}
+    for name in re.findall(r"FederatedEvaluation\(every=\w+, (\w+)=", doc):
+        assert name in evaluation, name
+    for hook in ("train_config_fn", "on_evaluate"):
+        assert hook in inspect.signature(AsyncStrategy.__init__).parameters
+    # The messages quoted in the guide are the code's.
+    assert MESSAGES["fraction_train"] in doc and MESSAGES["num_rounds"] in doc
