@@ -49,6 +49,7 @@ from flwr_gsgm.engine_report import EngineReport, build_report
 from flwr_gsgm.engine_settings import EngineSettings
 from flwr_gsgm.evaluation import EvaluateFn, Evaluator, wall_since
 from flwr_gsgm.federated_evaluation import FederatedEvaluator
+from flwr_gsgm.hooks import OnEvaluate, TrainConfigFn
 from flwr_gsgm.in_flight import Dispatch, InFlight
 from flwr_gsgm.ledger import Ledger
 from flwr_gsgm.membership import Membership, Node
@@ -96,6 +97,11 @@ class AsyncEngine:
         The arrays the server rule trains (:mod:`flwr_gsgm.model_layout`); default:
         the floating arrays whose names do not look like buffers. The others are
         buffers (:mod:`flwr_gsgm.model_buffers`).
+    train_config_fn : callable, optional
+        ``(node_id, model_version, updates_received) -> ConfigRecord`` merged over
+        ``train_config`` for each train message (:mod:`flwr_gsgm.hooks`).
+    on_evaluate : callable, optional
+        ``(updates, arrays, metrics) -> None`` after each evaluation row.
 
     Raises
     ------
@@ -116,6 +122,8 @@ class AsyncEngine:
         settings: EngineSettings,
         evaluate_fn: EvaluateFn | None = None,
         trainable_keys: Iterable[str] | None = None,
+        train_config_fn: TrainConfigFn | None = None,
+        on_evaluate: OnEvaluate | None = None,
     ) -> None:
         self.layout, self.initial = ModelLayout.from_record(initial_arrays, trainable_keys)
         self.keys = self.layout.keys
@@ -137,9 +145,11 @@ class AsyncEngine:
         scale = initial_scale(self.layout.trainable_of(self.initial))
         self.norm_bound = RelativeNormBound(settings.max_norm_ratio, scale)
         self.intake = ReplyIntake(self.layout, lambda pid: self.members.nodes[pid].identified)
-        self.evaluator = Evaluator(self.keys, evaluate_fn, settings.max_updates)
+        self.evaluator = Evaluator(self.keys, evaluate_fn, settings.max_updates, on_evaluate)
         self.federated = FederatedEvaluator(grid, self.keys, settings, self.ledger)
-        self.dispatcher = Dispatcher(settings, train_config, self.members, self.in_flight)
+        self.dispatcher = Dispatcher(
+            settings, train_config, self.members, self.in_flight, train_config_fn
+        )
         self.policy = self.dispatcher.policy
         self.rows: list[dict[str, float]] = []
         self.received = 0

@@ -32,7 +32,9 @@ from flwr.serverapp.strategy import Result
 from flwr_gsgm.async_engine import AsyncEngine, EngineReport, EngineSettings, EvaluateFn
 from flwr_gsgm.core import ServerOptimizer, make_optimizer
 from flwr_gsgm.core.params import DISPLACEMENT_MODES
+from flwr_gsgm.fedavg_keywords import fedavg_refusal
 from flwr_gsgm.federated_evaluation import FederatedEvaluation
+from flwr_gsgm.hooks import OnEvaluate, TrainConfigFn, check_hook
 from flwr_gsgm.run_end import DIVERGED, FAILED, RunDiverged, RunFailed
 from flwr_gsgm.strategy_args import (
     CLIENT_MODES,
@@ -117,6 +119,38 @@ class AsyncStrategy:
         ``every`` updates, on a fraction of them, aggregated as Flower's FedAvg does,
         without pausing training; None: none [``federated-eval-every``,
         ``fraction-evaluate``]. See :mod:`flwr_gsgm.federated_evaluation`.
+    train_config_fn : callable | None
+        ``train_config_fn(node_id: int, model_version: int, updates_received: int)
+        -> ConfigRecord``, called once for every train message the engine sends, just
+        before it is built (the first messages at 0 updates, then each time a node
+        gets work again; a resumed run re-sends its checkpointed messages without
+        calling it). ``node_id`` is the Flower node id the message goes to,
+        ``model_version`` the server steps applied so far (the version of the
+        weights sent, also sent as ``model-version``), ``updates_received`` the
+        client updates received so far (the unit of ``max_updates``). The keys it
+        returns are merged over ``start``'s train config (the client work and
+        ``train_config``) for that message only, e.g. ``ConfigRecord({"local-lr":
+        0.05})`` for a learning-rate schedule (FedAvg's ``configure_train``
+        override; a round r of FedAvg with n nodes is about ``r x n`` updates).
+        Under the virtual clock a changed ``local-steps`` etc. changes that
+        message's duration. It may not set ``mode``, ``model-version``, ``seed`` or
+        ``virtual-duration`` (ValueError); DC-ASGD's gradient estimate keeps the
+        constructor's ``local_lr``. None (default): every message carries the
+        same config.
+    on_evaluate : callable | None
+        ``on_evaluate(updates: int, arrays: ArrayRecord, metrics: MetricRecord)``,
+        called after each server (centralized) evaluation: at 0 updates, every
+        ``eval_every`` client updates received and at the end, the diverging one
+        included, in that order (not for federated evaluations). ``updates`` is the
+        client updates received, ``arrays`` the global model evaluated (a copy of
+        its own: keep it for a best-model checkpoint, do not modify it), ``metrics``
+        the evaluation row of ``metrics.csv`` (``updates``, ``version``,
+        ``virtual_time`` and ``wall_time`` in seconds, ``accuracy`` and ``loss``
+        from ``evaluate_fn``, NaN without one, the window's ``staleness_mean``,
+        ``staleness_max``, ``train_loss``, ``deferred``, ``rejected``,
+        ``dropped``) plus the other keys ``evaluate_fn`` returned. Its return value
+        is ignored: logging (W&B), best-model checkpoints (FedAvg's
+        ``aggregate_evaluate`` or ``evaluate_fn`` side effects).
     **optimizer_params
         The optimizer's declared parameters (``PARAMS`` of its class in
         :mod:`flwr_gsgm.core`), e.g. ``beta`` for GSGM; every rule takes
@@ -134,7 +168,16 @@ class AsyncStrategy:
     ValueError
         On an unknown optimizer or client mode, a keyword argument that is neither
         a strategy parameter nor a parameter of the optimizer (the message lists
-        both), or a value out of range (checked here, before any message is sent).
+        both; for one of Flower FedAvg's, e.g. ``fraction_train``, it names the
+        counterpart: :mod:`flwr_gsgm.fedavg_keywords`), or a value out of range
+        (checked here, before any message is sent).
+    TypeError
+        If ``train_config_fn`` or ``on_evaluate`` is neither None nor callable.
+
+    A hook that raises during the run stops it with
+    :class:`flwr_gsgm.hooks.HookFailed` (naming the hook and the exception); a
+    ``train_config_fn`` that returns anything but a ConfigRecord stops it with a
+    TypeError naming what came back.
     """
 
     def __init__(
@@ -154,8 +197,15 @@ class AsyncStrategy:
         seed: int = 0,
         trainable_keys: Iterable[str] | None = None,
         federated_evaluation: FederatedEvaluation | None = None,
+        train_config_fn: TrainConfigFn | None = None,
+        on_evaluate: OnEvaluate | None = None,
         **optimizer_params: Any,
     ) -> None:
+        refusal = fedavg_refusal(optimizer_params)
+        if refusal:  # before the generic message: a ported FedAvg app learns the name
+            raise ValueError(refusal)
+        check_hook("train_config_fn", train_config_fn)
+        check_hook("on_evaluate", on_evaluate)
         # Checked first: a bad value fails before anything is built.
         self.client_work = client_work(
             optimizer,
@@ -180,6 +230,8 @@ class AsyncStrategy:
         self.seed = int(seed)
         self.trainable_keys = _trainable_keys(trainable_keys)
         self.federated_evaluation = federated_evaluation
+        self.train_config_fn = train_config_fn
+        self.on_evaluate = on_evaluate
         # Fail now, not after the nodes answered: build the optimizer on a dummy model.
         self._build_optimizer([np.zeros(2, np.float32)], [0])
 
@@ -212,6 +264,10 @@ class AsyncStrategy:
         log(INFO, "\t├── Server learning rate: %g (%s)", lr, source)
         log(INFO, "\t├── Client work: mode=%s %s", self.client_mode, self.client_work)
         log(INFO, "\t├── Federated evaluation: %s", self.federated_evaluation)
+        if self.train_config_fn is not None or self.on_evaluate is not None:
+            hooks = {"train_config_fn": self.train_config_fn, "on_evaluate": self.on_evaluate}
+            given = [name for name, fn in hooks.items() if fn is not None]
+            log(INFO, "\t├── Hooks: %s", ", ".join(given))
         log(INFO, "\t└── Virtual clock: %s", self.virtual_clock)
 
     def start(
@@ -224,6 +280,7 @@ class AsyncStrategy:
         evaluate_fn: EvaluateFn | None = None,
         eval_every: int | None = None,
         evaluate_config: ConfigRecord | None = None,
+        **fedavg_keywords: Any,
     ) -> AsyncResult:
         """Train asynchronously until ``max_updates`` client updates were received.
 
@@ -251,6 +308,9 @@ class AsyncStrategy:
         evaluate_config : ConfigRecord | None
             Keys sent in every federated evaluate message (with
             ``federated_evaluation``; the engine adds ``model-version``).
+        **fedavg_keywords
+            None is accepted: FedAvg's ``num_rounds`` and ``timeout`` are refused
+            with their counterpart named, any other keyword as Python does.
 
         Returns
         -------
@@ -258,6 +318,12 @@ class AsyncStrategy:
 
         Raises
         ------
+        TypeError
+            On a keyword argument ``start`` does not take (FedAvg's ``num_rounds``,
+            ``timeout``: the message names the counterpart), before any message is
+            sent; or a ``train_config_fn`` that returned no ConfigRecord.
+        flwr_gsgm.hooks.HookFailed
+            If ``train_config_fn`` or ``on_evaluate`` raised (the run stops there).
         flwr_gsgm.run_end.RunFailed
             If no node was left to train before the budget was spent (every node
             excluded, or lost and not back within ``rejoin-timeout``); its ``reason``
@@ -273,6 +339,12 @@ class AsyncStrategy:
         RuntimeError
             If fewer than ``min-nodes`` nodes answer within ``startup-timeout``.
         """
+        if fedavg_keywords:
+            refusal = fedavg_refusal(fedavg_keywords)
+            if refusal is None:
+                name = next(iter(fedavg_keywords))
+                refusal = f"start() got an unexpected keyword argument {name!r}"
+            raise TypeError(refusal)
         log(INFO, "Starting %s asynchronous strategy:", self.optimizer_name.upper())
         self.summary()
         settings = self._engine_settings(max_updates, max_seconds, eval_every, evaluate_config)
@@ -285,6 +357,8 @@ class AsyncStrategy:
             settings,
             evaluate_fn,
             trainable_keys=self.trainable_keys,
+            train_config_fn=self.train_config_fn,
+            on_evaluate=self.on_evaluate,
         )
         report = engine.run()
         result = _result(report)

@@ -20,6 +20,7 @@ from flwr.common.logger import log
 
 from flwr_gsgm.dispatch import make_dispatch_policy
 from flwr_gsgm.engine_settings import EngineSettings
+from flwr_gsgm.hooks import TrainConfigFn, merge_train_config
 from flwr_gsgm.in_flight import Dispatch, InFlight
 from flwr_gsgm.membership import Membership
 from flwr_gsgm.model_optimizer import ModelOptimizer
@@ -32,6 +33,8 @@ class Dispatcher:
     """Sends train messages to idle active nodes within the budgets and the in-flight limit.
 
     ``seq`` counts dispatches sent (their tie-break order); it is checkpointed.
+    ``train_config_fn`` (:mod:`flwr_gsgm.hooks`), if given, is called for each train
+    message and its keys are merged over ``train_config``.
     """
 
     def __init__(
@@ -40,9 +43,11 @@ class Dispatcher:
         train_config: ConfigRecord,
         members: Membership,
         in_flight: InFlight,
+        train_config_fn: TrainConfigFn | None = None,
     ) -> None:
         self.settings = settings
         self.train_config = train_config
+        self.train_config_fn = train_config_fn
         self.members = members
         self.in_flight = in_flight
         # "auto" is resolved by the strategy, which knows the rule; an engine driven
@@ -78,7 +83,7 @@ class Dispatcher:
         limit = self.settings.in_flight_limit
         if limit is None or limit >= len(self.members.nodes):
             for pid in sorted(self.members.nodes):
-                self.dispatch(optimizer, pid, clock_now)
+                self.dispatch(optimizer, pid, clock_now, received)
             if self.settings.prefetch:
                 self.top_up(optimizer, received, clock_now)
         else:
@@ -101,24 +106,24 @@ class Dispatcher:
         if limit is None or len(self.in_flight) + len(idle) <= limit:
             for pid in idle:
                 while self.in_flight.count(pid) < depth and self.may_dispatch(received, clock_now):
-                    self.dispatch(optimizer, pid, clock_now)
+                    self.dispatch(optimizer, pid, clock_now, received)
             return
         while idle and len(self.in_flight) < limit and self.may_dispatch(received, clock_now):
             pid = self.policy.pick(idle)
             idle.remove(pid)
-            self.dispatch(optimizer, pid, clock_now)
+            self.dispatch(optimizer, pid, clock_now, received)
 
-    def work_steps(self, pid: int) -> int:
-        """Steps of local work a train message asks of partition ``pid``, from the train
-        config (absent keys: gradient mode, one batch or step of 32; no epochs), as the
-        virtual clock counts them (:meth:`VirtualClock.work_steps`).
+    def work_steps(self, pid: int, config: ConfigRecord | None = None) -> int:
+        """Steps of local work a train message asks of partition ``pid``, from its train
+        config (default: the run's; absent keys: gradient mode, one batch or step of 32;
+        no epochs), as the virtual clock counts them (:meth:`VirtualClock.work_steps`).
 
         Raises
         ------
         ValueError
             Epoch work (``local-epochs`` > 0) without the partition's example count.
         """
-        cfg = self.train_config
+        cfg = self.train_config if config is None else config
         return self.settings.virtual_clock.work_steps(
             pid,
             str(cfg.get("mode", "gradient")),
@@ -128,13 +133,28 @@ class Dispatcher:
             local_epochs=int(cfg.get("local-epochs", 0)),
         )
 
-    def dispatch(self, optimizer: ModelOptimizer, pid: int, clock_now: float) -> None:
-        """Send the current weights to partition ``pid``; ``clock_now`` is the engine clock (s)."""
+    def dispatch(
+        self, optimizer: ModelOptimizer, pid: int, clock_now: float, received: int
+    ) -> None:
+        """Send the current weights to partition ``pid``; ``clock_now`` is the engine clock
+        (s), ``received`` the client updates received so far (``train_config_fn``'s).
+
+        Raises
+        ------
+        flwr_gsgm.hooks.HookFailed, TypeError, ValueError
+            From ``train_config_fn`` (:func:`flwr_gsgm.hooks.merge_train_config`),
+            before anything of this dispatch is counted or sent.
+        """
         node = self.members.nodes[pid]
+        version = optimizer.version
+        if self.train_config_fn is None:
+            config = ConfigRecord(dict(self.train_config))
+        else:
+            config = merge_train_config(
+                self.train_config, self.train_config_fn, node.node_id, version, received
+            )
         index = node.dispatches
         node.dispatches += 1
-        version = optimizer.version
-        config = ConfigRecord(dict(self.train_config))
         config["model-version"] = version
         config["seed"] = derive_seed(self.settings.seed, pid, index)
         weights = [np.array(w, copy=True) for w in optimizer.weights]
@@ -142,7 +162,9 @@ class Dispatcher:
         clock = self.settings.virtual_clock
         if clock is not None:
             message_bytes = sum(int(w.nbytes) for w in weights)  # the reply: the same size
-            duration = clock.duration(node.speed, pid, index, self.work_steps(pid), message_bytes)
+            duration = clock.duration(
+                node.speed, pid, index, self.work_steps(pid, config), message_bytes
+            )
             config["virtual-duration"] = duration
             v_finish = clock_now + duration
         self.seq += 1

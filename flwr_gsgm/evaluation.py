@@ -17,6 +17,7 @@ from flwr.app import Array, ArrayRecord, MetricRecord
 from flwr.common.logger import log
 
 from flwr_gsgm.divergence import evaluation_divergence
+from flwr_gsgm.hooks import OnEvaluate, call_hook, evaluation_metrics
 from flwr_gsgm.ledger import Ledger
 from flwr_gsgm.model_optimizer import ModelOptimizer
 
@@ -41,6 +42,9 @@ class Evaluator:
         ``(updates_received, arrays) -> MetricRecord | None`` with ``accuracy`` and ``loss``.
     max_updates : int
         The run's budget, for the log line only.
+    on_evaluate : callable | None
+        ``(updates, arrays, metrics) -> None``, called after each row is built
+        (:mod:`flwr_gsgm.hooks`; ``metrics``: :func:`~flwr_gsgm.hooks.evaluation_metrics`).
 
     Attributes
     ----------
@@ -50,9 +54,16 @@ class Evaluator:
         model copy.
     """
 
-    def __init__(self, keys: list[str], evaluate_fn: EvaluateFn | None, max_updates: int) -> None:
+    def __init__(
+        self,
+        keys: list[str],
+        evaluate_fn: EvaluateFn | None,
+        max_updates: int,
+        on_evaluate: OnEvaluate | None = None,
+    ) -> None:
         self.keys = keys
         self.evaluate_fn = evaluate_fn
+        self.on_evaluate = on_evaluate
         self.max_updates = max_updates
         self.last_finite: tuple[int, ArrayRecord] | None = None
         self.initial_loss: float | None = None  # the first row's (a resume restores it)
@@ -66,6 +77,8 @@ class Evaluator:
         wall: float,
     ) -> tuple[dict[str, float], str | None]:
         """Evaluate now; return the row and why the model diverged (None if it did not).
+
+        Raises :class:`flwr_gsgm.hooks.HookFailed` if ``on_evaluate`` raised.
 
         ``clock_now`` is the engine clock and ``wall`` the wall seconds since the start;
         :func:`flwr_gsgm.divergence.evaluation_divergence` checks the weights and the
@@ -81,6 +94,7 @@ class Evaluator:
         }
         loss_known = False
         model = weights_record(self.keys, optimizer.weights)
+        res = None
         if self.evaluate_fn is not None:
             res = self.evaluate_fn(received, model)
             if res is not None:
@@ -99,6 +113,12 @@ class Evaluator:
         if reason is None:
             self.last_finite = (received, model)
         self._log(row)
+        if self.on_evaluate is not None:
+            # Every row, a diverged one too: what the hook logs is what metrics.csv holds.
+            metrics = evaluation_metrics(row, res)
+            call_hook(
+                "on_evaluate", self.on_evaluate, updates=received, arrays=model, metrics=metrics
+            )
         return row, reason
 
     def _log(self, row: dict[str, float]) -> None:

@@ -42,6 +42,8 @@ STRATEGY_KEYWORDS = (
     "seed",
     "trainable_keys",
     "federated_evaluation",
+    "train_config_fn",
+    "on_evaluate",
 )
 
 

@@ -26,7 +26,10 @@ def train_handler(msg: Message, context: Context) -> Message:
     net.load_state_dict(msg.content["arrays"].to_torch_state_dict())
     images, labels = _node_data(context, "train")
     cfg = context.run_config
-    loss = train(net, images, labels, cfg["local-steps"], cfg["batch-size"], cfg["lr"])
+    # The server may send a learning rate (a schedule, as Flower's quickstarts do);
+    # otherwise the run config's.
+    lr = float(msg.content["config"].get("lr", cfg["lr"]))
+    loss = train(net, images, labels, cfg["local-steps"], cfg["batch-size"], lr)
     metrics = MetricRecord({"train_loss": loss, "num-examples": len(labels)})
     content = RecordDict({"arrays": ArrayRecord(net.state_dict()), "metrics": metrics})
     return Message(content=content, reply_to=msg)

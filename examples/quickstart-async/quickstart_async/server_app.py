@@ -1,15 +1,21 @@
 """The ServerApp: Flower's FedAvg, or an asynchronous strategy of flwr-gsgm.
 
-Run config ``strategy`` picks it; the ClientApp is the same for all of them.
+Run config ``strategy`` picks it; the ClientApp is the same for all of them. The
+asynchronous run shows the strategy's two hooks for what a FedAvg subclass does: a
+learning-rate schedule (``train_config_fn``, FedAvg's ``configure_train`` override;
+run config ``lr-halve-after``) and a callback on each evaluation (``on_evaluate``:
+logging, and the best model kept, written as ``best_model.pt``).
 """
 
 from __future__ import annotations
 
 import json
+from logging import INFO
 from pathlib import Path
 
 import torch
-from flwr.app import ArrayRecord, Context, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
+from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
@@ -43,7 +49,39 @@ def run_fedavg(grid: Grid, initial: ArrayRecord, cfg, nodes: int, evaluate):
 
     strategy = FedAvg(fraction_evaluate=0.0)
     result = strategy.start(grid, initial, num_rounds=rounds, evaluate_fn=evaluate_fn)
-    return result, {}
+    return result, {}, None
+
+
+def lr_schedule(lr: float, halve_after: int):
+    """``train_config_fn``: the client lr ``lr``, halved once ``halve_after`` client
+    updates were received (FedAvg's "halve the lr at round r" is about r x nodes
+    updates); 0: no schedule (None: every message carries the same config)."""
+    if halve_after <= 0:
+        return None
+
+    def train_config_fn(node_id: int, model_version: int, updates_received: int) -> ConfigRecord:
+        # Sent as "lr" in this one train message, over the train config.
+        return ConfigRecord({"lr": lr if updates_received < halve_after else lr / 2})
+
+    return train_config_fn
+
+
+class BestModel:
+    """``on_evaluate``: logs each evaluation and keeps the model of the best accuracy.
+
+    Replace the log line with ``wandb.log(dict(metrics), step=updates)`` to log to W&B.
+    """
+
+    def __init__(self) -> None:
+        self.updates: int | None = None
+        self.accuracy = -1.0
+        self.arrays: ArrayRecord | None = None
+
+    def __call__(self, updates: int, arrays: ArrayRecord, metrics: MetricRecord) -> None:
+        log(INFO, "[quickstart] evaluation at %d updates: %s", updates, dict(metrics))
+        if metrics["accuracy"] > self.accuracy:  # NaN (no evaluation) is never the best
+            # arrays is a copy of its own: kept as it is, no further copy.
+            self.updates, self.accuracy, self.arrays = updates, metrics["accuracy"], arrays
 
 
 def run_async(grid: Grid, initial: ArrayRecord, cfg, nodes: int, evaluate):
@@ -51,8 +89,12 @@ def run_async(grid: Grid, initial: ArrayRecord, cfg, nodes: int, evaluate):
     # The ClientApp returns weights: the server forms each update from the weights
     # it sent, the displacement w_sent - w_returned, and applies its own rule.
     name = cfg["strategy"]
+    best = BestModel()
     strategy = ASYNC_STRATEGIES[name](
-        client_mode="weights", server_learning_rate=SERVER_LEARNING_RATES[name]
+        client_mode="weights",
+        server_learning_rate=SERVER_LEARNING_RATES[name],
+        train_config_fn=lr_schedule(cfg["lr"], cfg["lr-halve-after"]),
+        on_evaluate=best,
     )
     result = strategy.start(
         grid,
@@ -62,7 +104,7 @@ def run_async(grid: Grid, initial: ArrayRecord, cfg, nodes: int, evaluate):
         eval_every=cfg["eval-every"],
     )
     counters = {**result.report.counters, "rejected": sum(result.report.rejections.values())}
-    return result, counters
+    return result, counters, best
 
 
 @app.main()
@@ -85,15 +127,18 @@ def main(grid: Grid, context: Context) -> None:
 
     nodes = len(list(grid.get_node_ids()))
     run = run_fedavg if cfg["strategy"] == "fedavg" else run_async
-    result, counters = run(grid, initial, cfg, nodes, evaluate)
+    result, counters, best = run(grid, initial, cfg, nodes, evaluate)
     # FedAvg's evaluations are keyed by round, the asynchronous ones by client updates.
     per_step = nodes if cfg["strategy"] == "fedavg" else 1
     out = Path(cfg["output-dir"]).expanduser()
-    write_outputs(out, cfg["strategy"], initial, result, counters, per_step)
+    write_outputs(out, cfg["strategy"], initial, result, counters, per_step, best)
 
 
-def write_outputs(out: Path, name: str, initial: ArrayRecord, result, counters, per_step) -> None:
-    """model.pt (the final state_dict) and result.json (accuracy by client updates)."""
+def write_outputs(
+    out: Path, name: str, initial: ArrayRecord, result, counters, per_step, best=None
+) -> None:
+    """model.pt (the final state_dict), result.json (accuracy by client updates) and,
+    with ``best`` (the asynchronous runs' :class:`BestModel`), best_model.pt."""
     out.mkdir(parents=True, exist_ok=True)
     state = result.arrays.to_torch_state_dict()
     dtypes = {key: str(tensor.dtype).removeprefix("torch.") for key, tensor in state.items()}
@@ -102,7 +147,11 @@ def write_outputs(out: Path, name: str, initial: ArrayRecord, result, counters, 
     initial_state = initial.to_torch_state_dict()
     state = {key: tensor.to(initial_state[key].dtype) for key, tensor in state.items()}
     torch.save(state, out / "model.pt")
+    if best is not None and best.arrays is not None:
+        torch.save(best.arrays.to_torch_state_dict(), out / "best_model.pt")
     metrics = result.evaluate_metrics_serverapp.items()
     accuracy = {int(k) * per_step: float(v["accuracy"]) for k, v in metrics}
     summary = {"strategy": name, "accuracy": accuracy, "counters": counters, "dtypes": dtypes}
+    if best is not None and best.arrays is not None:
+        summary["best"] = {"updates": best.updates, "accuracy": best.accuracy}
     (out / "result.json").write_text(json.dumps(summary, indent=2) + "\n")
