@@ -98,6 +98,7 @@ class InFlight:
         self.heap: list[Dispatch] = []
         self.arrived: dict[str, Message] = {}
         self.arrival_order: list[str] = []
+        self.unsent = 0  # pushes the SuperLink refused (their local ids: unsent-<n>)
         if type(grid).__module__ == "flwr.superlink.grid.http_grid":
             # A deployment: a reply pulled while its node still uploads it would wait
             # Flower's 1 s object back-off (the in-process grid has no such wait).
@@ -130,6 +131,7 @@ class InFlight:
             ttl=self.ttl,
         )
         (mid,) = list(self.grid.push_messages([message]))
+        mid = self._tracked_id(mid, node_id, "train")
         dispatch.message_id, dispatch.node_id, dispatch.sent_at = mid, node_id, time.monotonic()
         self.dispatches[mid] = dispatch
         heapq.heappush(self.heap, dispatch)
@@ -142,13 +144,33 @@ class InFlight:
         ]
         sent_at = time.monotonic()
         for node_id, mid in zip(node_ids, self.grid.push_messages(messages)):
-            self.queries[mid] = (node_id, sent_at)
+            self.queries[self._tracked_id(mid, node_id, "query")] = (node_id, sent_at)
+
+    def _tracked_id(self, mid: str | None, node_id: int, kind: str) -> str:
+        """The id to track a pushed message under: its message id, or for a push the
+        SuperLink refused (Flower 1.42 returns None, 1.43 ``""``) a local id no reply
+        can carry, so that the message is failed by its deadline (dispatch-timeout for
+        a train message, startup-timeout for a query) like one never answered, and
+        two refused pushes do not overwrite each other."""
+        if mid:
+            return mid
+        self.unsent += 1
+        log(
+            WARNING,
+            "[async] the %s message to node %d was not accepted by the SuperLink (push "
+            "returned %r); it fails at its deadline",
+            kind,
+            node_id,
+            mid,
+        )
+        return f"unsent-{self.unsent}"
 
     # ------------------------------------------------------------------ pull
     def awaited(self) -> list[str]:
         """Ids of the pushed messages whose reply has not arrived yet (dispatches first)."""
         wanted = [m for m in self.dispatches if m not in self.arrived]
-        return wanted + [m for m in self.queries if m not in self.arrived]
+        wanted += [m for m in self.queries if m not in self.arrived]
+        return [m for m in wanted if not m.startswith("unsent-")]
 
     def pull(self) -> None:
         """Pull the replies that are ready and note their arrival order.

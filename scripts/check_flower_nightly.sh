@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Run the engine and simulation tests against flwr-nightly (the next Flower release),
+# not part of CI (issue 24 item 5): docs/PORTING.md "Flower 1.43".
+#
+#   bash scripts/check_flower_nightly.sh [VENV] [PYTEST ARGS...]
+#
+# VENV (default /tmp/flwr-nightly-venv) gets flwr-nightly from the package index and
+# sees every other package of this project's .venv (numpy, torch, ... through a folder of
+# links, flwr itself left out), so nothing big is installed twice. The project is
+# imported from this checkout (PYTHONPATH), never installed: its pin flwr<1.43 would
+# make pip replace flwr-nightly with flwr 1.42. Default tests: tests/engine and
+# tests/simulation_engine (flwr run with the nightly's CLI).
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+VENV="${1:-/tmp/flwr-nightly-venv}"
+shift || true
+BASE="$ROOT/.venv"
+[ -x "$BASE/bin/python" ] || { echo "no $BASE: run 'make setup' first" >&2; exit 1; }
+if [ ! -x "$VENV/bin/python" ]; then
+  "$BASE/bin/python" -m venv "$VENV"
+  "$VENV/bin/pip" install --quiet --pre flwr-nightly
+fi
+SHARED="$VENV/shared-site"
+rm -rf "$SHARED" && mkdir -p "$SHARED"
+PURELIB="$("$BASE/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+for entry in "$PURELIB"/*; do
+  name="$(basename "$entry")"
+  case "$name" in
+    flwr|flwr-*.dist-info|flwr_gsgm*|__editable__*|*.pth) continue ;;
+  esac
+  ln -s "$entry" "$SHARED/$name"
+done
+SITE="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+echo "$SHARED" > "$SITE/project-deps.pth"
+echo "flwr in $VENV: $("$VENV/bin/python" -c 'import flwr; print(flwr.__version__, flwr.__file__)')"
+cd "$ROOT"
+if [ "$#" -eq 0 ]; then set -- tests/engine tests/simulation_engine -q; fi
+PATH="$VENV/bin:$PATH" PYTHONPATH="$ROOT" "$VENV/bin/python" -m pytest "$@"
