@@ -28,6 +28,11 @@ FEDAVG_COUNTERPARTS: dict[str, str] = {
         "use engine=EngineSettings(dispatch_timeout=<seconds>) (wall seconds a train "
         "message may go unanswered; there is no round to wait for)"
     ),
+    # start() of Flower 1.43 (FedAvg stops when it returns True after a round)
+    "should_stop": (
+        "an asynchronous run stops at max_updates or max_seconds in start(); stopping "
+        "on a metric has no counterpart yet"
+    ),
     # the constructor
     "fraction_train": (
         "every active node trains, with no round: use "

@@ -27,6 +27,8 @@ MESSAGES = {
     "timeout": "timeout is FedAvg's; use engine=EngineSettings(dispatch_timeout=<seconds>) "
     "(wall seconds a train message may go unanswered; there is no round to wait for) "
     "(docs/PORTING.md)",
+    "should_stop": "should_stop is FedAvg's; an asynchronous run stops at max_updates or "
+    "max_seconds in start(); stopping on a metric has no counterpart yet (docs/PORTING.md)",
     "fraction_train": "fraction_train is FedAvg's; every active node trains, with no round: "
     "use engine=EngineSettings(max_in_flight=<fraction_train x nodes>) to have at most that "
     "many train at once (docs/PORTING.md)",
@@ -55,7 +57,7 @@ MESSAGES = {
     "federated_evaluation=FederatedEvaluation(every=<updates>, evaluate_metrics_aggr_fn=...) "
     "(docs/PORTING.md)",
 }
-START_KEYWORDS = ("num_rounds", "timeout")
+START_KEYWORDS = ("num_rounds", "timeout", "should_stop")
 #: FedAvg's keywords that carry over unchanged (same name, same meaning).
 CARRIED_OVER = {"self", "grid", "initial_arrays", "train_config", "evaluate_config", "evaluate_fn"}
 
@@ -64,7 +66,10 @@ def test_every_fedavg_keyword_the_strategies_lack_has_a_counterpart():
     # Flower's own signatures: a keyword added in a later Flower shows up here.
     fedavg = set(inspect.signature(FedAvg.__init__).parameters)
     fedavg |= set(inspect.signature(FedAvg.start).parameters)
-    assert fedavg - CARRIED_OVER == set(FEDAVG_COUNTERPARTS) == set(MESSAGES)
+    # should_stop is Flower 1.43's (FedAvg.start); refused under 1.42 too.
+    newer = {"should_stop"} - fedavg
+    assert fedavg - CARRIED_OVER == set(FEDAVG_COUNTERPARTS) - newer
+    assert set(FEDAVG_COUNTERPARTS) == set(MESSAGES)
     start = set(inspect.signature(AsyncStrategy.start).parameters)
     assert {"train_config", "evaluate_config", "evaluate_fn"} <= start
 
