@@ -18,8 +18,11 @@ BASE="$ROOT/.venv"
 [ -x "$BASE/bin/python" ] || { echo "no $BASE: run 'make setup' first" >&2; exit 1; }
 if [ ! -x "$VENV/bin/python" ]; then
   "$BASE/bin/python" -m venv "$VENV"
-  "$VENV/bin/pip" install --quiet --pre flwr-nightly
+  # a pre-release specifier allows pre-releases of flwr-nightly only (--pre would take
+  # pre-releases of its dependencies too, e.g. a grpcio-health-checking for protobuf 7)
+  "$VENV/bin/pip" install --quiet "flwr-nightly>=1.43.0.dev0"
 fi
+SITE="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 SHARED="$VENV/shared-site"
 rm -rf "$SHARED" && mkdir -p "$SHARED"
 PURELIB="$("$BASE/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
@@ -28,9 +31,13 @@ for entry in "$PURELIB"/*; do
   case "$name" in
     flwr|flwr-*.dist-info|flwr_gsgm*|__editable__*|*.pth) continue ;;
   esac
+  # what flwr-nightly brought in its own version (protobuf, grpcio, ...) stays its own
+  [ -e "$SITE/$name" ] && continue
+  case "$name" in
+    *.dist-info) compgen -G "$SITE/${name%%-*}-*.dist-info" >/dev/null && continue ;;
+  esac
   ln -s "$entry" "$SHARED/$name"
 done
-SITE="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 echo "$SHARED" > "$SITE/project-deps.pth"
 echo "flwr in $VENV: $("$VENV/bin/python" -c 'import flwr; print(flwr.__version__, flwr.__file__)')"
 cd "$ROOT"

@@ -18,9 +18,14 @@ FLWR_DATASETS_PINNED = "0.6"
 
 
 def _installed(dist: str) -> str:
-    from importlib.metadata import version
+    from importlib.metadata import PackageNotFoundError, version
 
-    return version(dist)
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        if dist == "flwr":  # Flower's pre-releases install as flwr-nightly
+            return version("flwr-nightly")
+        raise
 
 
 def _why(attr: str, dist: str, pinned: str, user: str) -> str:
