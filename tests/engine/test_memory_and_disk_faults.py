@@ -233,3 +233,27 @@ def test_a_checkpoint_folder_without_write_permission_ends_the_run_failed(tmp_pa
     report = err.value.result.report
     assert (report.status, report.counters["updates_received"]) == ("failed", 3)
     assert list(folder.iterdir()) == []
+
+
+def test_torchs_own_write_error_is_named_and_other_errors_pass_through(tmp_path, monkeypatch):
+    torch_error = "[enforce fail at inline_container.cc:672] . unexpected pos 64 vs 0"
+
+    def failing_save(state, fh):
+        raise RuntimeError(torch_error)
+
+    monkeypatch.setattr(checkpoint.torch, "save", failing_save)
+    path = tmp_path / "checkpoint.pt"
+    with pytest.raises(checkpoint.CheckpointWriteError) as err:
+        checkpoint.save(path, {"received": 1})
+    assert str(err.value) == (
+        f"checkpoint {path} could not be written: RuntimeError: {torch_error}; no checkpoint "
+        "was written there before"
+    )
+    assert not path.exists() and list(tmp_path.iterdir()) == []
+
+    def buggy_save(state, fh):
+        raise RuntimeError("a bug, not a failed write")
+
+    monkeypatch.setattr(checkpoint.torch, "save", buggy_save)
+    with pytest.raises(RuntimeError, match="a bug, not a failed write"):
+        checkpoint.save(path, {"received": 1})
