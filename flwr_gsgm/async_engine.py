@@ -53,12 +53,13 @@ from flwr_gsgm.hooks import OnEvaluate, TrainConfigFn
 from flwr_gsgm.in_flight import Dispatch, InFlight
 from flwr_gsgm.ledger import Ledger
 from flwr_gsgm.membership import Membership, Node
+from flwr_gsgm.memory import MemoryEstimate, available_memory, size_text
 from flwr_gsgm.model_layout import ModelLayout
 from flwr_gsgm.model_optimizer import ModelOptimizer
 from flwr_gsgm.node_stats import NodeStats
 from flwr_gsgm.norm_bound import RelativeNormBound, initial_scale
 from flwr_gsgm.reply_intake import ReplyIntake
-from flwr_gsgm.run_end import RunEnd
+from flwr_gsgm.run_end import RunEnd, RunFailed
 
 __all__ = ["EngineSettings", "AsyncEngine", "EngineReport", "EvaluateFn", "OptimizerFactory"]
 
@@ -159,6 +160,10 @@ class AsyncEngine:
         # seconds since the start (deployment); the core's ``now`` and virtual_time.
         self.clock_now = 0.0
         self.t0 = time.monotonic()
+        # The expected peak memory (logged at start) and the memory available then.
+        self.memory: MemoryEstimate | None = None
+        self.available: tuple[int, str] | None = None
+        self.aborted = False  # out of memory, or a checkpoint could not be written
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> EngineReport:
@@ -173,30 +178,100 @@ class AsyncEngine:
             If fewer than ``min_nodes`` nodes answer the start-up query in time.
         SystemExit
             On SIGTERM with checkpoints on, once the checkpoint is saved.
+        flwr_gsgm.run_end.RunFailed
+            If the server runs out of memory while its rule is built (no report yet).
+            Later, running out of memory or a checkpoint that cannot be written ends
+            the run "failed" with the reason (the expected peak memory; the file and
+            the OS error) and the report so far.
         """
         self.t0 = time.monotonic()
-        self._start(engine_state.load_for_resume(self))  # fails before any message
-        with checkpoint.on_sigterm(
-            self.settings.checkpoint_every, lambda: setattr(self, "stop_requested", True)
-        ):
-            while not self._finished():
-                self.in_flight.pull()
-                self.federated.poll(self.rows)
-                progressed = self._apply_ready()
-                node_events.check_deadlines(self)
-                node_events.register_joins(self)
-                self._stop_if_requested()
-                if not progressed:
-                    node_events.idle(self)
-        self._final_evaluation()
-        self.federated.finish(self.rows, self.settings.poll_interval)
+        saved = engine_state.load_for_resume(self)  # fails before any message
+        try:
+            self._start(saved)
+            with checkpoint.on_sigterm(
+                self.settings.checkpoint_every, lambda: setattr(self, "stop_requested", True)
+            ):
+                while not self._finished():
+                    self.in_flight.pull()
+                    self.federated.poll(self.rows)
+                    progressed = self._apply_ready()
+                    node_events.check_deadlines(self)
+                    node_events.register_joins(self)
+                    self._stop_if_requested()
+                    if not progressed:
+                        node_events.idle(self)
+        except MemoryError as err:
+            self._abort(self._out_of_memory(err), err)
+        except checkpoint.CheckpointWriteError as err:
+            self._abort(f"{err} (at {self.received} updates)", err)
+        if not self.aborted:  # an aborted run reports what it has, without more work
+            self._final_evaluation()
+            self.federated.finish(self.rows, self.settings.poll_interval)
         return build_report(self)
+
+    def _abort(self, reason: str, err: BaseException) -> None:
+        """The run cannot go on: it fails with ``reason``; without an optimizer yet
+        (its construction failed) there is no report, so :class:`RunFailed` now."""
+        self.aborted = True
+        self.end.fail(reason)
+        if self.optimizer is None:
+            raise RunFailed(reason) from err
+
+    def _out_of_memory(self, err: MemoryError) -> str:
+        """The reason of a run that ran out of memory: where, and the estimate."""
+        detail = f": {err}" if str(err) else ""
+        where = f"after {self.received} of {self.settings.max_updates} updates"
+        if self.memory is None:
+            return (
+                f"out of memory (MemoryError{detail}) {where}, while the server rule was "
+                "built (before the peak memory was estimated: the model alone is too large)"
+            )
+        return (
+            f"out of memory (MemoryError{detail}) {where}; the expected peak server memory "
+            f"is {self.memory.describe()}, the memory available at start "
+            f"{self._available_text()}: {self.memory.advice()}"
+        )
+
+    def _available_text(self) -> str:
+        if self.available is None:
+            return "unknown"
+        return f"{size_text(self.available[0])} ({self.available[1]})"
+
+    def _estimate_memory(self, pids: list[int], model_bytes: int) -> None:
+        """Log the expected peak memory; warn (and keep it for summary.json) when it
+        exceeds the memory available. Reads only what each part says of itself."""
+        assert self.optimizer is not None
+        rule = self.optimizer.rule
+        self.memory = MemoryEstimate(
+            rule=rule.name or type(rule).__name__,
+            averaging=getattr(rule, "averaging_in_use", None),
+            nodes=len(pids),
+            rule_copies=rule.model_copies(len(pids)),
+            trainable_bytes=int(rule.flat_weights.nbytes),
+            model_bytes=model_bytes,
+            in_flight=self.dispatcher.messages_in_flight(len(pids)),
+            copies_per_message=self.dispatcher.copies_per_message(),
+        )
+        self.available = available_memory()
+        log(
+            INFO,
+            "[async] expected peak server memory %s; memory available %s",
+            self.memory.describe(),
+            self._available_text(),
+        )
+        if self.available is not None and self.memory.total_bytes > self.available[0]:
+            self.stats.warn(
+                f"the expected peak server memory {self.memory.describe()} exceeds the memory "
+                f"available {self._available_text()}: {self.memory.advice()}"
+            )
 
     def _start(self, saved: dict[str, Any] | None) -> None:
         """Discover the nodes, build the optimizer, then resume or send the first work."""
         pids = self.members.discover(self.lose)
+        model_bytes = sum(int(a.nbytes) for a in self.initial)
         self.optimizer = ModelOptimizer(self.layout, self.initial, self.make_optimizer, pids)
         self.initial = []  # the optimizer holds its own copy: no model copy kept here
+        self._estimate_memory(pids, model_bytes)
         self.members.start(pids)
         self.dispatcher.describe()
         if saved is not None:

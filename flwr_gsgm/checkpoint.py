@@ -6,11 +6,17 @@ It ends with a checksum line, ``\\nflwr-gsgm-checkpoint sha256=<64 hex> bytes=<n
 over the ``n`` bytes of ``torch.save`` output before it, so that a file damaged
 afterwards (truncated, emptied, overwritten, one byte changed on disk or in a copy)
 is refused with its name and the cause instead of resuming a different run.
+
+A checkpoint that cannot be written (no space left, no permission) raises
+:class:`CheckpointWriteError`, naming the file and the OS error; the previous
+checkpoint, if any, is left as it was.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import os
 import re
 import signal
 import threading
@@ -23,7 +29,14 @@ import torch
 
 from flwr_gsgm.atomic import atomic_write
 
-__all__ = ["CheckpointError", "save", "load", "load_for_resume", "on_sigterm"]
+__all__ = [
+    "CheckpointError",
+    "CheckpointWriteError",
+    "save",
+    "load",
+    "load_for_resume",
+    "on_sigterm",
+]
 
 _TRAILER = re.compile(rb"\nflwr-gsgm-checkpoint sha256=([0-9a-f]{64}) bytes=(\d+)\n\Z")
 _TRAILER_MAX = 128  # bytes: the trailer line is about 100
@@ -34,21 +47,85 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be used; the message names the file and the cause."""
 
 
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (no space left, no permission, ...).
+
+    Its message names the file, the OS error and what became of the previous
+    checkpoint (left as it was: the write is atomic).
+
+    Attributes
+    ----------
+    path : Path
+        The checkpoint file.
+    os_error : BaseException
+        The error the write failed with: the ``OSError`` (an ``errno`` such as
+        ``ENOSPC``), or torch's ``RuntimeError`` when torch hid it.
+    """
+
+    def __init__(self, path: Path, os_error: BaseException, previous: int | None) -> None:
+        kept = (
+            f"the previous checkpoint there ({previous} bytes) is unchanged and resumes"
+            if previous is not None
+            else "no checkpoint was written there before"
+        )
+        super().__init__(f"checkpoint {path} could not be written: {_describe(os_error)}; {kept}")
+        self.errno = getattr(os_error, "errno", None)
+        self.path = path
+        self.os_error = os_error
+
+
 def save(path: Path, state: dict[str, Any]) -> None:
     """Write ``state`` to ``path`` atomically with its checksum; make the folder.
 
     ``torch.save`` streams into the temporary file through a hash (no copy of the
     serialized state in memory); the checksum line follows.
+
+    Raises
+    ------
+    CheckpointWriteError
+        If the folder or the file cannot be written (an ``OSError``: no space left,
+        no permission, ...); the previous checkpoint at ``path`` is left as it was.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    previous = path.stat().st_size if path.is_file() else None
+    out: _Hashing | None = None
 
     def write(fh: IO[bytes]) -> None:
+        nonlocal out
         out = _Hashing(fh)
         torch.save(state, out)
         fh.write(f"\nflwr-gsgm-checkpoint sha256={out.hexdigest()} bytes={out.size}\n".encode())
 
-    atomic_write(path, write, binary=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, write, binary=True)
+    except (OSError, RuntimeError) as err:
+        # torch turns an error of the file under it into its own RuntimeError ("[enforce
+        # fail at inline_container.cc] unexpected pos ..."): name the OS error instead.
+        cause = _os_error(err) or (out.error if out is not None else None)
+        if cause is None and not (isinstance(err, RuntimeError) and "inline_container" in str(err)):
+            raise  # not a failed write: a bug to see as it is
+        raise CheckpointWriteError(path, cause or err, previous) from err
+
+
+def _os_error(err: BaseException) -> OSError | None:
+    """The first ``OSError`` in ``err``'s chain (itself, its cause or context), or None."""
+    seen: set[int] = set()
+    cur: BaseException | None = err
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, OSError):
+            return cur
+        seen.add(id(cur))
+        cur = cur.__cause__ or cur.__context__
+    return None
+
+
+def _describe(err: BaseException) -> str:
+    """``[Errno 28] No space left on device (ENOSPC)`` for an OSError, else type: text."""
+    if isinstance(err, OSError) and err.errno is not None:
+        name = errno.errorcode.get(err.errno, str(err.errno))
+        return f"[Errno {err.errno}] {err.strerror or os.strerror(err.errno)} ({name})"
+    return f"{type(err).__name__}: {err}"
 
 
 class _Hashing:
@@ -62,11 +139,16 @@ class _Hashing:
         self._fh = fh
         self._digest = hashlib.sha256()
         self.size = 0
+        self.error: OSError | None = None  # the file's error, which torch may hide
 
     def write(self, data: bytes) -> int:
         self._digest.update(data)
         self.size += len(data)
-        return self._fh.write(data)
+        try:
+            return self._fh.write(data)
+        except OSError as err:
+            self.error = err
+            raise
 
     def flush(self) -> None:
         self._fh.flush()

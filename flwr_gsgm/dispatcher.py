@@ -62,6 +62,20 @@ class Dispatcher:
         time_left = self.settings.max_seconds is None or clock_now < self.settings.max_seconds
         return budget_left and time_left
 
+    def messages_in_flight(self, nodes: int) -> int:
+        """Most train messages in flight with ``nodes`` active nodes: ``max_in_flight``
+        if it binds, else each node's dispatches (2 with ``prefetch``)."""
+        most = nodes * self.settings.dispatches_per_node
+        limit = self.settings.in_flight_limit
+        return most if limit is None else min(limit, most)
+
+    def copies_per_message(self) -> int:
+        """Model copies the server holds per train message in flight: the message
+        sent and its reply, plus the weights sent when the dispatch keeps them
+        (checkpoints on, or "weights" client mode: see :class:`Dispatch`)."""
+        keeps = bool(self.settings.checkpoint_every) or self.train_config.get("mode") == "weights"
+        return 2 + int(keeps)
+
     def describe(self) -> None:
         """Log the in-flight limit and the dispatch policy (nothing without a limit)."""
         if self.settings.in_flight_limit is not None:

@@ -58,7 +58,7 @@ def build_report(engine: AsyncEngine) -> EngineReport:
     counters = ledger.report_counters(
         optimizer.counters, engine.received, optimizer.version, engine.end.diverged
     )
-    engine.stats.finish(optimizer.rule.params.get("max_staleness"))
+    engine.stats.finish(optimizer.rule.params.get("max_staleness"), engine.members)
     return EngineReport(
         arrays=weights_record(engine.keys, optimizer.weights),
         rows=engine.rows,

@@ -3,12 +3,17 @@
 ``summary.json`` ``per_node`` holds, for each partition-id, what happened to its
 replies (:data:`PER_NODE_COUNTS`, the names of the run's own counters) and its state
 at the end ("active", "backing-off", "lost", "excluded", with the reason of an
-exclusion). Two patterns a run's totals hide are logged as warnings and listed in
+exclusion). Three patterns a run's totals hide are logged as warnings and listed in
 ``summary.json`` ``warnings``:
 
 - a node whose updates are mostly dropped as stale (more than
   :data:`MOSTLY_DROPPED` of at least :data:`MIN_UPDATES_FOR_WARNING` received): the
   model is biased toward the other nodes (raise ``max-staleness``);
+- a node whose data barely reach the model: at the end of the run, its updates taken
+  into the model (applied or deferred: neither rejected nor dropped as stale) are
+  fewer than :data:`LOW_SHARE` of its fair share (those updates of every node over
+  the nodes), judged once the fair share is at least :data:`MIN_FAIR_SHARE` updates
+  (one node 1000x slower than two others gets about 1 of 3000);
 - the model waits on silent nodes: its version has not changed over
   :data:`STALL_FACTOR` x (active nodes) updates received, and some active nodes sent
   nothing since it last changed (e.g. ``cycle-quorum`` 1.0 with a silent node).
@@ -27,7 +32,14 @@ from flwr_gsgm.core import Outcome
 if TYPE_CHECKING:
     from flwr_gsgm.membership import Membership
 
-__all__ = ["MIN_UPDATES_FOR_WARNING", "MOSTLY_DROPPED", "NodeStats", "PER_NODE_COUNTS"]
+__all__ = [
+    "LOW_SHARE",
+    "MIN_FAIR_SHARE",
+    "MIN_UPDATES_FOR_WARNING",
+    "MOSTLY_DROPPED",
+    "NodeStats",
+    "PER_NODE_COUNTS",
+]
 
 #: Per-node counts, named as the run's counters in summary.json.
 PER_NODE_COUNTS = (
@@ -44,6 +56,12 @@ PER_NODE_COUNTS = (
 MOSTLY_DROPPED = 0.5
 #: Updates a node must have sent before its stale fraction is judged.
 MIN_UPDATES_FOR_WARNING = 4
+#: Fraction of its fair share of the updates taken into the model below which a node
+#: is named (its data barely reach the model).
+LOW_SHARE = 0.1
+#: Fair share (updates taken into the model per node) from which shares are judged:
+#: below it, one update more or less is a large fraction and says nothing.
+MIN_FAIR_SHARE = 10
 #: The model "waits" once its version is unchanged over this many updates per active node.
 STALL_FACTOR = 10
 
@@ -109,17 +127,47 @@ class NodeStats:
             self.warnings.append(text)
             log(WARNING, "[async] warning: %s", text)
 
-    def finish(self, max_staleness: int | None) -> None:
-        """End of the run: warn about nodes whose updates were mostly dropped as stale."""
+    def finish(self, max_staleness: int | None, members: Membership | None = None) -> None:
+        """End of the run: warn about nodes whose updates were mostly dropped as stale,
+        and (with ``members``, the run's nodes) about nodes whose share of the updates
+        taken into the model is below :data:`LOW_SHARE` of their fair share (a node
+        already named for its stale updates is not named twice)."""
+        named: set[int] = set()
         for pid in sorted(self.counts):
             c = self.counts[pid]
             received, stale = c["updates_received"], c["updates_stale"]
             if received >= MIN_UPDATES_FOR_WARNING and stale > MOSTLY_DROPPED * received:
+                named.add(pid)
                 self.warn(
                     f"partition {pid}: {stale} of its {received} updates were dropped as stale "
                     f"(max-staleness={max_staleness}); the model is biased toward the other "
                     "nodes (raise max-staleness)"
                 )
+        if members is not None:
+            self._warn_low_shares(members, named)
+
+    def _warn_low_shares(self, members: Membership, named: set[int]) -> None:
+        # An excluded node is already named with its reason; the share is over the others.
+        pids = sorted(p for p, node in members.nodes.items() if not node.excluded)
+        used = {p: self._used(p) for p in pids}
+        total = sum(used.values())
+        if not pids or total < MIN_FAIR_SHARE * len(pids):
+            return
+        fair = total / len(pids)
+        for pid in pids:
+            if used[pid] < LOW_SHARE * fair and pid not in named:
+                self.warn(
+                    f"partition {pid} (node {members.nodes[pid].node_id}): only {used[pid]} of "
+                    f"the {total} updates taken into the model (applied or deferred) came "
+                    f"from it, below {LOW_SHARE:.0%} of its fair share {fair:.1f} "
+                    f"({total} / {len(pids)} nodes): its data barely reach the model (a slow "
+                    "or failing node; see per_node in summary.json)"
+                )
+
+    def _used(self, pid: int) -> int:
+        """Updates of ``pid`` taken into the model: applied now or deferred to a later step."""
+        c = self.counts.get(pid, Counter())
+        return int(c["updates_applied"] + c["updates_deferred"])
 
     def report(self, members: Membership) -> dict[str, dict[str, Any]]:
         """``{partition-id (str): counts, "state" and "excluded" (the reason, or "")}``."""

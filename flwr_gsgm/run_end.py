@@ -13,6 +13,11 @@ first :data:`NAMED_IN_REASON`; the others are counted);
 ``summary.json`` records ``status`` and ``status_reason``, and the strategy's
 ``start()`` raises :class:`RunFailed` with the reason, so the ServerApp ends with an
 error and ``flwr run`` reports the run as failed (never as "completed").
+
+A run fails the same way, at once, when the server runs out of memory (the reason
+quotes the expected peak the engine logged at start, :mod:`flwr_gsgm.memory`) or a
+checkpoint cannot be written (the reason names the file and the OS error; the
+previous checkpoint stays valid).
 """
 
 from __future__ import annotations
@@ -109,6 +114,15 @@ class RunEnd:
         self.status = DIVERGED
         self.reason = reason
         log(WARNING, "[async] diverged at %d updates; stopping: %s", received, reason)
+
+    def fail(self, reason: str) -> None:
+        """The run cannot go on (out of memory, a checkpoint that cannot be written):
+        it fails with ``reason`` (unless it already ended otherwise)."""
+        if self.status != COMPLETED:
+            return
+        self.status = FAILED
+        self.reason = reason
+        log(WARNING, "[async] run failed: %s", reason)
 
     def nothing_in_flight(self, received: int) -> bool:
         """Nothing is in flight and the budgets leave room: True if the run must end now.

@@ -192,6 +192,21 @@ def run_experiment(
             )
         except RunFailed as err:  # write what the run did, then fail with the reason
             failed, result = err, err.result
+        if result is None:  # failed before the engine had a report (out of memory at start)
+            assert failed is not None
+            summary = run_outputs.summarize(
+                [],
+                {},
+                {},
+                0.0,
+                0,
+                time.monotonic() - t0,
+                0.0,
+                warnings=warnings,
+                status=(failed.status, failed.reason),
+            )
+            _write_outputs(run_dir, cfg, [], summary, grid)
+            raise failed
         rep = result.report
         rows = result.rows
         if isinstance(failed, RunDiverged):

@@ -95,6 +95,11 @@ class ACERule(ServerOptimizer):
             run_config_key="max-row-age",
         ),
     )
+
+    def _copies(self, nodes: int) -> int:
+        """``w``, the table sum and a row per active node."""
+        return 2 + nodes
+
     _counter_names: ClassVar[tuple[str, ...]] = ServerOptimizer._counter_names + (
         "rows_expired",
         "resyncs",

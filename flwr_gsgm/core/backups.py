@@ -48,6 +48,10 @@ class DispatchBackups(ServerOptimizer):
             np.copyto(entry[0], self._w)
             entry[1] = self._version
 
+    def _copies(self, nodes: int) -> int:
+        """``w`` and the weights sent to each active node."""
+        return 1 + nodes
+
     @property
     def backup_versions(self) -> dict[int, int]:
         """node -> version of the weights last dispatched to it."""

@@ -505,6 +505,21 @@ class ServerOptimizer(abc.ABC):
         """``{param: value in use}`` for each parameter given as ``"auto"`` (none here)."""
         return {}
 
+    def model_copies(self, nodes: int | None = None) -> int:
+        """Most model copies the rule keeps at once (README "Memory per rule").
+
+        A model copy is ``size(w)`` float32 (4 bytes per trainable value); the bound
+        includes the transients of a step (``tests/core/test_core_memory.py``), not
+        the chunk-sized scratch. ``nodes``: the number of active nodes (default: the
+        rule's own). Here ``w`` alone (1); a rule that keeps more overrides
+        :meth:`_copies`.
+        """
+        return self._copies(len(self._active) if nodes is None else int(nodes))
+
+    def _copies(self, nodes: int) -> int:
+        """:meth:`model_copies` with ``nodes`` active nodes: ``w`` alone."""
+        return 1
+
     # ------------------------------------------------------------------ engine calls
     def on_dispatch(self, partition_id: int) -> None:
         """The engine sent the current weights (at ``version``) to ``partition_id``.

@@ -91,6 +91,10 @@ class CA2FLRule(ServerOptimizer):
         ),
     )
 
+    def _copies(self, nodes: int) -> int:
+        """``w``, the cache mean, the buffer and a cache per active node."""
+        return 3 + nodes
+
     def __init__(
         self, weights: Sequence[np.ndarray], partition_ids: Iterable[int], **params: Any
     ) -> None:

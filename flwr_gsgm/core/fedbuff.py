@@ -55,6 +55,10 @@ class FedBuffRule(ServerOptimizer):
         Param("buffer_size", 5, "buffer size K", kind=int, low=1, run_config_key="fedbuff-k"),
     )
 
+    def _copies(self, nodes: int) -> int:
+        """``w`` and the buffer sum."""
+        return 2
+
     def __init__(
         self, weights: Sequence[np.ndarray], partition_ids: Iterable[int], **params: Any
     ) -> None:

@@ -354,6 +354,11 @@ class GSGMRule(ServerOptimizer):
             return "slot"
         return "table"
 
+    def _copies(self, nodes: int) -> int:
+        """Slot averaging: ``w``, ``M``, ``S`` and fewer than ``nodes`` slots (at most
+        ``2 + nodes``); table averaging adds a row per node and their sum."""
+        return 2 + nodes if self._variant == "slot" else 3 + 2 * nodes
+
     # ---------------------------------------------------------------- introspection
     @property
     def averaging_in_use(self) -> str:

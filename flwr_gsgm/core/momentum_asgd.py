@@ -46,6 +46,11 @@ class MomentumASGDRule(ServerOptimizer):
         server_learning_rate(0.02, displacement=0.05),
         BETA,
     )
+
+    def _copies(self, nodes: int) -> int:
+        """``w`` and the velocity."""
+        return 2
+
     _LABELS: ClassVar[dict[str, str]] = {"_v": "velocity"}
 
     def __init__(

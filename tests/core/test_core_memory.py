@@ -52,6 +52,8 @@ def test_peak_memory_is_within_the_documented_bound(name, params, copies):
     tracemalloc.start()
     try:
         opt = make_optimizer(name, weights, NODES, lr=0.01, **params)
+        # The rule's own estimate (logged by the engine at start) is this bound.
+        assert opt.model_copies() == copies and opt.model_copies(nodes=10) >= copies
         sent = {}
         for n in NODES:
             opt.on_dispatch(n)
