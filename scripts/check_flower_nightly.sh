@@ -7,8 +7,9 @@
 # VENV (default /tmp/flwr-nightly-venv) gets flwr-nightly from the package index and
 # sees every other package of this project's .venv (numpy, torch, ... through a folder of
 # links, flwr itself left out), so nothing big is installed twice. The project is
-# imported from this checkout (PYTHONPATH), never installed: its pin flwr<1.43 would
-# make pip replace flwr-nightly with flwr 1.42. Default tests: tests/engine and
+# imported from this checkout (PYTHONPATH), never installed: its dependency on flwr
+# (another name than flwr-nightly) would make pip add flwr 1.42 over the nightly.
+# Default tests: tests/engine and
 # tests/simulation_engine (flwr run with the nightly's CLI).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"

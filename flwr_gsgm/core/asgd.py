@@ -37,7 +37,7 @@ class ASGDRule(ServerOptimizer):
     PARAMS: ClassVar[tuple[Param, ...]] = (
         # Displacement modes: every arrival applies 0.1 of its node's displacement, so
         # 10 arrivals (a round of 10 nodes) move w about as far as FedAvg's mean.
-        server_learning_rate(0.02, displacement=0.1),
+        server_learning_rate(0.02, displacement=0.05),
     )
 
     def _step_bound(self, norm: float) -> tuple[float, float]:

@@ -80,7 +80,7 @@ class CA2FLRule(ServerOptimizer):
         # A step per buffer of several updates: the tuned rate (10 nodes, seed 0,
         # docs/results/fashion_mnist_scale/tuned.toml) is larger than a per-arrival one.
         # Displacement modes: 1.0 steps along the calibrated mean displacement (FedBuff's).
-        server_learning_rate(0.1, displacement=1.0),
+        server_learning_rate(0.1, displacement=0.25),
         Param(
             "buffer_size",
             10,

@@ -56,7 +56,7 @@ class FedAsyncRule(DispatchBackups):
     PARAMS: ClassVar[tuple[Param, ...]] = (
         # Displacement modes: 1.0 rebuilds the node's model w_i = w_tau - d = w_local
         # (the paper's rule); the step size is the mixing weight alpha.
-        server_learning_rate(0.02, displacement=1.0),
+        server_learning_rate(0.02, displacement=0.3),
         Param(
             "alpha",
             0.6,

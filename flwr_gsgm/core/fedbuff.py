@@ -51,7 +51,7 @@ class FedBuffRule(ServerOptimizer):
         # Displacement modes: a step along the mean displacement of K = 5 nodes; at 10
         # nodes two steps per FedAvg round, so 0.5 moves w per client training about as
         # far as FedAvg; 1.0 was unstable in a sanity check (docs/GSGM.md).
-        server_learning_rate(0.1, displacement=0.5),
+        server_learning_rate(0.1, displacement=0.25),
         Param("buffer_size", 5, "buffer size K", kind=int, low=1, run_config_key="fedbuff-k"),
     )
 

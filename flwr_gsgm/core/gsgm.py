@@ -253,7 +253,7 @@ class GSGMRule(ServerOptimizer):
         # Displacement modes: a cycle of quorum 0.5 is half the nodes' contributions, so
         # 0.5 per cycle moves w per client training about as far as FedAvg (each round's
         # mean displacement); 1.0 was unstable in a sanity check (docs/GSGM.md).
-        server_learning_rate(0.1, displacement=0.5),
+        server_learning_rate(0.1, displacement=0.25),
         Param(
             "lr_scaling",
             "cycle",

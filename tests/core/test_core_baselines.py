@@ -89,10 +89,10 @@ def test_dcasgd_on_displacements_reads_them_as_update_scale_times_a_gradient():
 
 
 def test_fedasync_with_lr_one_mixes_the_node_model_rebuilt_from_its_displacement():
-    # Displacement modes, lr 1.0 (its declared default there): w_i = w_tau - d is the
-    # node's local model. Node 1 trained [0, 0] to [2, 4]: d = [-2, -4]; alpha 0.5,
+    # Displacement modes, lr 1.0 (the paper's rule; the declared default there is 0.3,
+    # tuned): w_i = w_tau - d is the node's local model. Node 1 trained [0, 0] to [2, 4]: d = [-2, -4]; alpha 0.5,
     # staleness 0: w = 0.5 [0, 0] + 0.5 [2, 4] = [1, 2].
-    assert FedAsyncRule.declared_params()[0].default_for("weights") == 1.0
+    assert FedAsyncRule.declared_params()[0].default_for("weights") == 0.3
     opt = FedAsyncRule([f32(0, 0)], [1, 2], lr=1.0, alpha=0.5, poly_a=1.0)
     opt.on_dispatch(1)
     opt.on_update(1, [f32(-2, -4)], 0)

@@ -207,16 +207,16 @@ def test_the_server_learning_rate_has_a_default_per_kind_of_update():
         for name, cls in OPTIMIZERS.items()
     }
     assert {n: (p.default, p.displacement_default) for n, p in declared.items()} == {
-        "gsgm": (0.1, 0.5),
-        "asgd": (0.02, 0.1),
+        "gsgm": (0.1, 0.25),
+        "asgd": (0.02, 0.05),
         "masgd": (0.02, 0.05),
         "dcasgd": (0.02, 0.1),
-        "fedasync": (0.02, 1.0),
-        "fedbuff": (0.1, 0.5),
-        "ca2fl": (0.1, 1.0),
+        "fedasync": (0.02, 0.3),
+        "fedbuff": (0.1, 0.25),
+        "ca2fl": (0.1, 0.25),
         "ace": (0.02, 0.1),
         "daasgd": (0.02, 0.1),
     }
-    assert "lr : float = 0.1 (gradient mode); 0.5 (delta and weights modes)" in (
+    assert "lr : float = 0.1 (gradient mode); 0.25 (delta and weights modes)" in (
         OPTIMIZERS["gsgm"].__doc__
     )

@@ -98,28 +98,31 @@ def test_asgd_weights_mode_steps_a_fraction_of_the_displacement(updates, expecte
 
 @pytest.mark.parametrize("local_lr", [0.25, 0.05])
 @pytest.mark.parametrize(
-    "updates, expected", [(1, [0.5, -0.5]), (2, [0.875, -0.875]), (3, [1.09375, -1.09375])]
+    "updates, expected",
+    [(1, [0.25, -0.25]), (2, [0.46875, -0.46875]), (3, [0.64453125, -0.64453125])],
 )
 def test_gsgm_weights_mode_with_its_displacement_default(updates, expected, local_lr):
-    # GSGM's declared defaults in weights mode: lr 0.5 per cycle (lr_scaling "cycle"),
-    # ema momentum beta 0.5, quorum 0.5, table averaging. One node: a cycle is its one
-    # contribution (c = ceil(0.5 * 1) = 1, per-step lr 0.5), the table mean is its
-    # latest displacement d; the node always returns (1, -1).
-    # 1: sent (0, 0), d1 = (-1, 1); no momentum yet: w = (0, 0) - 0.5 d1 = (0.5, -0.5);
+    # GSGM's declared defaults in weights mode: lr 0.25 per cycle (lr_scaling "cycle",
+    # tuned on the one-epoch client: docs/GSGM.md), ema momentum beta 0.5, quorum 0.5,
+    # table averaging. One node: a cycle is its one contribution (c = ceil(0.5 * 1) = 1,
+    # per-step lr 0.25), the table mean is its latest displacement d; the node always
+    # returns (1, -1).
+    # 1: sent (0, 0), d1 = (-1, 1); no momentum yet: w = (0, 0) - 0.25 d1 = (0.25, -0.25);
     #    the cycle closes: M = d1 = (-1, 1).
-    # 2: sent (0.5, -0.5), d2 = (-0.5, 0.5): w = w - 0.5 (0.5 d2 + 0.5 M)
-    #    = w - (-0.375, 0.375) = (0.875, -0.875); close: M = 0.5 M + 0.5 d2 = (-0.75, 0.75).
-    # 3: sent (0.875, -0.875), d3 = (-0.125, 0.125): w = w - 0.5 (0.5 d3 + 0.5 M)
-    #    = w - (-0.21875, 0.21875) = (1.09375, -1.09375). All exact in float32.
+    # 2: sent (0.25, -0.25), d2 = (-0.75, 0.75): w = w - 0.25 (0.5 d2 + 0.5 M)
+    #    = w - (-0.21875, 0.21875) = (0.46875, -0.46875); close: M = 0.5 M + 0.5 d2
+    #    = (-0.875, 0.875).
+    # 3: sent (0.46875, -0.46875), d3 = (-0.53125, 0.53125): w = w - 0.25 (0.5 d3 + 0.5 M)
+    #    = w - (-0.17578125, 0.17578125) = (0.64453125, -0.64453125). All exact in float32.
     strategy = GSGM(client_mode="weights", local_lr=local_lr)
-    assert strategy.server_learning_rate == 0.5
+    assert strategy.server_learning_rate == 0.25
     assert strategy.server_learning_rate_source.startswith("the rule's default, weights mode")
     result = start(
         strategy, fedavg_app(returned={0: [1.0, -1.0]}), num_nodes=1, max_updates=updates
     )
     assert result.arrays["w"].numpy().tolist() == expected
     assert result.report.counters["steps_applied"] == updates
-    assert result.report.server_learning_rate == 0.5
+    assert result.report.server_learning_rate == 0.25
 
 
 def test_the_displacement_uses_the_weights_sent_in_that_dispatch():
@@ -355,7 +358,7 @@ def test_the_project_client_app_in_weights_mode_trains_as_in_delta_mode(tmp_path
         with InProcessGrid(app, 3, run_config=cfg, workers=2) as grid:
             summary = run_experiment(grid, cfg)
         assert summary["rejected"] == 0 and summary["updates_received"] == 40
-        assert summary["server_learning_rate"] == 0.5  # GSGM's displacement-mode default
+        assert summary["server_learning_rate"] == 0.25  # GSGM's displacement-mode default
         models[mode] = torch.load(tmp_path / mode / "model.pt")
     assert list(models["weights"]) == list(models["delta"])
     for key, value in models["delta"].items():

@@ -126,7 +126,7 @@ build-backend = "hatchling.build"
 [project]
 name = "myapp"
 version = "1.0.0"
-dependencies = ["flwr>=1.42,<1.43", {dependency}]
+dependencies = ["flwr>=1.42,<1.44", {dependency}]
 {settings}
 [tool.hatch.build.targets.wheel]
 packages = ["myapp"]
