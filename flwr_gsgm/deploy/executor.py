@@ -15,13 +15,18 @@ what ``flwr-clientapp`` does, task after task, with Flower's own runtime functio
    (``CLIENT_APP_RAISED_EXCEPTION``, or ``LOAD_CLIENT_APP_EXCEPTION`` when it cannot
    be loaded), then the task output (status and context).
 
-A task that fails never stops the executor. Killed mid-task (SIGKILL), the task's
+A task that fails never stops the executor. A task whose message never arrives in full
+fails after ``stall_timeout`` seconds (120) in which no object of it became available,
+or at once when the SuperNode gives the task up, and the executor goes on with the
+next: Flower 1.42's SuperNode leaves such a task behind when a run stops while it
+receives one of its messages ("Run ID ... is not in `RUNNING` status. Ignoring
+message"), and its objects never come. Killed mid-task (SIGKILL), the task's
 heartbeats stop and the SuperNode answers the message with Flower's error reply
 ``ClientApp stopped responding.`` once the task token expires (60 s); stopped with
 SIGTERM/SIGINT mid-task, it answers with an error reply itself before exiting.
 
 Command: ``flwr-gsgm-executor --runtime-api-address HOST:PORT [--insecure |
---root-certificates CA] [--parent-pid PID] [--preload torch]``
+--root-certificates CA] [--parent-pid PID] [--preload torch] [--stall-timeout S]``
 (``python -m flwr_gsgm.deploy.executor``).
 """
 
@@ -36,6 +41,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from logging import ERROR, INFO, WARNING
+from typing import Any
 
 import httpx
 from flwr.app import Error, Message
@@ -64,12 +70,52 @@ from flwr.supernode.runtime.run_clientapp import (
 from flwr_gsgm.deploy.app_cache import AppCache
 from flwr_gsgm.deploy.poll import PollSchedule
 
-__all__ = ["TaskResult", "WarmExecutor", "main"]
+__all__ = ["TaskResult", "TaskStalled", "WarmExecutor", "main"]
 
 # What flower-superexec sends with AcquireTask (its SuperExec auth covers only this call).
 _ACQUIRE_METHOD = "/flwr.proto.Runtime/AcquireTask"
 # Status codes a restarting SuperNode (its uvicorn) answers with: worth a retry.
 _RETRYABLE_STATUS = frozenset({502, 503, 504})
+
+
+class TaskStalled(Exception):
+    """A task's message did not arrive: no object of it became available within the
+    stall bound, or the SuperNode gave the task up."""
+
+
+class _ProgressWatch:
+    """Stands in for a Runtime API client's ``PullObject`` while a task's input is
+    pulled: raises :class:`TaskStalled` on an object still unavailable
+    ``stall_timeout`` seconds after the last one arrived (or the task started), or
+    once ``given_up`` is set (the SuperNode no longer accepts the task)."""
+
+    def __init__(
+        self, pull: Any, stall_timeout: float, task_id: int, given_up: threading.Event
+    ) -> None:
+        self._pull = pull
+        self.stall_timeout = stall_timeout
+        self.task_id = task_id
+        self.given_up = given_up
+        self.last_progress = time.monotonic()
+
+    def __call__(self, request: Any) -> Any:
+        response = self._pull(request)
+        now = time.monotonic()
+        if response.object_found and response.object_available:
+            self.last_progress = now
+        elif self.given_up.is_set():
+            raise TaskStalled(
+                f"task {self.task_id}: the SuperNode gave the task up while its message "
+                f"was still arriving (object {request.object_id} unavailable)"
+            )
+        elif now - self.last_progress > self.stall_timeout:
+            raise TaskStalled(
+                f"task {self.task_id}: object {request.object_id} of its message still "
+                f"unavailable after {now - self.last_progress:.1f} s without progress "
+                f"(stall-timeout={self.stall_timeout} s); its run has "
+                "most likely stopped while the SuperNode was receiving the message"
+            )
+        return response
 
 
 @dataclass(frozen=True)
@@ -99,7 +145,19 @@ class WarmExecutor:
         The SuperNode's ``--superexec-auth-secret-file`` content, if it uses one.
     poll : PollSchedule | None
         When to ask for the next task; default :meth:`default_poll`.
+    stall_timeout : float
+        Seconds (> 0) without any object of a task's message becoming available after
+        which the task fails and the executor goes on (default 120: a slow link moves
+        one object, an array chunk, well within it).
+
+    Raises
+    ------
+    ValueError
+        If ``stall_timeout`` is not > 0.
     """
+
+    #: Default of ``stall_timeout`` (seconds).
+    STALL_TIMEOUT = 120.0
 
     def __init__(
         self,
@@ -108,7 +166,11 @@ class WarmExecutor:
         insecure: bool = True,
         superexec_auth_secret: bytes | None = None,
         poll: PollSchedule | None = None,
+        stall_timeout: float = STALL_TIMEOUT,
     ) -> None:
+        if not stall_timeout > 0:
+            raise ValueError(f"stall_timeout must be > 0 seconds, got {stall_timeout!r}")
+        self.stall_timeout = stall_timeout
         self.address = runtime_api_address
         self.root_certificates = root_certificates
         self.insecure = insecure
@@ -177,7 +239,12 @@ class WarmExecutor:
             max_time=None,
             invoker=invoker,
         )
-        heartbeat = HeartbeatSender(_heartbeat_fn(client, task_id))
+        given_up = threading.Event()
+        heartbeat = HeartbeatSender(_heartbeat_fn(client, task_id, given_up))
+        # Flower's pull_task_input fetches the message's objects with client.PullObject:
+        # watched, so a message that never arrives fails its task instead of holding
+        # the executor (its heartbeats keep the task alive at the SuperNode forever).
+        client.PullObject = _ProgressWatch(client.PullObject, self.stall_timeout, task_id, given_up)
         message = context = reply = None
         sub_status, details = SubStatus.FAILED, "ClientApp task failed due to unknown reason"
         error_code: int | None = None
@@ -188,6 +255,9 @@ class WarmExecutor:
             app = self.apps.get(run, fab)
             reply = app(message=message, context=context)
             sub_status, details = SubStatus.COMPLETED, ""
+        except TaskStalled as ex:  # no message to answer: fail the task, serve the next
+            details = str(ex)
+            log(ERROR, "[executor] %s: task failed, serving the next", details)
         except Exception as ex:  # noqa: BLE001 - any app failure becomes an error reply
             error_code, details = _error_of(ex)
             log(ERROR, "[executor] task %d: ClientApp raised an exception", task_id, exc_info=ex)
@@ -258,9 +328,10 @@ def _error_of(ex: Exception) -> tuple[int, str]:
     return ErrorCode.CLIENT_APP_RAISED_EXCEPTION, str(type(ex)) + ":<'" + str(ex) + "'>"
 
 
-def _heartbeat_fn(client: RuntimeHttpClient, task_id: int):
+def _heartbeat_fn(client: RuntimeHttpClient, task_id: int, given_up: threading.Event):
     """A heartbeat that never signals the process (flwr-clientapp's raises SIGINT when
-    the SuperNode has given the task up; here only that task is lost)."""
+    the SuperNode has given the task up; here only that task is lost: ``given_up`` is
+    set)."""
     request = SendTaskHeartbeatRequest()
 
     def send() -> bool:
@@ -273,6 +344,7 @@ def _heartbeat_fn(client: RuntimeHttpClient, task_id: int):
                 return False
             ok = False
         if not ok:
+            given_up.set()
             log(WARNING, "[executor] task %d: the SuperNode no longer accepts it", task_id)
         return True
 
@@ -338,6 +410,14 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--poll-interval", type=float, default=default.fast, metavar="S")
     parser.add_argument("--fast-poll-window", type=float, default=default.window, metavar="S")
     parser.add_argument("--idle-poll-interval", type=float, default=default.idle, metavar="S")
+    parser.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=WarmExecutor.STALL_TIMEOUT,
+        metavar="S",
+        help="fail a task whose message makes no progress for S seconds (default "
+        f"{WarmExecutor.STALL_TIMEOUT:g}), e.g. one of a run that stopped meanwhile",
+    )
     return parser
 
 
@@ -347,17 +427,18 @@ def main(argv: list[str] | None = None) -> None:
     try:
         poll = PollSchedule(args.poll_interval, args.fast_poll_window, args.idle_poll_interval)
         secret = load_superexec_auth_secret(secret_file=args.superexec_auth_secret_file)
+        executor = WarmExecutor(
+            args.runtime_api_address,
+            root_certificates=validate_and_resolve_root_certificates(
+                args.root_certificates, args.insecure
+            ),
+            insecure=args.insecure,
+            superexec_auth_secret=secret,
+            poll=poll,
+            stall_timeout=args.stall_timeout,
+        )
     except ValueError as err:
         raise SystemExit(f"flwr-gsgm-executor: {err}") from None
-    executor = WarmExecutor(
-        args.runtime_api_address,
-        root_certificates=validate_and_resolve_root_certificates(
-            args.root_certificates, args.insecure
-        ),
-        insecure=args.insecure,
-        superexec_auth_secret=secret,
-        poll=poll,
-    )
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: object) -> None:

@@ -17,6 +17,11 @@ API: restarted ``--executor-restart-delay`` seconds after it exits (a crash, a k
 stopped with the SuperNode. Without it, the SuperNode starts a ``flwr-clientapp``
 process per message as stock Flower does (only the polls are shorter).
 
+An activation the SuperLink refuses with HTTP 401 (a clock off by more than a few
+seconds, a key that is not the registered one) ends the SuperNode with Flower's exit
+code 305 and a reason naming those causes (:func:`report_refused_activation`; stock
+Flower 1.42 logs only "SuperNode terminated gracefully." and exits 0).
+
 Example::
 
     flwr-gsgm-supernode --warm-executor --superlink 10.0.0.5:9092 \\
@@ -27,15 +32,97 @@ Example::
 from __future__ import annotations
 
 import argparse
+import email.utils
+import functools
 import os
 import subprocess
 import sys
 import threading
+from datetime import UTC, datetime
 from logging import INFO, WARNING
+from typing import Any
 
 from flwr_gsgm.deploy.poll import PollSchedule
 
-__all__ = ["ExecutorSupervisor", "main"]
+__all__ = ["ActivationRefused", "ExecutorSupervisor", "main", "report_refused_activation"]
+
+
+class ActivationRefused(RuntimeError):
+    """The SuperLink answered the SuperNode's activate-node call with HTTP 401."""
+
+
+def refused_activation_reason(
+    call: str, detail: str, server_date: str | None, now: datetime
+) -> str:
+    """Why the SuperLink refused ``call`` (``activate-node``, ``register-node``) with
+    a 401 whose body says ``detail``.
+
+    ``server_date`` is the response's HTTP ``Date`` header (the SuperLink's clock, 1 s
+    resolution; None if absent) and ``now`` this machine's time (timezone-aware): their
+    difference, in seconds, is named when it exceeds the 5 s Flower tolerates ahead.
+    """
+    offset = ""
+    parsed = email.utils.parsedate_to_datetime(server_date) if server_date else None
+    if parsed is not None:
+        seconds = (now - parsed).total_seconds()
+        # Flower's SuperLink accepts a signed timestamp from 5 s ahead to 305 s behind.
+        if abs(seconds) > 5:
+            side = "ahead of" if seconds > 0 else "behind"
+            offset = f" This machine's clock is {abs(seconds):.0f} s {side} the SuperLink's."
+    return (
+        f"The SuperLink refused this SuperNode (HTTP 401 on {call}: "
+        f"{detail or 'no detail'}).{offset} Likely causes: a clock that differs from the "
+        "SuperLink's (Flower accepts at most 5 s ahead and 305 s behind; check NTP, e.g. "
+        "`timedatectl` on a board without a real-time clock before its first sync), or "
+        "an unregistered key (--auth-supernode-private-key is not the key registered "
+        "with `flwr supernode register` on this SuperLink)."
+    )
+
+
+#: The Fleet calls of a starting SuperNode whose 401 is reported (method, URL path).
+_START_CALLS = (("RegisterNode", "register-node"), ("ActivateNode", "activate-node"))
+
+
+def report_refused_activation() -> None:
+    """Make a start the SuperLink refuses with HTTP 401 end the SuperNode with an error.
+
+    Flower 1.42's retry invoker answers any 401 by sending SIGINT to its own process,
+    so a refused SuperNode ends as if stopped by hand ("SuperNode terminated
+    gracefully.", exit code 0). Here ``FleetHttpClient.ActivateNode`` (and
+    ``RegisterNode``, called first by a SuperNode without a key) raise
+    :class:`ActivationRefused` instead, which the retry invoker does not retry and
+    Flower's connection code reports: ``Exit Code: 305`` and the reason
+    (:func:`refused_activation_reason`), exit status 1. Idempotent.
+    """
+    from flwr.supernode.fleet_http_client import FleetHttpClient
+
+    for method, call in _START_CALLS:
+        original = getattr(FleetHttpClient, method)
+        if not getattr(original, "__wrapped_by_flwr_gsgm__", False):
+            setattr(FleetHttpClient, method, _refusal_reported(original, call))
+
+
+def _refusal_reported(original: Any, call: str) -> Any:
+    import httpx
+
+    @functools.wraps(original)
+    def start_call(self: Any, request: Any) -> Any:
+        try:
+            return original(self, request)
+        except httpx.HTTPStatusError as err:
+            if err.response.status_code != httpx.codes.UNAUTHORIZED:
+                raise
+            try:
+                detail = str(err.response.json().get("detail", ""))
+            except (ValueError, AttributeError):  # not a JSON object
+                detail = err.response.text[:200]
+            reason = refused_activation_reason(
+                call, detail, err.response.headers.get("date"), datetime.now(UTC)
+            )
+            raise ActivationRefused(reason) from None
+
+    start_call.__wrapped_by_flwr_gsgm__ = True
+    return start_call
 
 
 class ExecutorSupervisor(threading.Thread):
@@ -104,6 +191,14 @@ def _own_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--preload", default="", metavar="MODULES", help="the executor's --preload (e.g. torch)"
     )
+    parser.add_argument(
+        "--executor-stall-timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="the executor's --stall-timeout: fail a task whose message makes no "
+        "progress for S seconds (default 120)",
+    )
     parser.add_argument("--fast-poll-interval", type=float, default=0.1, metavar="S")
     parser.add_argument("--fast-poll-window", type=float, default=5.0, metavar="S")
     parser.add_argument("--idle-poll-interval", type=float, default=3.0, metavar="S")
@@ -127,9 +222,15 @@ def _runtime_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def executor_command(flower_args: list[str], parent_pid: int, preload: str = "") -> list[str]:
+def executor_command(
+    flower_args: list[str],
+    parent_pid: int,
+    preload: str = "",
+    stall_timeout: float | None = None,
+) -> list[str]:
     """The ``flwr-gsgm-executor`` command line for a SuperNode started with
-    ``flower_args``.
+    ``flower_args`` (``stall_timeout``: its ``--stall-timeout``, seconds; None: the
+    executor's default).
 
     Raises
     ------
@@ -155,6 +256,8 @@ def executor_command(flower_args: list[str], parent_pid: int, preload: str = "")
         command += ["--superexec-auth-secret-file", runtime.superexec_auth_secret_file]
     if preload:
         command += ["--preload", preload]
+    if stall_timeout is not None:
+        command += ["--stall-timeout", str(stall_timeout)]
     return command + ["--parent-pid", str(parent_pid)]
 
 
@@ -164,6 +267,10 @@ def main(argv: list[str] | None = None) -> None:
     own, flower_args = _own_parser().parse_known_args(argv)
     try:
         idle = PollSchedule(own.fast_poll_interval, own.fast_poll_window, own.idle_poll_interval)
+        if own.executor_stall_timeout is not None and not own.executor_stall_timeout > 0:
+            raise ValueError(
+                f"--executor-stall-timeout must be > 0 seconds, got {own.executor_stall_timeout}"
+            )
         if own.executor_restart_delay < 0:
             raise ValueError(
                 f"--executor-restart-delay must be >= 0, got {own.executor_restart_delay}"
@@ -173,6 +280,7 @@ def main(argv: list[str] | None = None) -> None:
         shorten_supernode_waits(
             idle, own.reply_poll_interval, own.object_backoff, own.object_backoff_cap
         )
+        report_refused_activation()
     except (ValueError, RuntimeError) as err:
         raise SystemExit(f"flwr-gsgm-supernode: {err}") from None
 
@@ -180,7 +288,9 @@ def main(argv: list[str] | None = None) -> None:
     from flwr.supernode.cli.flower_supernode import flower_supernode
 
     if own.warm_executor:
-        command = executor_command(flower_args, os.getpid(), own.preload)
+        command = executor_command(
+            flower_args, os.getpid(), own.preload, own.executor_stall_timeout
+        )
         if _runtime_parser().parse_known_args(flower_args)[0].isolation is None:
             flower_args = [*flower_args, "--isolation", "process"]
         supervisor = ExecutorSupervisor(command, own.executor_restart_delay)

@@ -186,6 +186,37 @@ class RuntimeHarness:
         assert run_id == message.metadata.run_id, "the SuperNode did not take the message"
         return message.metadata.message_id
 
+    def deliver_for_a_stopped_run(self, message: Message) -> None:
+        """Hand ``message`` to the SuperNode as if its run stopped while the SuperNode
+        received it: the SuperLink refuses its objects (HTTP 403, Flower's
+        ``RunNotRunningException``). Flower 1.42's ``_pull_and_store_message`` then logs
+        "Run ID ... is not in `RUNNING` status. Ignoring message" and returns None, its
+        task left pending, its message never complete. The run must be known already
+        (a message of it delivered): for an unknown run no task is created."""
+        from flwr.supercore.run import RunNotRunningException
+
+        with no_object_id_recompute():
+            message.metadata.__dict__["_message_id"] = message.object_id
+            tree = get_object_tree(message)
+        header = remove_content_from_message(message)
+        sent = iter([(header, tree)])
+
+        def refused(_run_id, _object_id):
+            raise RunNotRunningException
+
+        run_id = sci._pull_and_store_message(
+            state=self.state,
+            object_store=self.store,
+            node_config={"partition-id": 0, "num-partitions": 2},
+            receive=lambda: next(sent, None),
+            get_run=lambda rid: self.runs[rid],
+            get_fab=lambda fab_hash, _rid: self.fabs[fab_hash],
+            pull_object=refused,
+            confirm_message_received=lambda _rid, _mid: None,
+            trusted_entities=None,
+        )
+        assert run_id is None, "the SuperNode took the message of a stopped run"
+
     def collect_reply(self, timeout: float = 120.0) -> Message:
         """Wait for the next reply as the SuperNode's ``_push_messages`` does; return it.
 

@@ -288,3 +288,40 @@ def test_unloading_ignores_modules_whose_paths_are_not_paths(tmp_path, monkeypat
     cache.unload()
     assert "inside_app" not in sys.modules and sys.modules["odd_namespace"] is odd
     assert str(tmp_path / "app") not in sys.path
+
+
+def test_a_task_of_a_run_stopped_while_received_fails_and_the_next_run_is_served(supernode):
+    """Issue 23 item 9: after a ServerApp crash a warm SuperNode pulls a message of the
+    dead run, Flower 1.42 ignores it but leaves its task pending with a message that
+    never arrives; the executor fails that task after stall-timeout and serves the next
+    run (before: it waited for the message's objects for up to two hours)."""
+    ex = WarmExecutor(
+        supernode.address, insecure=True, poll=PollSchedule(0.005, 1.0, 0.05), stall_timeout=1.0
+    )
+    stop = threading.Event()
+    thread = threading.Thread(target=ex.serve, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        assert metrics(ask(supernode, run_id=RUN_ID))["version"] == 1  # the run is known
+        supernode.deliver_for_a_stopped_run(train_message(RUN_ID, [1.0, 2.0]))
+        stale = _last_task_id(supernode)
+        started = time.monotonic()
+        mid = supernode.deliver(train_message(RUN_V2, [1.0, 2.0]))  # the resumed run
+        reply = supernode.collect_reply(timeout=60.0)
+        assert reply.metadata.reply_to_message_id == mid
+        assert metrics(reply)["version"] == 2
+        assert time.monotonic() - started < 30  # the 1 s bound, plus a FAB install
+        task = _task(supernode, stale)
+        assert (task.status.status, task.status.sub_status) == ("finished", SubStatus.FAILED)
+        assert task.run_id == RUN_ID
+        assert f"task {stale}: object " in task.status.details
+        assert "without progress (stall-timeout=1.0 s)" in task.status.details
+    finally:
+        stop.set()
+        thread.join(10)
+        ex.close()
+
+
+def test_the_stall_timeout_must_be_positive(supernode):
+    with pytest.raises(ValueError, match="stall_timeout must be > 0 seconds, got 0"):
+        WarmExecutor(supernode.address, insecure=True, stall_timeout=0)

@@ -193,3 +193,42 @@ def test_the_engine_pulls_replies_with_a_short_backoff_on_flowers_http_grid(monk
     InFlight(deployment_grid, ["w"], 60.0, virtual_order=False)
     assert http_grid.pull_objects.func is inflatable_utils.pull_objects
     assert http_grid.pull_objects.keywords == {"initial_backoff": 0.02, "backoff_cap": 1.0}
+
+
+def test_executor_command_forwards_the_stall_timeout():
+    command = executor_command(["--port", "9100"], parent_pid=7, stall_timeout=30.0)
+    assert command[-4:] == ["--stall-timeout", "30.0", "--parent-pid", "7"]
+
+
+def test_a_401_on_activate_node_names_the_clock_and_the_key(monkeypatch):
+    """Issue 23 item 8, without a SuperLink: Flower's retry invoker would SIGINT the
+    process on this 401 (a graceful exit, code 0); the wrapped call raises instead."""
+    import httpx
+    from flwr.supernode.fleet_http_client import FleetHttpClient
+
+    from flwr_gsgm.deploy.supernode import ActivationRefused, report_refused_activation
+
+    now = time.time()
+    date = __import__("email.utils").utils.formatdate(now - 30, usegmt=True)
+
+    def refuse(self, request):
+        request_ = httpx.Request("POST", "https://link/v1/fleet/activate-node")
+        response = httpx.Response(
+            401,
+            json={"detail": "Invalid SuperNode authentication"},
+            headers={"date": date},
+            request=request_,
+        )
+        raise httpx.HTTPStatusError("401", request=request_, response=response)
+
+    monkeypatch.setattr(FleetHttpClient, "ActivateNode", refuse)
+    monkeypatch.setattr(FleetHttpClient, "RegisterNode", FleetHttpClient.RegisterNode)
+    report_refused_activation()
+    report_refused_activation()  # twice: wrapped once
+    assert FleetHttpClient.ActivateNode.__wrapped__ is refuse
+    with pytest.raises(ActivationRefused) as err:
+        FleetHttpClient.ActivateNode(None, None)
+    reason = str(err.value)
+    assert "HTTP 401 on activate-node: Invalid SuperNode authentication" in reason
+    assert "clock is 30 s ahead of the SuperLink's" in reason
+    assert "check NTP" in reason and "an unregistered key" in reason

@@ -193,6 +193,8 @@ _DEPLOY_CALLS = [
     ),
     ("flwr.supercore.exit", "add_exit_handler", ["exit_handler"]),
     ("flwr.supernode.cli.flower_supernode", "flower_supernode", []),
+    ("flwr.supernode.fleet_http_client", "FleetHttpClient.ActivateNode", ["request"]),
+    ("flwr.supernode.fleet_http_client", "FleetHttpClient.RegisterNode", ["request"]),
 ]
 
 
@@ -238,3 +240,29 @@ def test_flwr_runtime_protocol_facts_the_executor_relies_on():
     # docs/DEPLOYMENT.md: an executor killed mid-task is answered for after 60 s.
     assert HEARTBEAT_PATIENCE * HEARTBEAT_DEFAULT_INTERVAL == 60, why
     assert {"hash_str", "content"} <= set(Fab.__dataclass_fields__), why
+
+
+def test_flwr_supernode_start_and_task_input_code_the_deploy_hooks_rely_on():
+    """supernode.py's report_refused_activation wraps FleetHttpClient.ActivateNode and
+    RegisterNode, which Flower's connection code calls through the retry invoker that
+    SIGINTs its own process on a 401 (hence the hook) and reports any other exception
+    with exit code 305; executor.py watches the PullObject calls of pull_task_input by
+    setting client.PullObject on its own client."""
+    import inspect
+
+    from flwr.supercore.retry import http_retry
+    from flwr.supernode import fleet_http_connection
+    from flwr.supernode.runtime.run_clientapp import pull_task_input
+
+    why = _why(
+        "the SuperNode's activation and task-input code",
+        "flwr",
+        FLWR_PINNED,
+        "flwr_gsgm/deploy/supernode.py and executor.py",
+    )
+    connection = inspect.getsource(fleet_http_connection.http_request_response)
+    assert "client.ActivateNode," in connection and "client.RegisterNode," in connection, why
+    assert "ExitCode.SUPERNODE_CONNECTION_ERROR" in connection, why
+    retry = inspect.getsource(http_retry.make_simple_http_retry_invoker)
+    assert "UNAUTHORIZED" in retry and "signal.SIGINT" in retry, why
+    assert "client.PullObject" in inspect.getsource(pull_task_input), why
