@@ -11,7 +11,13 @@
 #   then refuses the SuperNode: for tests), NODE_CONFIG_EXTRA (every SuperNode),
 #   NODE_CONFIG_EXTRA_<PARTITION_ID> (this partition's only, appended after it, e.g.
 #   NODE_CONFIG_EXTRA_3="step-seconds=0.4"), CLIENTAPP_MODE (warm:
-#   flwr-gsgm-supernode --warm-executor, the default; per-message: flower-supernode).
+#   flwr-gsgm-supernode --warm-executor, the default; per-message: flower-supernode),
+#   SUPERNODE_START_TIMEOUT (seconds to wait for the SuperLink to take it, default 60).
+# Returns once the SuperLink has activated the SuperNode ("SuperNode ID: N" in its log).
+# Exits 1 with the SuperNode's own reason (Flower's "Exit Code: ..." lines) if it exited
+# first, e.g. refused by the SuperLink (key not registered or already in use: code 305,
+# a clock off: 401); exits 1 too after SUPERNODE_START_TIMEOUT seconds, leaving it
+# running (it keeps retrying; stop_local.sh stops it).
 # Writes $RUN_DIR/pids/supernode-<KEY_NAME>.pid and $RUN_DIR/logs/supernode-<KEY_NAME>.log.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -48,5 +54,28 @@ FLWR_HOME="$home" start_daemon "supernode-$name" "$RUN_DIR/logs/supernode-$name.
   --auth-supernode-private-key "$KEY_DIR/$name" \
   --node-config "$node_config" \
   --host 127.0.0.1 --port "$(free_port)"
-node_id="$(cat "$RUN_DIR/nodes/$name.node-id" 2>/dev/null || echo unregistered)"
-echo "SuperNode $name ($CLIENTAPP_MODE): partition-id $pid_id, node id $node_id (PID $(cat "$RUN_DIR/pids/supernode-$name.pid"), log $RUN_DIR/logs/supernode-$name.log)"
+pid="$(cat "$RUN_DIR/pids/supernode-$name.pid")"
+log="$RUN_DIR/logs/supernode-$name.log"
+# A refused SuperNode exits seconds after its start: report it started only once the
+# SuperLink has activated it, so a board the SuperLink refuses is not counted as up.
+timeout="${SUPERNODE_START_TIMEOUT:-60}"
+[[ "$timeout" =~ ^[0-9]+$ ]] || die "SUPERNODE_START_TIMEOUT must be whole seconds, got '$timeout'"
+deadline=$((SECONDS + timeout))
+until node_id="$(sed -n 's/.*SuperNode ID: \([0-9]*\).*/\1/p' "$log" 2>/dev/null | tail -n 1)"; [[ -n "$node_id" ]]; do
+  state="$(ps -o stat= -p "$pid" 2>/dev/null || true)"
+  if [[ -z "$state" || "$state" == Z* ]]; then  # gone (or a zombie not reaped yet)
+    code=0
+    wait "$pid" 2>/dev/null || code=$?
+    rm -f "$RUN_DIR/pids/supernode-$name.pid"
+    reason="$(sed -n '/Exit Code:/,$p' "$log" | grep -v '^[[:space:]]*$' | head -n 12)"
+    [[ -n "$reason" ]] || reason="$(tail -n 15 "$log")"
+    die "SuperNode $name (partition-id $pid_id) exited with status $code before the SuperLink took it (log $log):
+$reason"
+  fi
+  if ((SECONDS >= deadline)); then
+    die "SuperNode $name (partition-id $pid_id, PID $pid) not activated by the SuperLink at $ADDRESS within SUPERNODE_START_TIMEOUT=$timeout s; it is still trying (log $log):
+$(tail -n 5 "$log")"
+  fi
+  sleep 0.2
+done
+echo "SuperNode $name ($CLIENTAPP_MODE): partition-id $pid_id, node id $node_id (PID $pid, log $log)"

@@ -38,7 +38,7 @@ import os
 import subprocess
 import sys
 import threading
-from datetime import UTC, datetime
+from datetime import datetime
 from logging import INFO, WARNING
 from typing import Any
 
@@ -104,6 +104,7 @@ def report_refused_activation() -> None:
 
 def _refusal_reported(original: Any, call: str) -> Any:
     import httpx
+    from flwr.supercore import date as flower_date
 
     @functools.wraps(original)
     def start_call(self: Any, request: Any) -> Any:
@@ -117,7 +118,11 @@ def _refusal_reported(original: Any, call: str) -> Any:
             except (ValueError, AttributeError):  # not a JSON object
                 detail = err.response.text[:200]
             reason = refused_activation_reason(
-                call, detail, err.response.headers.get("date"), datetime.now(UTC)
+                # The clock Flower signs the request's timestamp with.
+                call,
+                detail,
+                err.response.headers.get("date"),
+                flower_date.now(),
             )
             raise ActivationRefused(reason) from None
 
