@@ -166,23 +166,8 @@ class RuntimeHarness:
         Runs the SuperNode's own ``_pull_and_store_message``: the run, its FAB and
         context are stored on first sight, a ClientApp task is created.
         """
-        with no_object_id_recompute():
-            message.metadata.__dict__["_message_id"] = message.object_id
-            tree = get_object_tree(message)
-            objects = {oid: obj.deflate() for oid, obj in get_all_nested_objects(message).items()}
-        header = remove_content_from_message(message)
-        sent = iter([(header, tree)])
-        run_id = sci._pull_and_store_message(
-            state=self.state,
-            object_store=self.store,
-            node_config={"partition-id": 0, "num-partitions": 2},
-            receive=lambda: next(sent, None),
-            get_run=lambda rid: self.runs[rid],
-            get_fab=lambda fab_hash, _rid: self.fabs[fab_hash],
-            pull_object=lambda _rid, oid: objects[oid],
-            confirm_message_received=lambda _rid, _mid: None,
-            trusted_entities=None,
-        )
+        objects: dict[str, bytes] = {}
+        run_id = self._pull_and_store(message, lambda _rid, oid: objects[oid], objects)
         assert run_id == message.metadata.run_id, "the SuperNode did not take the message"
         return message.metadata.message_id
 
@@ -195,27 +180,36 @@ class RuntimeHarness:
         (a message of it delivered): for an unknown run no task is created."""
         from flwr.supercore.run import RunNotRunningException
 
-        with no_object_id_recompute():
-            message.metadata.__dict__["_message_id"] = message.object_id
-            tree = get_object_tree(message)
-        header = remove_content_from_message(message)
-        sent = iter([(header, tree)])
-
         def refused(_run_id, _object_id):
             raise RunNotRunningException
 
-        run_id = sci._pull_and_store_message(
+        run_id = self._pull_and_store(message, refused)
+        assert run_id is None, "the SuperNode took the message of a stopped run"
+
+    def _pull_and_store(self, message: Message, pull_object, objects=None):
+        """The SuperNode's ``_pull_and_store_message`` on ``message``, its objects served
+        by ``pull_object(run_id, object_id)``; ``objects``, if given, is filled with the
+        message's deflated objects first. Returns what Flower returns (the run id or None)."""
+        with no_object_id_recompute():
+            message.metadata.__dict__["_message_id"] = message.object_id
+            tree = get_object_tree(message)
+            if objects is not None:
+                objects.update(
+                    {oid: obj.deflate() for oid, obj in get_all_nested_objects(message).items()}
+                )
+        header = remove_content_from_message(message)
+        sent = iter([(header, tree)])
+        return sci._pull_and_store_message(
             state=self.state,
             object_store=self.store,
             node_config={"partition-id": 0, "num-partitions": 2},
             receive=lambda: next(sent, None),
             get_run=lambda rid: self.runs[rid],
             get_fab=lambda fab_hash, _rid: self.fabs[fab_hash],
-            pull_object=refused,
+            pull_object=pull_object,
             confirm_message_received=lambda _rid, _mid: None,
             trusted_entities=None,
         )
-        assert run_id is None, "the SuperNode took the message of a stopped run"
 
     def collect_reply(self, timeout: float = 120.0) -> Message:
         """Wait for the next reply as the SuperNode's ``_push_messages`` does; return it.
