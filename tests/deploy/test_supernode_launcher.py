@@ -5,8 +5,8 @@ flags, and the supervisor that restarts the executor."""
 from __future__ import annotations
 
 import functools
-import sys
 import re
+import sys
 import time
 
 import pytest
