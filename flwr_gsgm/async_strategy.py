@@ -76,8 +76,10 @@ class AsyncStrategy:
         Server learning rate eta (> 0), the optimizer's ``lr``. Gradient mode: a step
         per gradient; delta and weights modes: a fraction of each node's displacement
         ``w_sent - w_local`` (1.0 applies it whole), whatever the client's lr. None
-        (default): the rule's declared default for the client mode (GSGM: 0.1 per cycle,
-        the tuned choice of docs/results/fashion_mnist_scale, and 0.5; ASGD 0.02, 0.1).
+        (default): the rule's declared default for the client mode, gradient then
+        displacement (GSGM: 0.1 and 0.25 per cycle, tuned in
+        docs/results/fashion_mnist_scale and docs/results/fashion_mnist_realtime;
+        ASGD 0.02 and 0.05; docs/GSGM.md "Client modes" lists every rule).
     client_mode : str
         What the clients return, sent as ``mode`` in every train message:
         "gradient" (mean gradient of ``local_batches`` mini-batches at the received
