@@ -22,7 +22,14 @@ _STRATEGY_NAMES = (
     "DelayAdaptiveASGD",
     "STRATEGIES",
 )
-__all__ = [*_STRATEGY_NAMES, "AsyncStrategy", "AsyncResult", "VirtualClock", "__version__"]
+__all__ = [
+    *_STRATEGY_NAMES,
+    "AsyncStrategy",
+    "AsyncResult",
+    "FederatedEvaluation",
+    "VirtualClock",
+    "__version__",
+]
 
 
 def __getattr__(name: str) -> Any:
@@ -43,4 +50,8 @@ def __getattr__(name: str) -> Any:
         from flwr_gsgm.virtual_clock import VirtualClock
 
         return VirtualClock
+    if name == "FederatedEvaluation":
+        from flwr_gsgm.federated_evaluation import FederatedEvaluation
+
+        return FederatedEvaluation
     raise AttributeError(f"module 'flwr_gsgm' has no attribute {name!r}")
