@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import re
+import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,3 +73,74 @@ def test_every_flwr_gsgm_import_the_readme_shows_works():
     from flwr_gsgm.federated_evaluation import FederatedEvaluation as defined
 
     assert FederatedEvaluation is defined
+
+
+def diff_after(text: str, hunk: int) -> str:
+    """The code after the change of hunk ``hunk`` (0-based) of the README's ``diff`` block:
+    its context and ``+`` lines, dedented."""
+    body = next(b for lang, b in fenced_blocks(text) if lang == "diff")
+    hunks = re.split(r"^@@.*\n", body, flags=re.M)
+    kept = [ln[1:] for ln in hunks[hunk].splitlines() if ln[:1] in (" ", "+", "")]
+    return textwrap.dedent("\n".join(kept))
+
+
+def test_diff_after_hand_made():
+    text = "```diff\n a = 1\n-b = 2\n+b = 3\n@@\n     x = a\n+    y = b\n```\n"
+    assert diff_after(text, 0) == "a = 1\nb = 3"
+    assert diff_after(text, 1) == "x = a\ny = b"
+
+
+def test_the_fedavg_to_gsgm_diff_runs_as_written():
+    """The "after" of the README's diff, on the in-process grid with 3 FedAvg-style nodes.
+
+    Flower's quickstart: 2 rounds, fraction-evaluate 0.5, learning-rate 0.1. The model is
+    one linear layer; each node takes one SGD step towards zero at the lr it was sent and
+    returns its weights (FedAvg's ClientApp: no query handler, no partition-id).
+    """
+    import torch
+    from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+    from flwr.clientapp import ClientApp
+
+    from flwr_gsgm.inprocess_grid import InProcessGrid
+
+    lrs: list[float] = []
+    app = ClientApp()
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        lr = float(msg.content["config"]["lr"])
+        lrs.append(lr)
+        state = {k: v * (1 - lr) for k, v in msg.content["arrays"].to_torch_state_dict().items()}
+        metrics = MetricRecord({"num-examples": 10, "train_loss": 0.5})
+        content = RecordDict({"arrays": ArrayRecord(state), "metrics": metrics})
+        return Message(content, reply_to=msg)
+
+    @app.evaluate()
+    def evaluate(msg: Message, context: Context) -> Message:
+        metrics = MetricRecord({"num-examples": 10, "eval_acc": 0.5})
+        return Message(RecordDict({"metrics": metrics}), reply_to=msg)
+
+    evaluated: list[int] = []
+
+    def global_evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
+        evaluated.append(server_round)
+        return MetricRecord({"accuracy": 0.5, "loss": 1.0})
+
+    imports = [ln for ln in diff_after(README, 0).splitlines() if "pytorchexample" not in ln]
+    namespace = {"Net": lambda: torch.nn.Linear(2, 1), "global_evaluate": global_evaluate}
+    exec("\n".join(imports), namespace)
+    assert namespace["GSGM"].rule == "gsgm"  # from flwr_gsgm import GSGM, FederatedEvaluation
+    run_config = {"fraction-evaluate": 0.5, "num-server-rounds": 2, "learning-rate": 0.1}
+    with InProcessGrid(app, 3, run_config={}) as grid:
+        namespace["grid"] = grid
+        namespace["context"] = Context(
+            run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config
+        )
+        exec(diff_after(README, 1), namespace)
+    result = namespace["result"]
+    # 2 rounds x 3 nodes = 6 client trainings, each at the run config's lr; an
+    # evaluation per "round" of 3 updates; federated: max(int(3 x 0.5), 1) = 1 node.
+    assert lrs == [0.1] * 6
+    assert evaluated == [0, 3, 6] == sorted(result.evaluate_metrics_serverapp)
+    assert sorted(result.evaluate_metrics_clientapp) == [3, 6]
+    assert result.rows[-1]["updates"] == 6 and result.rows[-1]["version"] == 6
