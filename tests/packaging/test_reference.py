@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 
 from flwr_gsgm import STRATEGIES, AsyncStrategy
-from flwr_gsgm.backoff import Backoff
 from flwr_gsgm.core import Param, declared_params
 from flwr_gsgm.engine_settings import EngineSettings
 from flwr_gsgm.run_config import RUN_CONFIG
@@ -147,7 +146,7 @@ def test_engine_settings_docstring_states_the_field_defaults():
     backoff = dict(re.findall(r"\b(base|factor|cap) (\d[\d.]*)", described["backoff"]))
     assert set(backoff) == {"base", "factor", "cap"}
     for name, value in backoff.items():
-        assert float(value) == getattr(Backoff(), name), name
+        assert float(value) == getattr(type(EngineSettings().backoff)(), name), name
 
 
 @pytest.mark.parametrize("rule", list(STRATEGIES))
