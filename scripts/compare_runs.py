@@ -86,8 +86,8 @@ def _tree() -> Path:
 def run_config(config: dict[str, Any], nodes: int, name: str) -> str:
     """Run ``config`` on ``nodes`` in-process; metrics.csv (no wall_time) + summary."""
     from clients.client_app import app
-    from flwr_gsgm.inprocess_grid import InProcessGrid
-    from flwr_gsgm.run_config import parse_run_config
+    from flwr_gsgm.config.run_config import parse_run_config
+    from flwr_gsgm.simulation.inprocess_grid import InProcessGrid
 
     try:
         from serverapp.experiment import run_experiment
