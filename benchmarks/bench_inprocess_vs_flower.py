@@ -27,8 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from clients.client_app import app as client_app  # noqa: E402
-from flwr_gsgm.inprocess_grid import InProcessGrid  # noqa: E402
-from flwr_gsgm.run_config import parse_run_config  # noqa: E402
+from flwr_gsgm.config.run_config import parse_run_config  # noqa: E402
+from flwr_gsgm.simulation.inprocess_grid import InProcessGrid  # noqa: E402
 from serverapp.experiment import run_experiment  # noqa: E402
 
 

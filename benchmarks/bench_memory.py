@@ -33,9 +33,9 @@ from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordD
 from flwr.clientapp import ClientApp  # noqa: E402
 
 from flwr_gsgm.core import make_optimizer  # noqa: E402
-from flwr_gsgm.inprocess_grid import InProcessGrid  # noqa: E402
-from flwr_gsgm.strategies import ASGD, GSGM  # noqa: E402
-from flwr_gsgm.virtual_clock import VirtualClock  # noqa: E402
+from flwr_gsgm.simulation.inprocess_grid import InProcessGrid  # noqa: E402
+from flwr_gsgm.simulation.virtual_clock import VirtualClock  # noqa: E402
+from flwr_gsgm.strategy.strategies import ASGD, GSGM  # noqa: E402
 
 
 def bounds(a: int) -> list[tuple[str, str, dict, int]]:

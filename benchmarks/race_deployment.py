@@ -12,7 +12,7 @@ ClientApp in weights mode, with the same client work (``local-steps`` SGD steps 
 Device speeds are emulated (node config ``step-seconds``, docs/DEPLOYMENT.md section
 5): each local step of a node lasts ``--step-seconds`` (x ``slow-factor`` on the slow
 nodes, the virtual clock's seeded choice of a ``slow-fraction`` of the partitions:
-:meth:`flwr_gsgm.virtual_clock.VirtualClock.speed_factors`), the ClientApp sleeping
+:meth:`flwr_gsgm.simulation.virtual_clock.VirtualClock.speed_factors`), the ClientApp sleeping
 what its real computation did not use. So the race measures the protocol and the
 scheduling, not this machine's cores.
 
@@ -99,8 +99,8 @@ from benchmarks.local_deployment import (  # noqa: E402
     process_tree,
     tail,
 )
-from flwr_gsgm.stability import time_to_target  # noqa: E402
-from flwr_gsgm.virtual_clock import VirtualClock  # noqa: E402
+from flwr_gsgm.evaluation.stability import time_to_target  # noqa: E402
+from flwr_gsgm.simulation.virtual_clock import VirtualClock  # noqa: E402
 
 METHODS = ("fedavg", "gsgm", "fedbuff")
 
@@ -409,8 +409,8 @@ def predict(method: str, args: argparse.Namespace, latency: float, base: Path) -
         run with ``--skip-prediction``), naming them.
     """
     from clients.client_app import app as client_app
-    from flwr_gsgm.inprocess_grid import InProcessGrid
-    from flwr_gsgm.run_config import parse_run_config
+    from flwr_gsgm.config.run_config import parse_run_config
+    from flwr_gsgm.simulation.inprocess_grid import InProcessGrid
     from serverapp.experiment import run_experiment
 
     runs = base / "predictions"
@@ -424,7 +424,7 @@ def predict(method: str, args: argparse.Namespace, latency: float, base: Path) -
 
 def missing_prediction_keys() -> list[str]:
     """The time model's run config keys the run config does not know (yet)."""
-    from flwr_gsgm.run_config import RUN_CONFIG
+    from flwr_gsgm.config.run_config import RUN_CONFIG
 
     return sorted(set(PREDICTION_OVERRIDES) - set(RUN_CONFIG))
 
@@ -555,7 +555,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ]
     if not args.skip_prediction and (missing := missing_prediction_keys()):
         problems.append(
-            f"the time model's run config keys {missing} are unknown to flwr_gsgm/run_config.py "
+            f"the time model's run config keys {missing} are unknown to "
+            "flwr_gsgm/config/run_config.py "
             "(not merged yet): pass --skip-prediction"
         )
     if any(problems):

@@ -147,7 +147,7 @@ from clients.local_data import (
 from clients.models import build_model
 from clients.partitioning import PartitionConfig, load_partition
 from clients.training import MODES, compute_update, evaluate, num_examples_used
-from flwr_gsgm.virtual_clock import derive_seed
+from flwr_gsgm.simulation.virtual_clock import derive_seed
 
 __all__ = ["DEFAULT_RUN_CONFIG", "DEFAULT_TRAIN_CONFIG", "RunSettings", "app", "emulate_device"]
 
@@ -381,7 +381,10 @@ def _node_train_data(settings: RunSettings) -> ImageData:
 
 
 def _derive_seed(*parts: int) -> int:
-    """A 63-bit seed from integers (:func:`flwr_gsgm.virtual_clock.derive_seed`, ``bits=63``)."""
+    """A 63-bit seed from integers.
+
+    :func:`flwr_gsgm.simulation.virtual_clock.derive_seed` with ``bits=63``.
+    """
     return derive_seed(*parts, bits=63)
 
 

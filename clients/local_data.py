@@ -50,7 +50,7 @@ from typing import Any
 import torch
 
 from clients.datasets import DatasetInfo, ImageData
-from flwr_gsgm.atomic import atomic_write
+from flwr_gsgm.checkpoint.atomic import atomic_write
 
 __all__ = [
     "CLASS_NAMES",

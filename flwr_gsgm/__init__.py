@@ -22,36 +22,30 @@ _STRATEGY_NAMES = (
     "DelayAdaptiveASGD",
     "STRATEGIES",
 )
-__all__ = [
-    *_STRATEGY_NAMES,
-    "AsyncStrategy",
-    "AsyncResult",
-    "FederatedEvaluation",
-    "VirtualClock",
-    "__version__",
-]
+# Other public names, by the module that defines them (imported on first use).
+_PUBLIC = {
+    "AsyncStrategy": "flwr_gsgm.strategy.async_strategy",
+    "AsyncResult": "flwr_gsgm.strategy.async_strategy",
+    "FederatedEvaluation": "flwr_gsgm.evaluation.federated",
+    "VirtualClock": "flwr_gsgm.simulation.virtual_clock",
+    "InProcessGrid": "flwr_gsgm.simulation.inprocess_grid",
+    "build_strategy": "flwr_gsgm.config.build",
+}
+__all__ = [*_STRATEGY_NAMES, *_PUBLIC, "__version__"]
 
 
 def __getattr__(name: str) -> Any:
     if name in _STRATEGY_NAMES:
-        from flwr_gsgm import strategies
+        from flwr_gsgm.strategy import strategies
 
         return getattr(strategies, name)
     if name[:1].isupper():  # the strategy of a rule added later (one class per rule)
-        from flwr_gsgm import strategies
+        from flwr_gsgm.strategy import strategies
 
         if name in {cls.__name__ for cls in strategies.STRATEGIES.values()}:
             return getattr(strategies, name)
-    if name in ("AsyncStrategy", "AsyncResult"):
-        from flwr_gsgm import async_strategy
+    if name in _PUBLIC:
+        import importlib
 
-        return getattr(async_strategy, name)
-    if name == "VirtualClock":
-        from flwr_gsgm.virtual_clock import VirtualClock
-
-        return VirtualClock
-    if name == "FederatedEvaluation":
-        from flwr_gsgm.federated_evaluation import FederatedEvaluation
-
-        return FederatedEvaluation
+        return getattr(importlib.import_module(_PUBLIC[name]), name)
     raise AttributeError(f"module 'flwr_gsgm' has no attribute {name!r}")

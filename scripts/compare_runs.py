@@ -86,8 +86,8 @@ def _tree() -> Path:
 def run_config(config: dict[str, Any], nodes: int, name: str) -> str:
     """Run ``config`` on ``nodes`` in-process; metrics.csv (no wall_time) + summary."""
     from clients.client_app import app
-    from flwr_gsgm.inprocess_grid import InProcessGrid
-    from flwr_gsgm.run_config import parse_run_config
+    from flwr_gsgm.config.run_config import parse_run_config
+    from flwr_gsgm.simulation.inprocess_grid import InProcessGrid
 
     try:
         from serverapp.experiment import run_experiment
@@ -112,7 +112,13 @@ def small_runs() -> dict[str, tuple[dict[str, Any], int]]:
 
 def preset_runs() -> tuple[dict[str, tuple[dict[str, Any], int]], list[str]]:
     """``presets``: name -> (run config, nodes), and the presets skipped (why)."""
-    from simulations.preset import load_preset, stand_in_tuned
+    from simulations.preset import (
+        load_preset,
+        question_works,
+        stand_in_tuned,
+        tune_works,
+        tuned_key,
+    )
 
     runs: dict[str, tuple[dict[str, Any], int]] = {}
     skipped = []
@@ -126,16 +132,22 @@ def preset_runs() -> tuple[dict[str, tuple[dict[str, Any], int]], list[str]]:
         # The smoke size last: it overrides a question's own budget too.
         smoke = {**SMOKE, "data-root": str(DATA[dataset])}
         for method in preset.methods:
-            cfg = {**preset.base, **tuned[method], **preset.tune_partition, **smoke}
-            runs[f"{path.stem}.{method}"] = ({**cfg, "seed": preset.tune_seed}, preset.tune_nodes)
+            # One run per client work the method is tuned with (a preset without
+            # client works: the base config's work only, named by the method alone).
+            for work in tune_works(preset, method):
+                key = tuned_key(method, work)
+                cfg = {**preset.base, **tuned[key], **preset.tune_partition, **smoke}
+                cfg["seed"] = preset.tune_seed
+                runs[f"{path.stem}.{key.replace('/', '.')}"] = (cfg, preset.tune_nodes)
         for q in preset.questions.values():
             nodes, part, limit = q.settings()[0]
             method = preset.reference if preset.reference in q.methods else q.methods[0]
-            cfg = {**preset.base, **q.config, **tuned[method], **part, **smoke}
+            key = tuned_key(method, (question_works(preset, q, method) or [""])[0])
+            cfg = {**preset.base, **q.config, **tuned[key], **part, **smoke}
             cfg["seed"] = preset.seeds[0]
             if limit:
                 cfg["max-in-flight"] = limit
-            runs[f"{path.stem}.question-{q.name}.{method}"] = (cfg, nodes)
+            runs[f"{path.stem}.question-{q.name}.{key.replace('/', '.')}"] = (cfg, nodes)
     return runs, skipped
 
 

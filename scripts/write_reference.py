@@ -32,9 +32,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flwr_gsgm import STRATEGIES, AsyncStrategy  # noqa: E402
+from flwr_gsgm.config.run_config import RUN_CONFIG  # noqa: E402
 from flwr_gsgm.core import OPTIMIZERS, Param, declared_params  # noqa: E402
-from flwr_gsgm.engine_settings import EngineSettings  # noqa: E402
-from flwr_gsgm.run_config import RUN_CONFIG  # noqa: E402
+from flwr_gsgm.engine.settings import EngineSettings  # noqa: E402
 
 HEADER = ["| key | default | accepted values | meaning |", "|---|---|---|---|"]
 STRATEGY_HEADER = [

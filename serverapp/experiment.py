@@ -3,8 +3,8 @@
 The app layer (not part of the ``flwr-gsgm`` wheel): the project's ServerApp
 (:mod:`serverapp.server_app`) and every other driver (tests, the sweep runner)
 call :func:`run_experiment` with their grid, so every way of running uses the same
-code. It wires the library (:func:`flwr_gsgm.strategy_from_config.build_strategy`,
-:mod:`flwr_gsgm.run_outputs`) to the project's model and data (``clients/``), and
+code. It wires the library (:func:`flwr_gsgm.config.build.build_strategy`,
+:mod:`flwr_gsgm.config.outputs`) to the project's model and data (``clients/``), and
 runs Flower's own FedAvg / FedAvgM for the synchronous baselines.
 """
 
@@ -28,13 +28,13 @@ from clients.datasets import load_dataset
 from clients.models import build_model
 from clients.partitioning import PartitionConfig, check_partitioning, load_partition
 from clients.training import evaluate
-from flwr_gsgm import run_outputs
-from flwr_gsgm.divergence import evaluation_divergence
-from flwr_gsgm.federated_evaluation import column_name
-from flwr_gsgm.run_config import SYNC_STRATEGIES, unread_settings
-from flwr_gsgm.run_end import DIVERGED, RunDiverged, RunFailed
-from flwr_gsgm.run_outputs import run_dir_for
-from flwr_gsgm.strategy_from_config import build_strategy, virtual_clock_from
+from flwr_gsgm.config import outputs as run_outputs
+from flwr_gsgm.config.build import build_strategy, virtual_clock_from
+from flwr_gsgm.config.outputs import run_dir_for
+from flwr_gsgm.config.run_config import SYNC_STRATEGIES, unread_settings
+from flwr_gsgm.engine.divergence import evaluation_divergence
+from flwr_gsgm.engine.run_end import DIVERGED, RunDiverged, RunFailed
+from flwr_gsgm.evaluation.federated import column_name
 
 __all__ = ["make_evaluate_fn", "run_experiment"]
 
@@ -129,17 +129,17 @@ def run_experiment(
     grid : Grid
         Flower grid (simulation, deployment or in-process).
     cfg : Mapping
-        A run config validated by :func:`flwr_gsgm.run_config.parse_run_config`.
+        A run config validated by :func:`flwr_gsgm.config.run_config.parse_run_config`.
     run_dir : Path, optional
         Output folder; default :func:`run_dir_for`.
 
     Raises
     ------
-    flwr_gsgm.run_end.RunFailed
+    flwr_gsgm.engine.run_end.RunFailed
         If no node was left to train before the budget was spent, after the outputs
         (``status`` "failed" and ``status_reason`` in summary.json) are written.
-    flwr_gsgm.run_end.RunDiverged
-        If the model diverged (:mod:`flwr_gsgm.divergence`; for FedAvg and FedAvgM
+    flwr_gsgm.engine.run_end.RunDiverged
+        If the model diverged (:mod:`flwr_gsgm.engine.divergence`; for FedAvg and FedAvgM
         checks 2-3 on their evaluation rows), after the outputs (``status``
         "diverged") are written: no ``model.pt``, but ``model_last_finite.pt``, the
         model of the last evaluation before the divergence (asynchronous strategies).

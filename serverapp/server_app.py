@@ -14,7 +14,7 @@ from flwr.app import Context
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
-from flwr_gsgm.run_config import parse_run_config
+from flwr_gsgm.config.run_config import parse_run_config
 from serverapp.experiment import run_experiment
 
 app = ServerApp()
@@ -31,8 +31,8 @@ def main(grid: Grid, context: Context) -> None:
 
     Logs :data:`END_MARKER` with the run's status ("completed", "diverged: <why>" or
     "failed: <why>") last, and re-raises any error (a failed run raises
-    :class:`~flwr_gsgm.run_end.RunFailed`, a diverged one
-    :class:`~flwr_gsgm.run_end.RunDiverged`), so Flower marks the run failed and
+    :class:`~flwr_gsgm.engine.run_end.RunFailed`, a diverged one
+    :class:`~flwr_gsgm.engine.run_end.RunDiverged`), so Flower marks the run failed and
     ``flwr run`` (``scripts/run_simulation.sh``) exits non-zero.
     """
     try:

@@ -3,7 +3,7 @@
 A preset names *methods* (each a set of run-config overrides plus an optional tuning
 grid) and *questions* (each a set of node counts and partitions, answered on the
 reporting seeds). Layout (every run-config key is a key of
-:data:`flwr_gsgm.run_config.RUN_CONFIG`, kebab-case)::
+:data:`flwr_gsgm.config.run_config.RUN_CONFIG`, kebab-case)::
 
     [sweep]
     name = "fashion_mnist"
@@ -97,7 +97,7 @@ is not client work (``strategy``, partition keys, ``max-in-flight``,
 with to another value, or whose grid tunes a key the work sets; an ablation with a
 work its parent does not run with; a question whose config sets a key one of its works
 sets; a (method, work) a question runs but ``[tune] client-works`` leaves out; any run
-config :func:`~flwr_gsgm.run_config.parse_run_config` refuses. ``device-profiles``
+config :func:`~flwr_gsgm.config.run_config.parse_run_config` refuses. ``device-profiles``
 needs the run config key ``device-profile`` (the time model). With a time budget
 (``max-seconds`` in ``[tune] config``) tuning picks by the accuracy at the budget.
 """
@@ -112,7 +112,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flwr_gsgm.run_config import (
+from flwr_gsgm.config.run_config import (
     DATASET_CLASSES,
     OPTIMIZER_KEYS,
     RUN_CONFIG,
@@ -835,7 +835,7 @@ def _check_run_configs(path: Path, preset: Preset) -> None:
     Each ancestor's first grid point stands in for its tuned choice. A method and a
     client work that set one key to different values, a grid over a key the work sets,
     an ablation whose parent does not run with its work, and a run config that
-    :func:`~flwr_gsgm.run_config.parse_run_config` refuses are refused naming them.
+    :func:`~flwr_gsgm.config.run_config.parse_run_config` refuses are refused naming them.
     """
     for m in preset.methods:
         _check_works_of(path, preset, m)
@@ -975,7 +975,7 @@ def _check_method_keys(path: Path, preset: Preset, method: str) -> None:
     """Refuse a server optimizer key in a method's config or grid that its strategy ignores.
 
     Which keys a strategy reads comes from the rules' declarations
-    (:func:`flwr_gsgm.run_config.strategy_keys`); values were checked before, so a bad
+    (:func:`flwr_gsgm.config.run_config.strategy_keys`); values were checked before, so a bad
     value is reported as such first.
     """
     m = preset.methods[method]

@@ -53,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from flwr_gsgm.stability import stability_improvement
+from flwr_gsgm.evaluation.stability import stability_improvement
 from simulations.preset import effective_limit, human_seconds, partition_label, setting_label
 from simulations.results import (
     best_work,

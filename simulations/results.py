@@ -10,7 +10,7 @@ Status of a run (column ``status``):
   0.05: 15% on 10 classes, 6% on 100): it collapsed to, or never left, chance level
   (a run that never learned is no usable result either), or (c) the engine stopped
   it because its model diverged (``summary.json`` ``status`` "diverged", reason in
-  ``status_reason``: :mod:`flwr_gsgm.divergence`; before that status existed,
+  ``status_reason``: :mod:`flwr_gsgm.engine.divergence`; before that status existed,
   ``diverged`` true with status "completed": non-finite weights).
   ``diverged_reason`` says which (``non-finite loss``, ``non-finite accuracy``,
   ``final accuracy at chance``, or the engine's kind: ``non-finite weights``,
@@ -50,8 +50,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from flwr_gsgm import stability
-from flwr_gsgm.atomic import atomic_write
+from flwr_gsgm.checkpoint.atomic import atomic_write
+from flwr_gsgm.evaluation import stability
 from simulations.preset import effective_limit
 
 __all__ = [
@@ -73,7 +73,7 @@ __all__ = [
     "fill_times_to_reference",
 ]
 
-# Scalar figures of summary.json (flwr_gsgm.run_outputs.summarize), in order.
+# Scalar figures of summary.json (flwr_gsgm.config.outputs.summarize), in order.
 SUMMARY_FIELDS = (
     "final_accuracy",
     "masd",
@@ -273,7 +273,7 @@ def run_row(
     row["diverged"] = bool(reason)
     row["diverged_reason"] = reason
     row["status"] = "diverged" if reason else "ok"
-    # No node left to train (flwr_gsgm.run_end) is a failure of the run, unless the
+    # No node left to train (flwr_gsgm.engine.run_end) is a failure of the run, unless the
     # model diverged first: then every node's next update is far above its usual norm,
     # the norm-ratio check excludes them all, and the cause is the server rule.
     if summary.get("status") == "failed" and not reason:

@@ -72,7 +72,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from flwr_gsgm.atomic import atomic_write_text
+from flwr_gsgm.checkpoint.atomic import atomic_write_text
 from simulations.preset import (
     Preset,
     RunSpec,

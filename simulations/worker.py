@@ -3,11 +3,11 @@
 
 Reads ``RUN_DIR/spec.json`` (``{"nodes": int, "run_config": {...}}``), validates the
 run config, and runs :func:`serverapp.experiment.run_experiment` on an
-:class:`~flwr_gsgm.inprocess_grid.InProcessGrid` of the project's ClientApp, which
+:class:`~flwr_gsgm.simulation.inprocess_grid.InProcessGrid` of the project's ClientApp, which
 writes ``config.json``, ``metrics.csv``, ``summary.json`` and ``accuracy.png`` into
 ``RUN_DIR``. On an exception it writes ``error.txt`` (the traceback) and exits 1, so
 the sweep records the run as failed and goes on. A run whose model diverged
-(:class:`~flwr_gsgm.run_end.RunDiverged`, outputs written, ``summary.json`` ``status``
+(:class:`~flwr_gsgm.engine.run_end.RunDiverged`, outputs written, ``summary.json`` ``status``
 "diverged") exits :data:`DIVERGED_EXIT` (3) without ``error.txt``: a result, not a
 crash; the sweep counts it as run, and ``runs.csv`` as diverged.
 
@@ -39,8 +39,8 @@ DIVERGED_EXIT = 3
 def run_one(run_dir: Path) -> dict:
     """Run the experiment described by ``run_dir/spec.json``; return its summary."""
     from clients.client_app import app
-    from flwr_gsgm.inprocess_grid import InProcessGrid
-    from flwr_gsgm.run_config import parse_run_config
+    from flwr_gsgm.config.run_config import parse_run_config
+    from flwr_gsgm.simulation.inprocess_grid import InProcessGrid
     from serverapp.experiment import run_experiment
 
     spec = json.loads((run_dir / "spec.json").read_text())
@@ -50,7 +50,7 @@ def run_one(run_dir: Path) -> dict:
 
 
 def _diverged(err: BaseException) -> bool:
-    from flwr_gsgm.run_end import RunDiverged
+    from flwr_gsgm.engine.run_end import RunDiverged
 
     return isinstance(err, RunDiverged)
 

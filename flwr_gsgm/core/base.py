@@ -91,7 +91,7 @@ CORE_REASONS: tuple[str, ...] = (
     "base-version",
     "step-range",
 )
-#: Rejection reasons of the engine's reply intake (:mod:`flwr_gsgm.reply_intake`),
+#: Rejection reasons of the engine's reply intake (:mod:`flwr_gsgm.intake.reply`),
 #: checked before the optimizer sees an update: no ArrayRecord / MetricRecord, more
 #: than one ArrayRecord (which one is the update?), a
 #: metadata that is not what the protocol says (a partition-id, model-version or
@@ -100,7 +100,7 @@ CORE_REASONS: tuple[str, ...] = (
 #: that cannot be decoded; ``"duplicate"``: a replayed reply (a second reply to a
 #: message, a reply to a message not in flight or from another node), ignored; and
 #: ``"norm-ratio"``: an update far larger than the recent accepted ones (the engine's
-#: relative norm bound, ``flwr_gsgm.norm_bound``).
+#: relative norm bound, ``flwr_gsgm.intake.norm_bound``).
 INTAKE_REASONS: tuple[str, ...] = (
     "missing-arrays",
     "extra-arrays",

@@ -22,7 +22,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from clients import client_app, datasets, partitioning
 from clients.models import build_model
 from clients.partitioning import PartitionConfig
-from flwr_gsgm.inprocess_grid import InProcessGrid
+from flwr_gsgm.simulation.inprocess_grid import InProcessGrid
 
 FMNIST = "/usr/share/datasets/fashion-mnist"
 CACHES = (

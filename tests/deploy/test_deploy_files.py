@@ -14,7 +14,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import load_ssh_private_key, load_ssh_public_key
 from flwr.supercore.primitives.asymmetric import uses_nist_ec_curve
 
-from flwr_gsgm.run_config import parse_run_config
+from flwr_gsgm.config.run_config import parse_run_config
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 

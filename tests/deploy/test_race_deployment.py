@@ -9,8 +9,8 @@ import math
 import pytest
 
 from benchmarks import race_deployment as race
-from flwr_gsgm.run_config import parse_run_config
-from flwr_gsgm.virtual_clock import VirtualClock
+from flwr_gsgm.config.run_config import parse_run_config
+from flwr_gsgm.simulation.virtual_clock import VirtualClock
 
 
 def args(*extra: str):

@@ -184,8 +184,8 @@ def test_executor_command_forwards_preload():
 def test_the_engine_pulls_replies_with_a_short_backoff_on_flowers_http_grid(monkeypatch):
     from flwr.superlink.grid import http_grid
 
-    from flwr_gsgm.in_flight import InFlight
-    from flwr_gsgm.inprocess_grid import InProcessGrid
+    from flwr_gsgm.engine.in_flight import InFlight
+    from flwr_gsgm.simulation.inprocess_grid import InProcessGrid
 
     monkeypatch.setattr(http_grid, "pull_objects", http_grid.pull_objects)
     InFlight(InProcessGrid.__new__(InProcessGrid), ["w"], 60.0, virtual_order=True)

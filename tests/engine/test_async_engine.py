@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from flwr.app import MetricRecord
 
-from flwr_gsgm.async_engine import EngineSettings
-from flwr_gsgm.inprocess_grid import InProcessGrid
-from flwr_gsgm.strategies import ASGD, GSGM
-from flwr_gsgm.virtual_clock import VirtualClock
+from flwr_gsgm.engine.async_engine import EngineSettings
+from flwr_gsgm.simulation.inprocess_grid import InProcessGrid
+from flwr_gsgm.simulation.virtual_clock import VirtualClock
+from flwr_gsgm.strategy.strategies import ASGD, GSGM
 from tests.engine.quadratic_app import TARGETS, initial_arrays, make_app
 
 CLOCK = VirtualClock(seed=3, base_duration=1.0, slow_fraction=0.25, slow_factor=4.0, jitter=0.1)

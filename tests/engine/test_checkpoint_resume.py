@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 
 from clients.client_app import app as client_app
-from flwr_gsgm.inprocess_grid import InProcessGrid
-from flwr_gsgm.run_config import parse_run_config
+from flwr_gsgm.config.run_config import parse_run_config
+from flwr_gsgm.simulation.inprocess_grid import InProcessGrid
 from serverapp.experiment import run_experiment
 from tests.simulation_engine.test_flower_simulation import without_wall_time
 
@@ -35,8 +35,8 @@ CHILD = """
 import json, sys
 from clients.client_app import app
 from serverapp.experiment import run_experiment
-from flwr_gsgm.inprocess_grid import InProcessGrid
-from flwr_gsgm.run_config import parse_run_config
+from flwr_gsgm.simulation.inprocess_grid import InProcessGrid
+from flwr_gsgm.config.run_config import parse_run_config
 from pathlib import Path
 cfg = parse_run_config(json.loads(sys.argv[1]))
 run_experiment(InProcessGrid(app, 3, run_config=cfg), cfg, Path(sys.argv[2]))

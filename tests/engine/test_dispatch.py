@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 from flwr.app import MetricRecord
 
-from flwr_gsgm.async_engine import AsyncEngine, EngineSettings
-from flwr_gsgm.dispatch import RandomDispatch, ScheduledDispatch, make_dispatch_policy
-from flwr_gsgm.in_flight import InFlight
-from flwr_gsgm.inprocess_grid import InProcessGrid
-from flwr_gsgm.strategies import ASGD, GSGM
-from flwr_gsgm.virtual_clock import VirtualClock
+from flwr_gsgm.engine.async_engine import AsyncEngine, EngineSettings
+from flwr_gsgm.engine.dispatch_policy import RandomDispatch, ScheduledDispatch, make_dispatch_policy
+from flwr_gsgm.engine.in_flight import InFlight
+from flwr_gsgm.simulation.inprocess_grid import InProcessGrid
+from flwr_gsgm.simulation.virtual_clock import VirtualClock
+from flwr_gsgm.strategy.strategies import ASGD, GSGM
 from tests.engine.quadratic_app import initial_arrays, make_app
 
 # 8 nodes, a quarter of them (partitions 4 and 7) 4x slower.
@@ -403,7 +403,7 @@ def test_prefetch_needs_real_arrival_order_and_no_limit(kwargs, message):
 
 
 def test_prefetch_is_refused_for_the_rules_that_keep_the_weights_sent():
-    from flwr_gsgm.strategies import DCASGD, FedAsync
+    from flwr_gsgm.strategy.strategies import DCASGD, FedAsync
 
     for cls, name in ((DCASGD, "dcasgd"), (FedAsync, "fedasync")):
         with pytest.raises(ValueError) as err:

@@ -20,15 +20,15 @@ from flwr.app import MetricRecord
 
 from clients.client_app import app as client_app
 from clients.models import build_model
-from flwr_gsgm import divergence
+from flwr_gsgm.config.run_config import parse_run_config
 from flwr_gsgm.core import UpdateRejected
-from flwr_gsgm.divergence import DivergenceWatch, evaluation_divergence
-from flwr_gsgm.inprocess_grid import InProcessGrid
-from flwr_gsgm.norm_bound import RelativeNormBound, initial_scale
-from flwr_gsgm.run_config import parse_run_config
-from flwr_gsgm.run_end import RunDiverged, RunFailed
-from flwr_gsgm.strategies import ASGD, GSGM
-from flwr_gsgm.virtual_clock import VirtualClock
+from flwr_gsgm.engine import divergence
+from flwr_gsgm.engine.divergence import DivergenceWatch, evaluation_divergence
+from flwr_gsgm.engine.run_end import RunDiverged, RunFailed
+from flwr_gsgm.intake.norm_bound import RelativeNormBound, initial_scale
+from flwr_gsgm.simulation.inprocess_grid import InProcessGrid
+from flwr_gsgm.simulation.virtual_clock import VirtualClock
+from flwr_gsgm.strategy.strategies import ASGD, GSGM
 from serverapp.experiment import run_experiment
 from serverapp.server_app import END_MARKER
 from serverapp.server_app import main as server_app_main
@@ -395,8 +395,8 @@ def test_a_diverging_fedavgm_run_ends_diverged(tmp_path):
 def test_a_diverged_run_leaves_the_previous_checkpoint(tmp_path):
     # checkpoint-every 5: a checkpoint at 5 updates; the run diverges at 10 (scripted
     # loss) and does not overwrite it with the diverged model.
-    from flwr_gsgm import checkpoint
-    from flwr_gsgm.engine_settings import EngineSettings
+    from flwr_gsgm.checkpoint import files as checkpoint
+    from flwr_gsgm.engine.settings import EngineSettings
 
     path = tmp_path / "checkpoint.pt"
     settings = EngineSettings(checkpoint_every=5, checkpoint_path=path)

@@ -15,13 +15,13 @@ import pytest
 from flwr.app import Error, Message
 from flwr.common.constant import ErrorCode
 
-from flwr_gsgm.async_engine import EngineSettings
-from flwr_gsgm.backoff import Backoff
-from flwr_gsgm.inprocess_grid import InProcessGrid
-from flwr_gsgm.run_config import parse_run_config
-from flwr_gsgm.run_end import RunFailed
-from flwr_gsgm.strategies import ASGD
-from flwr_gsgm.virtual_clock import VirtualClock
+from flwr_gsgm.config.run_config import parse_run_config
+from flwr_gsgm.engine.async_engine import EngineSettings
+from flwr_gsgm.engine.run_end import RunFailed
+from flwr_gsgm.nodes.backoff import Backoff
+from flwr_gsgm.simulation.inprocess_grid import InProcessGrid
+from flwr_gsgm.simulation.virtual_clock import VirtualClock
+from flwr_gsgm.strategy.strategies import ASGD
 from tests.engine.quadratic_app import initial_arrays, make_app
 
 # Every computation takes exactly 1 virtual second: the timeline is hand-computable.

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from flwr.serverapp.strategy import FedAvg
 
-from flwr_gsgm.async_strategy import AsyncStrategy
-from flwr_gsgm.engine_settings import EngineSettings
-from flwr_gsgm.fedavg_keywords import FEDAVG_COUNTERPARTS, fedavg_refusal
-from flwr_gsgm.federated_evaluation import FederatedEvaluation
-from flwr_gsgm.inprocess_grid import InProcessGrid
-from flwr_gsgm.strategies import GSGM
+from flwr_gsgm.engine.settings import EngineSettings
+from flwr_gsgm.evaluation.federated import FederatedEvaluation
+from flwr_gsgm.simulation.inprocess_grid import InProcessGrid
+from flwr_gsgm.strategy.async_strategy import AsyncStrategy
+from flwr_gsgm.strategy.fedavg_keywords import FEDAVG_COUNTERPARTS, fedavg_refusal
+from flwr_gsgm.strategy.strategies import GSGM
 from tests.engine.quadratic_app import initial_arrays, make_app
 
 #: Every refusal message, in full: a change to one is a change of the porting guide.

@@ -7,9 +7,9 @@ from __future__ import annotations
 import csv
 
 from clients.client_app import app as client_app
-from flwr_gsgm.inprocess_grid import InProcessGrid
-from flwr_gsgm.run_config import parse_run_config
-from flwr_gsgm.strategy_from_config import virtual_clock_from
+from flwr_gsgm.config.build import virtual_clock_from
+from flwr_gsgm.config.run_config import parse_run_config
+from flwr_gsgm.simulation.inprocess_grid import InProcessGrid
 from serverapp.experiment import run_experiment
 
 

@@ -20,10 +20,10 @@ from flwr.app import Array, ArrayRecord, Context, Error, Message, MetricRecord, 
 from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 
-from flwr_gsgm.async_engine import EngineSettings
-from flwr_gsgm.inprocess_grid import InProcessGrid
-from flwr_gsgm.strategies import ASGD, GSGM
-from flwr_gsgm.virtual_clock import VirtualClock
+from flwr_gsgm.engine.async_engine import EngineSettings
+from flwr_gsgm.simulation.inprocess_grid import InProcessGrid
+from flwr_gsgm.simulation.virtual_clock import VirtualClock
+from flwr_gsgm.strategy.strategies import ASGD, GSGM
 from tests.engine.quadratic_app import TARGETS, answer_query, initial_arrays, make_app
 
 CLOCK = VirtualClock(seed=3)
@@ -163,10 +163,10 @@ def test_weights_mode_equals_gradient_mode_for_one_sgd_step(strategy_class):
 
 @pytest.mark.parametrize("mode", ["gradient", "delta", "weights"])
 def test_each_rule_takes_its_declared_default_of_the_client_mode(mode):
+    from flwr_gsgm.config.build import build_strategy
+    from flwr_gsgm.config.run_config import parse_run_config
     from flwr_gsgm.core import declared_params
-    from flwr_gsgm.run_config import parse_run_config
-    from flwr_gsgm.strategies import STRATEGIES
-    from flwr_gsgm.strategy_from_config import build_strategy
+    from flwr_gsgm.strategy.strategies import STRATEGIES
 
     for name, cls in STRATEGIES.items():
         lr = next(p for p in declared_params(name) if p.name == "lr")
@@ -182,7 +182,7 @@ def test_each_rule_takes_its_declared_default_of_the_client_mode(mode):
 
 
 def test_dcasgd_reads_displacements_through_the_client_learning_rate():
-    from flwr_gsgm.strategies import DCASGD
+    from flwr_gsgm.strategy.strategies import DCASGD
 
     assert DCASGD(client_mode="weights", local_lr=0.01).optimizer_params["update_scale"] == 0.01
     assert DCASGD(client_mode="delta", local_lr=0.2).optimizer_params["update_scale"] == 0.2
@@ -339,7 +339,7 @@ def test_the_project_client_app_in_weights_mode_trains_as_in_delta_mode(tmp_path
     # The same local work (3 SGD steps); delta mode forms the displacement on the node,
     # weights mode on the server, from the same float32 operands: the same runs.
     from clients.client_app import app
-    from flwr_gsgm.run_config import parse_run_config
+    from flwr_gsgm.config.run_config import parse_run_config
     from serverapp.experiment import run_experiment
 
     models = {}

@@ -30,10 +30,10 @@ from clients.datasets import load_dataset
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "quickstart-async"))
 from quickstart_async.task import Net  # noqa: E402
 
-from flwr_gsgm import run_outputs
-from flwr_gsgm.inprocess_grid import InProcessGrid
-from flwr_gsgm.strategies import ASGD, GSGM, FedBuff
-from flwr_gsgm.virtual_clock import VirtualClock
+from flwr_gsgm.config import outputs as run_outputs
+from flwr_gsgm.simulation.inprocess_grid import InProcessGrid
+from flwr_gsgm.simulation.virtual_clock import VirtualClock
+from flwr_gsgm.strategy.strategies import ASGD, GSGM, FedBuff
 
 DATA_ROOT = "/usr/share/datasets/fashion-mnist"
 NUM_NODES = 5

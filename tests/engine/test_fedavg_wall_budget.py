@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import serverapp.experiment as experiment
 from clients.client_app import app as client_app
-from flwr_gsgm.inprocess_grid import InProcessGrid
-from flwr_gsgm.run_config import parse_run_config
+from flwr_gsgm.config.run_config import parse_run_config
+from flwr_gsgm.simulation.inprocess_grid import InProcessGrid
 from serverapp.experiment import run_experiment
 
 ROUND_SECONDS = 4.0

@@ -16,13 +16,13 @@ import numpy as np
 import pytest
 from flwr.app import Context, Message, MetricRecord, RecordDict
 
-from flwr_gsgm import run_outputs
-from flwr_gsgm.engine_settings import EngineSettings
-from flwr_gsgm.federated_evaluation import FederatedEvaluation
-from flwr_gsgm.inprocess_grid import InProcessGrid
-from flwr_gsgm.run_config import parse_run_config
-from flwr_gsgm.strategies import ASGD, GSGM
-from flwr_gsgm.virtual_clock import VirtualClock
+from flwr_gsgm.config import outputs as run_outputs
+from flwr_gsgm.config.run_config import parse_run_config
+from flwr_gsgm.engine.settings import EngineSettings
+from flwr_gsgm.evaluation.federated import FederatedEvaluation
+from flwr_gsgm.simulation.inprocess_grid import InProcessGrid
+from flwr_gsgm.simulation.virtual_clock import VirtualClock
+from flwr_gsgm.strategy.strategies import ASGD, GSGM
 from tests.engine.quadratic_app import TARGETS, initial_arrays, make_app
 
 CLOCK = VirtualClock(seed=3, base_duration=1.0, slow_fraction=0.25, slow_factor=4.0, jitter=0.1)

@@ -11,10 +11,10 @@ import time
 
 import pytest
 
-from flwr_gsgm.async_engine import EngineSettings
-from flwr_gsgm.backoff import Backoff
-from flwr_gsgm.inprocess_grid import InProcessGrid
-from flwr_gsgm.strategies import ASGD
+from flwr_gsgm.engine.async_engine import EngineSettings
+from flwr_gsgm.nodes.backoff import Backoff
+from flwr_gsgm.simulation.inprocess_grid import InProcessGrid
+from flwr_gsgm.strategy.strategies import ASGD
 from tests.engine.quadratic_app import initial_arrays, make_app
 
 

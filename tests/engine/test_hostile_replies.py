@@ -8,10 +8,10 @@ from collections import Counter
 import numpy as np
 from flwr.app import Array, ArrayRecord, Error, Message, MetricRecord, RecordDict
 
-from flwr_gsgm.async_engine import EngineSettings
-from flwr_gsgm.inprocess_grid import InProcessGrid
-from flwr_gsgm.strategies import ASGD, GSGM
-from flwr_gsgm.virtual_clock import VirtualClock
+from flwr_gsgm.engine.async_engine import EngineSettings
+from flwr_gsgm.simulation.inprocess_grid import InProcessGrid
+from flwr_gsgm.simulation.virtual_clock import VirtualClock
+from flwr_gsgm.strategy.strategies import ASGD, GSGM
 from tests.engine.quadratic_app import initial_arrays, make_app
 
 CLOCK = VirtualClock(seed=5)

@@ -12,7 +12,7 @@ import threading
 from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from flwr_gsgm.inprocess_grid import TTL_EXPIRED, InProcessGrid
+from flwr_gsgm.simulation.inprocess_grid import TTL_EXPIRED, InProcessGrid
 
 BOUND = 60.0  # seconds: far above any wait here; reaching it means the grid blocked
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flwr_gsgm.inprocess_grid import InProcessGrid
-from flwr_gsgm.reply_intake import metadata_int
+from flwr_gsgm.intake.reply import metadata_int
+from flwr_gsgm.simulation.inprocess_grid import InProcessGrid
 from tests.engine.quadratic_app import make_app
 from tests.engine.test_hostile_replies import HOSTILE, run
 

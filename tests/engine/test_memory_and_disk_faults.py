@@ -19,15 +19,17 @@ import tempfile
 import pytest
 
 from clients.client_app import app as client_app
-from flwr_gsgm import async_engine, atomic, checkpoint
-from flwr_gsgm.engine_settings import EngineSettings
-from flwr_gsgm.inprocess_grid import InProcessGrid
-from flwr_gsgm.memory import MemoryEstimate, size_text
-from flwr_gsgm.model_optimizer import ModelOptimizer
-from flwr_gsgm.run_config import parse_run_config
-from flwr_gsgm.run_end import RunFailed
-from flwr_gsgm.strategies import ASGD, GSGM
-from flwr_gsgm.virtual_clock import VirtualClock
+from flwr_gsgm.checkpoint import atomic
+from flwr_gsgm.checkpoint import files as checkpoint
+from flwr_gsgm.config.run_config import parse_run_config
+from flwr_gsgm.engine import async_engine
+from flwr_gsgm.engine.memory import MemoryEstimate, size_text
+from flwr_gsgm.engine.run_end import RunFailed
+from flwr_gsgm.engine.settings import EngineSettings
+from flwr_gsgm.model.optimizer import ModelOptimizer
+from flwr_gsgm.simulation.inprocess_grid import InProcessGrid
+from flwr_gsgm.simulation.virtual_clock import VirtualClock
+from flwr_gsgm.strategy.strategies import ASGD, GSGM
 from serverapp.experiment import run_experiment
 from tests.engine.quadratic_app import initial_arrays, make_app
 

@@ -11,14 +11,14 @@ import pytest
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord
 
-from flwr_gsgm.async_engine import AsyncEngine, EngineSettings
 from flwr_gsgm.core import REASONS, UpdateRejected
-from flwr_gsgm.inprocess_grid import InProcessGrid
-from flwr_gsgm.model_buffers import ModelBuffers
-from flwr_gsgm.model_layout import ModelLayout
-from flwr_gsgm.model_optimizer import ModelOptimizer
-from flwr_gsgm.strategies import ASGD, GSGM
-from flwr_gsgm.virtual_clock import VirtualClock
+from flwr_gsgm.engine.async_engine import AsyncEngine, EngineSettings
+from flwr_gsgm.model.buffers import ModelBuffers
+from flwr_gsgm.model.layout import ModelLayout
+from flwr_gsgm.model.optimizer import ModelOptimizer
+from flwr_gsgm.simulation.inprocess_grid import InProcessGrid
+from flwr_gsgm.simulation.virtual_clock import VirtualClock
+from flwr_gsgm.strategy.strategies import ASGD, GSGM
 from tests.engine import buffer_app, quadratic_app
 
 CLOCK = VirtualClock(seed=3)

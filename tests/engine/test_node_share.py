@@ -10,11 +10,11 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
-from flwr_gsgm import run_outputs
-from flwr_gsgm.inprocess_grid import InProcessGrid
-from flwr_gsgm.node_stats import LOW_SHARE, MIN_FAIR_SHARE, NodeStats
-from flwr_gsgm.strategies import ASGD
-from flwr_gsgm.virtual_clock import VirtualClock
+from flwr_gsgm.config import outputs as run_outputs
+from flwr_gsgm.nodes.stats import LOW_SHARE, MIN_FAIR_SHARE, NodeStats
+from flwr_gsgm.simulation.inprocess_grid import InProcessGrid
+from flwr_gsgm.simulation.virtual_clock import VirtualClock
+from flwr_gsgm.strategy.strategies import ASGD
 from tests.engine.quadratic_app import initial_arrays, make_app
 
 

@@ -14,8 +14,8 @@ import pytest
 
 from clients.client_app import app as client_app
 from clients.partitioning import ImpossiblePartitioning
-from flwr_gsgm.inprocess_grid import InProcessGrid
-from flwr_gsgm.run_config import parse_run_config
+from flwr_gsgm.config.run_config import parse_run_config
+from flwr_gsgm.simulation.inprocess_grid import InProcessGrid
 from serverapp.experiment import run_experiment
 
 

@@ -51,12 +51,15 @@ def test_flwr_message_id_is_stored_in_metadata_dict():
     """InProcessGrid gives messages ids the way a SuperLink does (no public setter)."""
     from flwr.app import ConfigRecord, Message, RecordDict
 
-    from flwr_gsgm.inprocess_grid import _claim_task_identity
+    from flwr_gsgm.simulation.inprocess_grid import _claim_task_identity
 
     _claim_task_identity(1)
     msg = Message(RecordDict({"config": ConfigRecord()}), 1, "query")
     why = _why(
-        "Metadata.__dict__['_message_id']", "flwr", FLWR_PINNED, "flwr_gsgm/inprocess_grid.py"
+        "Metadata.__dict__['_message_id']",
+        "flwr",
+        FLWR_PINNED,
+        "flwr_gsgm/simulation/inprocess_grid.py",
     )
     assert "_message_id" in msg.metadata.__dict__, why
     msg.metadata.__dict__["_message_id"] = "pinned-1"
@@ -69,7 +72,7 @@ def test_flwr_task_identity_has_the_private_fields():
 
     for attr in ("_run_id", "_node_id", "_task_id"):
         assert hasattr(TaskIdentity, attr), _why(
-            f"TaskIdentity.{attr}", "flwr", FLWR_PINNED, "flwr_gsgm/inprocess_grid.py"
+            f"TaskIdentity.{attr}", "flwr", FLWR_PINNED, "flwr_gsgm/simulation/inprocess_grid.py"
         )
 
 
@@ -110,7 +113,7 @@ def test_flwr_datasets_partitioner_exposes_its_row_assignment():
 
 
 def test_flwr_fedavg_metric_aggregation_is_a_weighted_mean():
-    """flwr_gsgm/federated_evaluation.py aggregates with FedAvg's own default
+    """flwr_gsgm/evaluation/federated.py aggregates with FedAvg's own default
     (``strategy_utils.aggregate_metricrecords``, not exported by ``flwr.serverapp.strategy``)."""
     from flwr.app import MetricRecord, RecordDict
     from flwr.serverapp.strategy import FedAvg
@@ -119,7 +122,7 @@ def test_flwr_fedavg_metric_aggregation_is_a_weighted_mean():
         "flwr.serverapp.strategy.strategy_utils.aggregate_metricrecords",
         "flwr",
         FLWR_PINNED,
-        "flwr_gsgm/federated_evaluation.py",
+        "flwr_gsgm/evaluation/federated.py",
     )
     try:
         from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords

@@ -18,7 +18,7 @@ import pytest
 import torch
 from flwr.app import Context, Message, RecordDict
 
-from flwr_gsgm.inprocess_grid import InProcessGrid
+from flwr_gsgm.simulation.inprocess_grid import InProcessGrid
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "quickstart-async"
 sys.path.insert(0, str(EXAMPLE))

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from flwr_gsgm.core import CORE_REASONS, INTAKE_REASONS, REASONS, UpdateRejected
-from flwr_gsgm.ledger import Ledger
-from flwr_gsgm.reply_intake import ReplyRejected
+from flwr_gsgm.engine.ledger import Ledger
+from flwr_gsgm.intake.reply import ReplyRejected
 from tests.engine import test_hostile_replies
 from tests.engine.quadratic_app import make_app
 

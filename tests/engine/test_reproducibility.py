@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from clients.client_app import app as client_app
-from flwr_gsgm.inprocess_grid import InProcessGrid
-from flwr_gsgm.run_config import parse_run_config
+from flwr_gsgm.config.run_config import parse_run_config
+from flwr_gsgm.simulation.inprocess_grid import InProcessGrid
 from serverapp.experiment import run_experiment
 from tests.simulation_engine.test_flower_simulation import without_wall_time
 

@@ -19,10 +19,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flwr_gsgm.async_engine import EngineSettings
-from flwr_gsgm.async_strategy import AsyncStrategy
-from flwr_gsgm.core import OPTIMIZERS, Param, ServerOptimizer, declared_params, make_optimizer
-from flwr_gsgm.run_config import (
+from flwr_gsgm.config.build import build_strategy
+from flwr_gsgm.config.keys import _declaring_rules
+from flwr_gsgm.config.run_config import (
     ASYNC_STRATEGIES,
     OPTIMIZER_KEYS,
     RUN_CONFIG,
@@ -30,9 +29,10 @@ from flwr_gsgm.run_config import (
     parse_run_config,
     strategy_keys,
 )
-from flwr_gsgm.run_config_keys import _declaring_rules
-from flwr_gsgm.strategies import STRATEGIES
-from flwr_gsgm.strategy_from_config import build_strategy
+from flwr_gsgm.core import OPTIMIZERS, Param, ServerOptimizer, declared_params, make_optimizer
+from flwr_gsgm.engine.async_engine import EngineSettings
+from flwr_gsgm.strategy.async_strategy import AsyncStrategy
+from flwr_gsgm.strategy.strategies import STRATEGIES
 
 REPO = Path(__file__).resolve().parents[2]
 DUMMY = [np.zeros(3, np.float32)]
@@ -217,10 +217,10 @@ class ScaledSGD(ServerOptimizer):
 CHECK_NEW_RULE = textwrap.dedent(
     """
     from flwr_gsgm.core import OPTIMIZERS
-    from flwr_gsgm.strategy_from_config import build_strategy
-    from flwr_gsgm.run_config import RUN_CONFIG, parse_run_config, strategy_keys
-    from flwr_gsgm.strategies import STRATEGIES
-    import flwr_gsgm.strategies as strategies
+    from flwr_gsgm.config.build import build_strategy
+    from flwr_gsgm.config.run_config import RUN_CONFIG, parse_run_config, strategy_keys
+    from flwr_gsgm.strategy.strategies import STRATEGIES
+    import flwr_gsgm.strategy.strategies as strategies
 
     assert list(OPTIMIZERS)[-1] == "zz-scaled", list(OPTIMIZERS)
     assert strategies.ScaledSGD is STRATEGIES["zz-scaled"]

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from flwr_gsgm.inprocess_grid import InProcessGrid
-from flwr_gsgm.run_config import RUN_CONFIG, parse_run_config
+from flwr_gsgm.config.run_config import RUN_CONFIG, parse_run_config
+from flwr_gsgm.simulation.inprocess_grid import InProcessGrid
 from serverapp.server_app import main
 from tests.engine.quadratic_app import make_app
 

@@ -19,13 +19,13 @@ import pytest
 from flwr.app import MetricRecord
 
 from clients.client_app import app as client_app
-from flwr_gsgm.async_engine import EngineSettings
 from flwr_gsgm.core import UpdateRejected
-from flwr_gsgm.inprocess_grid import InProcessGrid
-from flwr_gsgm.norm_bound import RelativeNormBound
-from flwr_gsgm.run_end import RunFailed
-from flwr_gsgm.strategies import ASGD, GSGM
-from flwr_gsgm.virtual_clock import VirtualClock
+from flwr_gsgm.engine.async_engine import EngineSettings
+from flwr_gsgm.engine.run_end import RunFailed
+from flwr_gsgm.intake.norm_bound import RelativeNormBound
+from flwr_gsgm.simulation.inprocess_grid import InProcessGrid
+from flwr_gsgm.simulation.virtual_clock import VirtualClock
+from flwr_gsgm.strategy.strategies import ASGD, GSGM
 from serverapp.server_app import main as server_app_main
 from tests.engine.quadratic_app import initial_arrays, make_app
 
@@ -362,7 +362,7 @@ def test_a_new_or_returning_node_gets_ten_times_more_room():
 def test_a_failed_run_names_five_partitions_and_counts_the_rest():
     from types import SimpleNamespace
 
-    from flwr_gsgm.run_end import NAMED_IN_REASON, RunEnd
+    from flwr_gsgm.engine.run_end import NAMED_IN_REASON, RunEnd
 
     why = "10 rejected updates in a row"
     nodes = {

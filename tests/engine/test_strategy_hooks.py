@@ -16,10 +16,10 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from flwr_gsgm.hooks import ENGINE_TRAIN_KEYS, HookFailed
-from flwr_gsgm.inprocess_grid import InProcessGrid
-from flwr_gsgm.strategies import ASGD
-from flwr_gsgm.virtual_clock import VirtualClock
+from flwr_gsgm.simulation.inprocess_grid import InProcessGrid
+from flwr_gsgm.simulation.virtual_clock import VirtualClock
+from flwr_gsgm.strategy.hooks import ENGINE_TRAIN_KEYS, HookFailed
+from flwr_gsgm.strategy.strategies import ASGD
 from tests.engine.quadratic_app import TARGETS, initial_arrays
 
 NODES = 3

@@ -11,16 +11,16 @@ import numpy as np
 import pytest
 
 from clients.client_app import app as client_app
-from flwr_gsgm.inprocess_grid import InProcessGrid
-from flwr_gsgm.run_config import parse_run_config
-from flwr_gsgm.strategies import ASGD
-from flwr_gsgm.virtual_clock import (
+from flwr_gsgm.config.run_config import parse_run_config
+from flwr_gsgm.simulation.inprocess_grid import InProcessGrid
+from flwr_gsgm.simulation.virtual_clock import (
     DEVICE_PROFILES,
     LOOPBACK_LATENCY_SECONDS,
     LOOPBACK_STEP_SECONDS,
     VirtualClock,
     derive_seed,
 )
+from flwr_gsgm.strategy.strategies import ASGD
 from serverapp.experiment import run_experiment
 from tests.engine.quadratic_app import initial_arrays, make_app
 

@@ -2,7 +2,7 @@
 
 Before, ``strategy="asgd" beta=0.9`` ran plain ASGD without a word (and config.json
 recorded beta=0.9 as if it applied). A server optimizer key the strategy does not
-read (:func:`flwr_gsgm.run_config.strategy_keys`), set to a non-default value, now
+read (:func:`flwr_gsgm.config.run_config.strategy_keys`), set to a non-default value, now
 gives a warning in the log and in summary.json ``warnings``.
 """
 
@@ -13,8 +13,8 @@ import json
 import pytest
 
 from clients.client_app import app as client_app
-from flwr_gsgm.inprocess_grid import InProcessGrid
-from flwr_gsgm.run_config import parse_run_config, unread_settings
+from flwr_gsgm.config.run_config import parse_run_config, unread_settings
+from flwr_gsgm.simulation.inprocess_grid import InProcessGrid
 from serverapp.experiment import run_experiment
 
 

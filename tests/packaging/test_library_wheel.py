@@ -40,7 +40,7 @@ def test_the_wheel_ships_flwr_gsgm_only(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert top == {"flwr_gsgm"}
-    assert "flwr_gsgm/core/gsgm.py" in names and "flwr_gsgm/strategies.py" in names
+    assert "flwr_gsgm/core/gsgm.py" in names and "flwr_gsgm/strategy/strategies.py" in names
     metadata = next(n for n in names if n.endswith(".dist-info/METADATA"))
     assert "Name: flwr-gsgm" in zipfile.ZipFile(wheel).read(metadata).decode()
 
@@ -67,7 +67,7 @@ def test_no_module_of_flwr_gsgm_imports_the_app_layer():
 # none of the app layer is there or got imported on the way.
 IMPORT_CHECK = """
 import importlib, importlib.util, pkgutil, sys
-import flwr_gsgm, flwr_gsgm.strategies
+import flwr_gsgm, flwr_gsgm.strategy.strategies
 from flwr_gsgm import GSGM, ASGD, FedBuff
 print("file", flwr_gsgm.__file__)
 for mod in pkgutil.walk_packages(flwr_gsgm.__path__, "flwr_gsgm."):

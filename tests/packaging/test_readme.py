@@ -70,7 +70,7 @@ def test_every_flwr_gsgm_import_the_readme_shows_works():
         for name in names:
             assert hasattr(imported, name), f"README: from {module} import {name} fails"
     from flwr_gsgm import FederatedEvaluation
-    from flwr_gsgm.federated_evaluation import FederatedEvaluation as defined
+    from flwr_gsgm.evaluation.federated import FederatedEvaluation as defined
 
     assert FederatedEvaluation is defined
 
@@ -101,7 +101,7 @@ def test_the_fedavg_to_gsgm_diff_runs_as_written():
     from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
     from flwr.clientapp import ClientApp
 
-    from flwr_gsgm.inprocess_grid import InProcessGrid
+    from flwr_gsgm import InProcessGrid
 
     lrs: list[float] = []
     app = ClientApp()

@@ -147,7 +147,7 @@ def test_a_ttl_below_the_dispatch_deadline_is_refused_under_flwr_run(tmp_path):
 
 def test_a_diverging_run_under_flwr_run(tmp_path):
     # ASGD with server lr 50 on the CNN: the test loss at 10 updates explodes (above 10 x
-    # the initial evaluation's, flwr_gsgm.divergence). The ServerApp writes the outputs,
+    # the initial evaluation's, flwr_gsgm.engine.divergence). The ServerApp writes the outputs,
     # logs "run ended: diverged: ..." and raises; the script exits 3 (diverged).
     code, output, run_dir, seconds = flwr_run(
         tmp_path,

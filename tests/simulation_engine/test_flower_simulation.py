@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 from clients.client_app import app as client_app
-from flwr_gsgm.inprocess_grid import InProcessGrid
+from flwr_gsgm.simulation.inprocess_grid import InProcessGrid
 from serverapp.experiment import run_experiment
 from tests.simulation_engine.local_superlink import local_superlink
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from flwr_gsgm import run_config
-from flwr_gsgm.run_config_keys import RunConfigKey
+from flwr_gsgm.config import run_config
+from flwr_gsgm.config.keys import RunConfigKey
 from simulations.preset import (
     PROFILE_KEY,
     load_preset,

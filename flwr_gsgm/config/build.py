@@ -1,0 +1,140 @@
+"""The asynchronous strategy a validated run config asks for.
+
+For a ServerApp of your own that reads the project's run config keys
+(:data:`flwr_gsgm.config.run_config.RUN_CONFIG`)::
+
+    cfg = parse_run_config(context.run_config)
+    result = build_strategy(cfg).start(grid, ArrayRecord(model.state_dict()))
+
+The project's own ServerApp (``serverapp/experiment.py``, the app layer) uses the
+same functions; nothing here imports the app layer (``clients/``, ``serverapp/``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from flwr_gsgm.checkpoint.resume import parse_allowed
+from flwr_gsgm.config.run_config import optimizer_params_from
+from flwr_gsgm.engine.settings import EngineSettings
+from flwr_gsgm.evaluation.federated import FederatedEvaluation
+from flwr_gsgm.simulation.virtual_clock import VirtualClock
+from flwr_gsgm.strategy.async_strategy import AsyncStrategy
+from flwr_gsgm.strategy.strategies import STRATEGIES
+
+__all__ = [
+    "build_strategy",
+    "engine_settings_from",
+    "federated_evaluation_from",
+    "virtual_clock_from",
+]
+
+
+def virtual_clock_from(
+    cfg: Mapping[str, Any], partition_examples: Mapping[int, int] | None = None
+) -> VirtualClock:
+    """The run's :class:`VirtualClock` (time model) from its run config (``seed``,
+    ``base-duration``, ``slow-fraction``, ``slow-factor``, ``jitter``,
+    ``device-profile``, ``step-seconds``, ``latency-seconds``).
+
+    ``partition_examples`` (partition-id -> training examples) is needed to time
+    epoch work (``local-epochs`` > 0); the app layer computes it from the split.
+    """
+    return VirtualClock(
+        seed=cfg["seed"],
+        base_duration=cfg["base-duration"],
+        slow_fraction=cfg["slow-fraction"],
+        slow_factor=cfg["slow-factor"],
+        jitter=cfg["jitter"],
+        device_profile=cfg["device-profile"],
+        step_seconds=cfg["step-seconds"],
+        latency_seconds=cfg["latency-seconds"],
+        partition_examples=partition_examples,
+    )
+
+
+def engine_settings_from(cfg: Mapping[str, Any], run_dir: Path | None = None) -> EngineSettings:
+    """The engine keys of a validated run config as :class:`EngineSettings`.
+
+    Budgets, clock and seed are set by :meth:`AsyncStrategy.start`; checkpoints
+    (``checkpoint-every``, ``resume``) go to ``run_dir/checkpoint.pt``.
+
+    Raises
+    ------
+    ValueError
+        ``checkpoint-every`` or ``resume`` without a ``run_dir``.
+    """
+    return EngineSettings(
+        message_ttl=cfg["message-ttl"],
+        startup_timeout=cfg["startup-timeout"],
+        dispatch_timeout=cfg["dispatch-timeout"],
+        max_node_failures=cfg["max-node-failures"],
+        rejoin_timeout=cfg["rejoin-timeout"],
+        poll_interval=cfg["poll-interval"],
+        min_nodes=cfg["min-nodes"],
+        max_consecutive_rejections=cfg["max-consecutive-rejections"],
+        max_norm_ratio=cfg["max-norm-ratio"] or None,
+        checkpoint_every=cfg["checkpoint-every"],
+        checkpoint_path=(run_dir / "checkpoint.pt") if run_dir is not None else None,
+        resume=cfg["resume"],
+        max_in_flight=cfg["max-in-flight"] or None,
+        dispatch=cfg["dispatch"],
+        prefetch=cfg["prefetch"],
+        run_config=dict(cfg),
+        resume_allow_changes=parse_allowed(cfg["resume-allow-changes"], cfg),
+    )
+
+
+def federated_evaluation_from(cfg: Mapping[str, Any]) -> FederatedEvaluation | None:
+    """``federated-eval-every`` and ``fraction-evaluate`` as :class:`FederatedEvaluation`
+    (None when ``federated-eval-every`` is 0)."""
+    every = cfg["federated-eval-every"]
+    if not every:
+        return None
+    return FederatedEvaluation(every=every, fraction_evaluate=cfg["fraction-evaluate"])
+
+
+def build_strategy(
+    cfg: Mapping[str, Any],
+    run_dir: Path | None = None,
+    partition_examples: Mapping[int, int] | None = None,
+) -> AsyncStrategy:
+    """Build the asynchronous strategy a validated run config asks for.
+
+    ``cfg`` comes from :func:`flwr_gsgm.config.run_config.parse_run_config`; the rule's
+    parameters come from their run config keys (``0`` = none, or the rule's own
+    default for ``server-learning-rate``). Checkpoints go to
+    ``run_dir/checkpoint.pt``. ``partition_examples``: see :func:`virtual_clock_from`.
+
+    Raises
+    ------
+    ValueError
+        If ``cfg["strategy"]`` is not an asynchronous strategy (``fedavg`` and
+        ``fedavgm`` are Flower's own, run by the app layer).
+    """
+    name = cfg["strategy"]
+    if name not in STRATEGIES:
+        raise ValueError(
+            f"strategy {name!r} is not asynchronous; expected one of {sorted(STRATEGIES)}"
+        )
+    params = optimizer_params_from(cfg, name)
+    return STRATEGIES[name](
+        # absent (server-learning-rate = 0): the rule's declared default
+        server_learning_rate=params.pop("lr", None),
+        client_mode=cfg["client-mode"],
+        batch_size=cfg["batch-size"],
+        local_batches=cfg["local-batches"],
+        local_steps=cfg["local-steps"],
+        local_epochs=cfg["local-epochs"],
+        local_lr=cfg["local-lr"],
+        local_momentum=cfg["local-momentum"],
+        virtual_clock=(
+            virtual_clock_from(cfg, partition_examples) if cfg["virtual-clock"] else None
+        ),
+        engine=engine_settings_from(cfg, run_dir),
+        seed=cfg["seed"],
+        federated_evaluation=federated_evaluation_from(cfg),
+        **params,
+    )

@@ -1,0 +1,214 @@
+"""Files a run writes to ``outputs/<run-name>/``.
+
+- ``config.json``: the resolved run config (every key, defaults filled in);
+- ``metrics.csv``: one row per evaluation (columns :data:`METRIC_COLUMNS`, then the
+  federated evaluation's ``federated_*`` columns when it ran);
+- ``summary.json``: final accuracy, MASD and std of accuracy over the second half,
+  counters, staleness, wall seconds (:func:`summarize`);
+- ``accuracy.png``: test accuracy against client updates and against virtual time;
+- ``model.pt``: the final global model (torch ``state_dict``; asynchronous strategies);
+  not written for a run whose model diverged (``status`` "diverged"), which writes
+  ``model_last_finite.pt`` instead: the model of its last evaluation that showed no
+  divergence (:mod:`flwr_gsgm.engine.divergence`), or nothing if there was none;
+- ``checkpoint.pt``: the server state, with run config ``checkpoint-every`` > 0.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from flwr_gsgm.checkpoint.atomic import atomic_write, atomic_write_text
+from flwr_gsgm.evaluation import stability
+
+__all__ = [
+    "LAST_FINITE_MODEL",
+    "METRIC_COLUMNS",
+    "MODEL",
+    "metric_columns",
+    "run_dir_for",
+    "write_config",
+    "write_model",
+    "write_metrics",
+    "summarize",
+    "write_summary",
+    "plot_accuracy",
+]
+
+#: The final model of a run that did not diverge ...
+MODEL = "model.pt"
+#: ... and the last finite evaluated model of one that did.
+LAST_FINITE_MODEL = "model_last_finite.pt"
+
+METRIC_COLUMNS = (
+    "updates",
+    "version",
+    "virtual_time",
+    "wall_time",
+    "accuracy",
+    "loss",
+    "staleness_mean",
+    "staleness_max",
+    "train_loss",
+    "deferred",
+    "rejected",
+    "dropped",
+)
+
+
+def run_dir_for(cfg: Mapping[str, Any]) -> Path:
+    """``<output-dir>/<run-name>`` of a run config, absolute; an empty ``run-name``
+    becomes ``<strategy>-<UTC time>`` (e.g. ``gsgm-20261130-184527``)."""
+    name = cfg["run-name"] or f"{cfg['strategy']}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
+    return Path(cfg["output-dir"]).expanduser().resolve() / name
+
+
+def write_config(run_dir: Path, cfg: Mapping[str, Any]) -> Path:
+    """Write ``config.json`` (sorted keys) and return its path."""
+    path = run_dir / "config.json"
+    atomic_write_text(path, json.dumps(dict(cfg), indent=2, sort_keys=True) + "\n")
+    return path
+
+
+def write_model(run_dir: Path, arrays: Any, name: str = MODEL) -> Path:
+    """Write the model ``arrays`` as ``name`` (default ``model.pt``; a torch
+    ``state_dict``; atomic)."""
+    import torch
+
+    return atomic_write(
+        run_dir / name, lambda fh: torch.save(arrays.to_torch_state_dict(), fh), binary=True
+    )
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return "nan" if math.isnan(value) else repr(value)
+    return str(value)
+
+
+def metric_columns(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """:data:`METRIC_COLUMNS`, then the federated evaluation's columns the rows hold
+    (``federated_nodes``, then ``federated_<metric>`` sorted), if any."""
+    extra = sorted({k for r in rows for k in r if k.startswith("federated_")})
+    if "federated_nodes" in extra:
+        extra.remove("federated_nodes")
+        extra.insert(0, "federated_nodes")
+    return [*METRIC_COLUMNS, *extra]
+
+
+def write_metrics(run_dir: Path, rows: Sequence[Mapping[str, Any]]) -> Path:
+    """Write ``metrics.csv`` with :func:`metric_columns`; floats in shortest round-trip
+    form; a federated column is empty in a row without a federated evaluation."""
+    columns = metric_columns(rows)
+
+    def write(fh: Any) -> None:
+        writer = csv.writer(fh, lineterminator="\n")
+        writer.writerow(columns)
+        for row in rows:
+            writer.writerow([_fmt(row.get(col, "")) for col in columns])
+
+    return atomic_write(run_dir / "metrics.csv", write, newline="")
+
+
+def summarize(
+    rows: Sequence[Mapping[str, Any]],
+    counters: Mapping[str, int],
+    rejections: Mapping[str, int],
+    staleness_mean: float,
+    staleness_max: int,
+    wall_seconds: float,
+    virtual_seconds: float,
+    report: Any = None,
+    warnings: Sequence[str] = (),
+    status: tuple[str, str] | None = None,
+) -> dict[str, Any]:
+    """Summary figures of one run (GSGM.md, "Measuring stability").
+
+    ``counters`` uses the same names as the summary (the engine's
+    :meth:`flwr_gsgm.engine.ledger.Ledger.report_counters`); a missing one counts 0.
+    Accuracy figures are fractions in [0, 1]; MASD and std are over the second half
+    of the evaluations; times are seconds. ``report`` (the engine's
+    :class:`~flwr_gsgm.engine.async_engine.EngineReport`, absent for Flower's synchronous
+    strategies) adds ``status`` ("completed", "diverged" or "failed") and
+    ``status_reason``, ``per_node`` (counts and state per partition-id) and its
+    ``warnings`` and ``server_learning_rate`` (the rule's ``lr`` used: given, or its
+    default for the client mode; None without a report); ``status``
+    ``(status, status_reason)`` gives them without a report (a synchronous run that
+    diverged); ``warnings`` adds sentences about the run
+    that the log also holds (a pathological split that uses only some classes)
+    after the report's.
+    """
+    acc = [float(r["accuracy"]) for r in rows]
+    if status is None:
+        status = (getattr(report, "status", "completed"), getattr(report, "status_reason", ""))
+    return {
+        "status": status[0],
+        "status_reason": status[1],
+        "diverged": bool(counters.get("diverged", 0)),
+        "final_accuracy": stability.final_accuracy(acc),
+        "masd": stability.masd(acc),
+        "accuracy_std": stability.accuracy_std(acc),
+        "evaluations": len(acc),
+        "updates_received": int(counters.get("updates_received", 0)),
+        "steps_applied": int(counters.get("steps_applied", 0)),
+        "updates_deferred": int(counters.get("updates_deferred", 0)),
+        "rejected": int(sum(rejections.values())),
+        "rejected_by_reason": dict(sorted(rejections.items())),
+        "dropped": int(counters.get("dropped", 0)),
+        "error_replies": int(counters.get("error_replies", 0)),
+        "dispatch_timeouts": int(counters.get("dispatch_timeouts", 0)),
+        "node_backoffs": int(counters.get("node_backoffs", 0)),
+        # a dict: runs.csv (simulations/results.py) takes the scalar figures only
+        "federated_evaluation": {
+            key: int(counters.get(key, 0))
+            for key in ("federated_eval_sent", "federated_eval_replies", "federated_eval_failed")
+        },
+        "nodes_lost": int(counters.get("nodes_lost", 0)),
+        "nodes_excluded": int(counters.get("nodes_excluded", 0)),
+        "staleness_mean": float(staleness_mean),
+        "staleness_max": int(staleness_max),
+        "virtual_seconds": float(virtual_seconds),
+        "wall_seconds": float(wall_seconds),
+        "server_learning_rate": getattr(report, "server_learning_rate", None),
+        "per_node": dict(getattr(report, "per_node", {})),
+        "warnings": list(getattr(report, "warnings", [])) + list(warnings),
+    }
+
+
+def write_summary(run_dir: Path, summary: Mapping[str, Any]) -> Path:
+    """Write ``summary.json`` (NaN written as null) and return its path."""
+    clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in summary.items()}
+    path = run_dir / "summary.json"
+    atomic_write_text(path, json.dumps(clean, indent=2) + "\n")
+    return path
+
+
+def plot_accuracy(run_dir: Path, rows: Sequence[Mapping[str, Any]], title: str) -> Path:
+    """Write ``accuracy.png``: test accuracy vs client updates and vs virtual time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    updates = [r["updates"] for r in rows]
+    vtime = [r["virtual_time"] for r in rows]
+    acc = [100.0 * float(r["accuracy"]) for r in rows]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    axes[0].plot(updates, acc, marker=".")
+    axes[0].set_xlabel("client updates received")
+    axes[1].plot(vtime, acc, marker=".", color="tab:orange")
+    axes[1].set_xlabel("virtual time (s)")
+    axes[0].set_ylabel("test accuracy (%)")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    path = run_dir / "accuracy.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

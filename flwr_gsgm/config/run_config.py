@@ -1,0 +1,436 @@
+"""Run config of the flwr-gsgm Flower App: every key, its default and its check, in one place.
+
+The defaults here are the ones in ``pyproject.toml`` ``[tool.flwr.app.config]`` (a
+test keeps the two equal). :func:`parse_run_config` validates a whole run config
+before training starts and raises ``ValueError`` naming the key, the value and what
+was expected.
+
+The server optimizer keys (``server-learning-rate``, ``beta``, ``fedbuff-k``, ...) are not
+written here: :mod:`flwr_gsgm.config.keys` generates them from the rules'
+declarations (:class:`flwr_gsgm.core.Param` with a ``run_config_key``), in registry
+order, and turns a parsed run config back into a rule's keyword arguments
+(:func:`optimizer_params_from`, re-exported here).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from flwr_gsgm.config.keys import (
+    OPTIMIZER_KEYS,
+    SYNC_STRATEGY_KEYS,
+    RunConfigKey,
+    optimizer_keys,
+    optimizer_params_from,
+    strategy_keys,
+)
+from flwr_gsgm.core import OPTIMIZERS
+from flwr_gsgm.intake.norm_bound import INITIAL_ROOM, NEW_NODE_ROOM, NODE_MIN, WARMUP, WINDOW
+from flwr_gsgm.simulation.virtual_clock import DEVICE_PROFILES
+
+__all__ = [
+    "RunConfigKey",
+    "RUN_CONFIG",
+    "ASYNC_STRATEGIES",
+    "SYNC_STRATEGIES",
+    "SYNC_STRATEGY_KEYS",
+    "OPTIMIZER_KEYS",
+    "optimizer_params_from",
+    "parse_run_config",
+    "strategy_keys",
+    "unread_settings",
+    "check_deadlines",
+    "REMOVED_KEYS",
+]
+
+#: The registered server rules, in registry order (GSGM first).
+ASYNC_STRATEGIES = tuple(OPTIMIZERS)
+SYNC_STRATEGIES = ("fedavg", "fedavgm")
+DATASET_CLASSES = {"fashion-mnist": 10, "cifar10": 10, "cifar100": 100}
+
+
+def _positive(v: Any) -> bool:
+    return v > 0
+
+
+def _non_negative(v: Any) -> bool:
+    return v >= 0
+
+
+def _one_of(*values: str) -> Callable[[Any], bool]:
+    return lambda v: v in values
+
+
+def _key(default: Any, check: Callable[[Any], bool], expected: str, help: str) -> RunConfigKey:
+    return RunConfigKey(default, check, expected, help)
+
+
+def _ANY(v: Any) -> bool:
+    return True
+
+
+RUN_CONFIG: dict[str, RunConfigKey] = {
+    # what to run
+    "strategy": _key(
+        "gsgm",
+        _one_of(*ASYNC_STRATEGIES, *SYNC_STRATEGIES),
+        f"one of {', '.join(ASYNC_STRATEGIES + SYNC_STRATEGIES)}",
+        "server strategy",
+    ),
+    "max-updates": _key(
+        4000, _positive, "an integer > 0", "budget: client updates received (client computations)"
+    ),
+    "max-seconds": _key(
+        0.0,
+        _non_negative,
+        ">= 0 (0 = no limit)",
+        "budget: virtual seconds (virtual-clock = true) or wall seconds",
+    ),
+    "eval-every": _key(
+        100, _positive, "an integer > 0", "evaluate every N client updates received"
+    ),
+    "eval-examples": _key(
+        0,
+        _non_negative,
+        "an integer >= 0 (0 = the whole test set)",
+        "server evaluation on a fixed random subset (seed 0) of this many test images",
+    ),
+    "eval-threads": _key(
+        2,
+        _positive,
+        "an integer > 0",
+        "threads of the server evaluation (same accuracy; loss up to float rounding)",
+    ),
+    "federated-eval-every": _key(
+        0,
+        _non_negative,
+        "an integer >= 0 (0 = none), a multiple of eval-every",
+        "federated evaluation (the ClientApp's evaluate) every N client updates received",
+    ),
+    "fraction-evaluate": _key(
+        1.0,
+        lambda v: 0 < v <= 1,
+        "in (0, 1]",
+        "federated evaluation: fraction of the active nodes asked",
+    ),
+    "seed": _key(
+        0, _non_negative, "an integer >= 0", "seed of partitioning, clock and client sampling"
+    ),
+    # server optimizer: generated from the rules' declarations
+    **optimizer_keys(),
+    # client work
+    "client-mode": _key(
+        "gradient",
+        _one_of("gradient", "delta", "weights"),
+        "gradient, delta or weights",
+        "what clients return (delta: the displacement w_sent - w_local; weights: w_local, "
+        "the server forms the displacement)",
+    ),
+    "batch-size": _key(32, _positive, "an integer > 0", "mini-batch size"),
+    "local-batches": _key(1, _positive, "an integer > 0", "gradient mode: mini-batches averaged"),
+    "local-steps": _key(1, _positive, "an integer > 0", "delta/weights mode: local SGD steps"),
+    "local-epochs": _key(
+        0,
+        _non_negative,
+        "an integer >= 0 (0 = local-steps)",
+        "delta/weights mode: passes over the node's partition, ceil(N / batch-size) steps each",
+    ),
+    "local-lr": _key(0.05, _positive, "> 0", "client learning rate (delta/weights mode)"),
+    "local-momentum": _key(
+        0.0,
+        lambda v: 0 <= v < 1,
+        "in [0, 1)",
+        "delta/weights mode: client SGD momentum (0 = plain SGD)",
+    ),
+    "eval-max-examples": _key(
+        1000,
+        _positive,
+        "an integer > 0",
+        "ClientApp evaluate handler (federated evaluation): test images per node",
+    ),
+    "client-threads": _key(
+        1,
+        _positive,
+        "an integer > 0",
+        "torch threads per ClientApp (another value changes the bits of a run)",
+    ),
+    # data
+    "dataset": _key(
+        "fashion-mnist",
+        _one_of(*DATASET_CLASSES),
+        f"one of {', '.join(DATASET_CLASSES)}",
+        "data set",
+    ),
+    "data-root": _key(
+        "/usr/share/datasets/fashion-mnist", _ANY, "a folder", "where the data set lies"
+    ),
+    "partitioner": _key(
+        "pathological",
+        _one_of("pathological", "dirichlet", "iid"),
+        "pathological, dirichlet or iid",
+        "non-IID partitioning",
+    ),
+    "classes-per-node": _key(
+        2, _positive, "an integer in [1, number of classes]", "pathological: classes per node"
+    ),
+    "dirichlet-alpha": _key(0.5, _positive, "> 0", "dirichlet: concentration alpha"),
+    # virtual clock
+    "virtual-clock": _key(
+        True, _ANY, "true or false", "simulation clock (false = real arrival order)"
+    ),
+    "base-duration": _key(
+        1.0, _positive, "> 0 seconds", "uniform: virtual seconds per step of local work, fast node"
+    ),
+    "slow-fraction": _key(0.25, lambda v: 0 <= v <= 1, "in [0, 1]", "fraction of slow nodes"),
+    "slow-factor": _key(4.0, lambda v: v >= 1, ">= 1", "how many times slower a slow node is"),
+    "jitter": _key(0.1, lambda v: 0 <= v < 1, "in [0, 1)", "relative jitter of each duration"),
+    "device-profile": _key(
+        "uniform",
+        _one_of(*DEVICE_PROFILES),
+        f"one of {', '.join(DEVICE_PROFILES)}",
+        "time model: compute speeds, latency, bandwidth (docs/GSGM.md, Time model)",
+    ),
+    "step-seconds": _key(
+        0.0,
+        _non_negative,
+        ">= 0 seconds",
+        "virtual seconds per step of local work (0: the profile's)",
+    ),
+    "latency-seconds": _key(
+        0.0, _non_negative, ">= 0 seconds", "virtual latency per message (0: the profile's)"
+    ),
+    # engine
+    "message-ttl": _key(
+        600.0,
+        _positive,
+        "> 0 seconds",
+        "TTL of every train and evaluate message (above dispatch-timeout)",
+    ),
+    "startup-timeout": _key(
+        300.0,
+        _positive,
+        "> 0 seconds",
+        "start-up deadline: wall seconds for min-nodes to answer the query (also a joining "
+        "node's query, and a query's TTL)",
+    ),
+    "dispatch-timeout": _key(
+        300.0,
+        _positive,
+        "> 0 seconds, below message-ttl",
+        "per-dispatch deadline: wall seconds a train message may go unanswered before the "
+        "node fails",
+    ),
+    "max-node-failures": _key(
+        5,
+        _positive,
+        "an integer > 0",
+        "failures in a row (time-outs, error replies; each backs the node off) that exclude a node",
+    ),
+    "rejoin-timeout": _key(
+        120.0,
+        _non_negative,
+        ">= 0 seconds",
+        "with no node left training, wall seconds to wait for a lost node before the run fails",
+    ),
+    "poll-interval": _key(0.01, _non_negative, ">= 0 seconds", "sleep between pulls when idle"),
+    "max-consecutive-rejections": _key(
+        10,
+        _non_negative,
+        "an integer >= 0 (0 = never)",
+        "a node whose updates are rejected this often in a row is excluded",
+    ),
+    "max-norm-ratio": _key(
+        10.0,
+        _non_negative,
+        ">= 0 (0 = off)",
+        f"reject an update whose L2 norm exceeds this times the median of the last {WINDOW} "
+        f"accepted ({NEW_NODE_ROOM:g}x that for a node with fewer than {NODE_MIN} accepted, "
+        f"and for all in the first {WARMUP}, which must also stay within "
+        f"{INITIAL_ROOM:g}x the initial model's scale)",
+    ),
+    "min-nodes": _key(1, _positive, "an integer > 0", "nodes to wait for before training"),
+    "max-in-flight": _key(
+        0,
+        _non_negative,
+        "an integer >= 0 (0 = all nodes)",
+        "nodes training at once (FedAvg/FedAvgM: nodes sampled per round)",
+    ),
+    "prefetch": _key(
+        False,
+        _ANY,
+        "true or false",
+        "deployment: a second train message queued per node, waiting when it polls",
+    ),
+    "dispatch": _key(
+        "auto",
+        _one_of("auto", "random", "scheduled"),
+        "auto, random or scheduled",
+        "which idle node gets a freed slot (max-in-flight < nodes); auto = scheduled "
+        "for GSGM with scheduling, random for the others",
+    ),
+    # checkpoints
+    "checkpoint-every": _key(
+        0,
+        _non_negative,
+        "an integer >= 0 (0 = never)",
+        "save the server state every N client updates (and on SIGTERM)",
+    ),
+    "resume": _key(
+        False,
+        _ANY,
+        "true or false",
+        "continue from outputs/<run-name>/checkpoint.pt (fails without one)",
+    ),
+    "resume-allow-changes": _key(
+        "",
+        _ANY,
+        "comma-separated run config keys",
+        "keys that may differ from the checkpoint's on resume (each change logged)",
+    ),
+    # outputs
+    "run-name": _key("", _ANY, "a folder name", "outputs/<run-name>/ (empty = strategy and time)"),
+    "output-dir": _key("outputs", _ANY, "a folder", "where run folders go"),
+}
+
+
+#: Keys a run config may no longer use, and what replaced each.
+REMOVED_KEYS = {
+    "reply-timeout": "startup-timeout (the start-up deadline) and dispatch-timeout (the "
+    "per-dispatch deadline, below message-ttl)",
+}
+
+
+def check_deadlines(message_ttl: float, dispatch_timeout: float) -> None:
+    """Refuse time settings that contradict each other.
+
+    A train message expires on the SuperLink after ``message-ttl`` seconds, so a
+    per-dispatch deadline at or above it could never fire before the message is gone
+    (docs/DEPLOYMENT.md: the deadline stays below the TTL).
+
+    Raises
+    ------
+    ValueError
+        If ``message_ttl <= dispatch_timeout``; the message names both keys and values.
+    """
+    if not message_ttl > dispatch_timeout:
+        raise ValueError(
+            f"run config message-ttl={message_ttl!r} must be greater than "
+            f"dispatch-timeout={dispatch_timeout!r}: a message expires after message-ttl, so "
+            "the per-dispatch deadline must come first; raise message-ttl or lower "
+            "dispatch-timeout"
+        )
+
+
+def _coerce(key: str, value: Any, spec: RunConfigKey) -> Any:
+    kind = spec.kind
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+    elif kind is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+    elif kind is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(value):  # inf passes "> 0" checks: refuse it by name
+                raise ValueError(
+                    f"run config {key}={value!r}: expected {spec.expected}, a finite number"
+                )
+            return float(value)
+    elif isinstance(value, str):
+        return value
+    raise ValueError(f"run config {key}={value!r}: expected {spec.expected} ({kind.__name__})")
+
+
+def parse_run_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
+    """Validate a run config and fill in defaults.
+
+    Parameters
+    ----------
+    run_config : Mapping[str, Any]
+        ``context.run_config`` (kebab-case keys). Unknown keys are rejected.
+
+    Returns
+    -------
+    dict[str, Any]
+        Every key of :data:`RUN_CONFIG` with a value of the key's type.
+
+    Raises
+    ------
+    ValueError
+        For an unknown or removed key (``reply-timeout``), a value of the wrong type
+        or out of range, ``classes-per-node`` above the data set's number of classes,
+        a ``federated-eval-every`` that is not a multiple of ``eval-every``, or
+        ``message-ttl`` not above ``dispatch-timeout`` (:func:`check_deadlines`); the
+        message names the key, the value and what was expected.
+    """
+    removed = sorted(set(run_config) & set(REMOVED_KEYS))
+    if removed:
+        raise ValueError(
+            "; ".join(f"run config key {k!r} was removed: use {REMOVED_KEYS[k]}" for k in removed)
+        )
+    unknown = sorted(set(run_config) - set(RUN_CONFIG))
+    if unknown:
+        raise ValueError(f"run config key(s) {unknown} unknown; known keys: {sorted(RUN_CONFIG)}")
+    cfg: dict[str, Any] = {}
+    for key, spec in RUN_CONFIG.items():
+        value = _coerce(key, run_config.get(key, spec.default), spec)
+        if not spec.check(value):
+            raise ValueError(f"run config {key}={value!r}: expected {spec.expected}")
+        cfg[key] = value
+    if cfg["federated-eval-every"] % cfg["eval-every"]:
+        raise ValueError(
+            f"run config federated-eval-every={cfg['federated-eval-every']}: expected a "
+            f"multiple of eval-every={cfg['eval-every']} (each point goes into an evaluation row)"
+        )
+    from flwr_gsgm.checkpoint.resume import parse_allowed  # imports flwr: only when parsing
+
+    parse_allowed(cfg["resume-allow-changes"], RUN_CONFIG)
+    if cfg["resume"] and not cfg["run-name"]:
+        raise ValueError(
+            "run config resume=true: expected a run-name naming the run folder to resume"
+        )
+    check_deadlines(cfg["message-ttl"], cfg["dispatch-timeout"])
+    num_classes = DATASET_CLASSES[cfg["dataset"]]
+    if cfg["partitioner"] == "pathological" and cfg["classes-per-node"] > num_classes:
+        raise ValueError(
+            f"run config classes-per-node={cfg['classes-per-node']}: expected an integer in "
+            f"[1, {num_classes}] ({cfg['dataset']} has {num_classes} classes)"
+        )
+    return cfg
+
+
+def unread_settings(cfg: Mapping[str, Any]) -> list[str]:
+    """Warnings for server optimizer keys set to a non-default value that the strategy ignores.
+
+    Which keys ``cfg["strategy"]`` reads is :func:`strategy_keys` (the rules' declarations;
+    Flower's FedAvg and FedAvgM from :data:`SYNC_STRATEGY_KEYS`), the same knowledge the
+    presets use to refuse such keys. A key at its default gives nothing: the default is
+    what every run config holds after :func:`parse_run_config`.
+
+    Parameters
+    ----------
+    cfg : Mapping[str, Any]
+        A run config parsed by :func:`parse_run_config`.
+
+    Returns
+    -------
+    list[str]
+        One sentence per ignored key, in key order, naming the key, its value and the strategy.
+    """
+    strategy = cfg["strategy"]
+    takes = strategy_keys(strategy)
+    found = []
+    for key in sorted(OPTIMIZER_KEYS - takes):
+        value = cfg[key]
+        if value != RUN_CONFIG[key].default:
+            found.append(
+                f"run config {key}={value!r} does nothing: strategy {strategy!r} does not read "
+                f"{key!r} (it reads {', '.join(sorted(takes)) or 'none of the optimizer keys'})"
+            )
+    return found

@@ -1,0 +1,3 @@
+"""Evaluation of an asynchronous run: centralized rows, federated evaluation, and the stability
+figures.
+"""

@@ -1,0 +1,144 @@
+"""Evaluation rows of an asynchronous run, each checked for divergence.
+
+Each row (one line of ``metrics.csv``, columns
+:data:`flwr_gsgm.config.outputs.METRIC_COLUMNS`) holds the centralized evaluation of
+the global model and the ledger's figures since the previous row.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from logging import INFO
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, MetricRecord
+from flwr.common.logger import log
+
+from flwr_gsgm.engine.divergence import evaluation_divergence
+from flwr_gsgm.engine.ledger import Ledger
+from flwr_gsgm.model.optimizer import ModelOptimizer
+from flwr_gsgm.strategy.hooks import OnEvaluate, call_hook, evaluation_metrics
+
+__all__ = ["EvaluateFn", "Evaluator", "weights_record"]
+
+EvaluateFn = Callable[[int, ArrayRecord], "MetricRecord | None"]
+
+
+def weights_record(keys: list[str], weights: list[np.ndarray]) -> ArrayRecord:
+    """An ``ArrayRecord`` holding copies of ``weights`` under ``keys`` (model order)."""
+    return ArrayRecord({k: Array(np.array(w)) for k, w in zip(keys, weights)})
+
+
+class Evaluator:
+    """Builds evaluation rows with ``evaluate_fn`` (or NaN accuracy and loss without it).
+
+    Parameters
+    ----------
+    keys : list[str]
+        Array keys of the model.
+    evaluate_fn : callable | None
+        ``(updates_received, arrays) -> MetricRecord | None`` with ``accuracy`` and ``loss``.
+    max_updates : int
+        The run's budget, for the log line only.
+    on_evaluate : callable | None
+        ``(updates, arrays, metrics) -> None``, called after each row is built
+        (:mod:`flwr_gsgm.strategy.hooks`; ``metrics``:
+        :func:`~flwr_gsgm.strategy.hooks.evaluation_metrics`).
+
+    Attributes
+    ----------
+    last_finite : tuple[int, ArrayRecord] | None
+        ``(updates received, model)`` of the last evaluation that showed no divergence
+        (a copy; None before the first): the model a diverged run keeps. It costs one
+        model copy.
+    """
+
+    def __init__(
+        self,
+        keys: list[str],
+        evaluate_fn: EvaluateFn | None,
+        max_updates: int,
+        on_evaluate: OnEvaluate | None = None,
+    ) -> None:
+        self.keys = keys
+        self.evaluate_fn = evaluate_fn
+        self.on_evaluate = on_evaluate
+        self.max_updates = max_updates
+        self.last_finite: tuple[int, ArrayRecord] | None = None
+        self.initial_loss: float | None = None  # the first row's (a resume restores it)
+
+    def row(
+        self,
+        received: int,
+        optimizer: ModelOptimizer,
+        ledger: Ledger,
+        clock_now: float,
+        wall: float,
+    ) -> tuple[dict[str, float], str | None]:
+        """Evaluate now; return the row and why the model diverged (None if it did not).
+
+        Raises :class:`flwr_gsgm.strategy.hooks.HookFailed` if ``on_evaluate`` raised.
+
+        ``clock_now`` is the engine clock and ``wall`` the wall seconds since the start;
+        :func:`flwr_gsgm.engine.divergence.evaluation_divergence` checks the weights and the
+        loss (against the first row's, ``initial_loss``).
+        """
+        row: dict[str, float] = {
+            "updates": received,
+            "version": optimizer.version,
+            "virtual_time": round(clock_now, 6),
+            "wall_time": round(wall, 3),
+            "accuracy": math.nan,
+            "loss": math.nan,
+        }
+        loss_known = False
+        model = weights_record(self.keys, optimizer.weights)
+        res = None
+        if self.evaluate_fn is not None:
+            res = self.evaluate_fn(received, model)
+            if res is not None:
+                row["accuracy"] = float(res.get("accuracy", math.nan))
+                row["loss"] = float(res.get("loss", math.nan))
+                loss_known = "loss" in res
+        row.update(ledger.window_stats())
+        opt_counters = optimizer.counters
+        row["deferred"] = int(opt_counters.get("deferred", 0))
+        row["rejected"] = ledger.rejected
+        row["dropped"] = ledger.dropped(opt_counters)
+        loss = row["loss"] if loss_known else None
+        reason = evaluation_divergence(received, optimizer.weights, loss, self.initial_loss)
+        if self.initial_loss is None:
+            self.initial_loss = row["loss"]
+        if reason is None:
+            self.last_finite = (received, model)
+        self._log(row)
+        if self.on_evaluate is not None:
+            # Every row, a diverged one too: what the hook logs is what metrics.csv holds.
+            metrics = evaluation_metrics(row, res)
+            call_hook(
+                "on_evaluate", self.on_evaluate, updates=received, arrays=model, metrics=metrics
+            )
+        return row, reason
+
+    def _log(self, row: dict[str, float]) -> None:
+        log(
+            INFO,
+            "[async] updates %d/%d | version %d | vtime %.1f s | wall %.1f s | "
+            "acc %.4f | loss %.4f | staleness mean %.2f max %d",
+            row["updates"],
+            self.max_updates,
+            row["version"],
+            row["virtual_time"],
+            row["wall_time"],
+            row["accuracy"],
+            row["loss"],
+            row["staleness_mean"],
+            row["staleness_max"],
+        )
+
+
+def wall_since(t0: float) -> float:
+    """Wall seconds since ``t0`` (a ``time.monotonic()`` reading)."""
+    return time.monotonic() - t0

@@ -1,0 +1,3 @@
+"""The global model by array name: the trainable arrays a core rule steps, the buffers, and
+both joined.
+"""

@@ -1,0 +1,143 @@
+"""The whole model as the engine sees it: a core rule on the trainable arrays, plus buffers.
+
+The core rules (:mod:`flwr_gsgm.core`) own one flat float32 buffer of the trainable
+parameters and know nothing of names or buffers. :class:`ModelOptimizer` joins a
+rule with the model's :class:`~flwr_gsgm.model.buffers.ModelBuffers` through its
+:class:`~flwr_gsgm.model.layout.ModelLayout`, and gives the engine the calls of a
+rule (``weights``, ``version``, ``counters``, ``last_staleness``, ``on_dispatch``,
+``on_update``, ``on_node_joined``, ``on_node_lost``, ``state_dict``) over the whole
+model, every array in model order and in its own dtype.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from flwr_gsgm.core import Outcome, ServerOptimizer
+from flwr_gsgm.model.buffers import ModelBuffers
+from flwr_gsgm.model.layout import ModelLayout, ModelUpdate
+
+__all__ = ["ModelOptimizer", "RuleFactory"]
+
+#: ``(trainable weights: list of float32 arrays, partition_ids) -> ServerOptimizer``.
+RuleFactory = Callable[[list[np.ndarray], list[int]], ServerOptimizer]
+
+# Marks a ModelOptimizer state; a checkpoint written before buffers existed holds
+# the rule's state alone and still loads.
+_FORMAT_KEY = "model_optimizer"
+
+
+class ModelOptimizer:
+    """A core rule on the trainable arrays and the buffer rule on the others.
+
+    Parameters
+    ----------
+    layout : ModelLayout
+    arrays : sequence of np.ndarray
+        The initial model, in model order (copied).
+    make_rule : callable
+        :data:`RuleFactory`, called with copies of the trainable arrays.
+    partition_ids : list[int]
+        The initially active nodes.
+    """
+
+    def __init__(
+        self,
+        layout: ModelLayout,
+        arrays: Sequence[np.ndarray],
+        make_rule: RuleFactory,
+        partition_ids: list[int],
+    ) -> None:
+        self.layout = layout
+        self.rule = make_rule(
+            [np.array(a, copy=True) for a in layout.trainable_of(arrays)], partition_ids
+        )
+        self.buffers = ModelBuffers(layout, layout.buffers_of(arrays))
+
+    @property
+    def weights(self) -> list[np.ndarray]:
+        """The whole model in model order: the rule's float32 views and the buffers.
+
+        Views of live state: copy before sending them away or keeping them.
+        """
+        return self.layout.join(self.rule.weights, self.buffers.values)
+
+    @property
+    def version(self) -> int:
+        """Steps the rule applied (:attr:`ServerOptimizer.version`)."""
+        return self.rule.version
+
+    @property
+    def counters(self) -> dict[str, int]:
+        """The rule's counters (:attr:`ServerOptimizer.counters`)."""
+        return self.rule.counters
+
+    @property
+    def last_staleness(self) -> int | None:
+        """Staleness of the last valid update (:attr:`ServerOptimizer.last_staleness`)."""
+        return self.rule.last_staleness
+
+    def on_dispatch(self, partition_id: int) -> None:
+        """The current weights were sent to ``partition_id``."""
+        self.rule.on_dispatch(partition_id)
+
+    def on_update(
+        self, partition_id: int, update: ModelUpdate, base_version: int, now: float = 0.0
+    ) -> Outcome:
+        """The rule on ``update.trainable``; then, unless dropped as stale, the buffers.
+
+        Raises
+        ------
+        UpdateRejected
+            From the rule's validation; the buffers are then unchanged too.
+        """
+        outcome = self.rule.on_update(partition_id, update.trainable, base_version, now=now)
+        if outcome is not Outcome.STALE:
+            self.buffers.record(partition_id, update.buffers)
+        return outcome
+
+    def on_node_joined(self, partition_id: int, now: float = 0.0) -> None:
+        """``partition_id`` becomes active (:meth:`ServerOptimizer.on_node_joined`)."""
+        self.rule.on_node_joined(partition_id, now=now)
+
+    def on_node_lost(self, partition_id: int, now: float = 0.0) -> None:
+        """``partition_id`` left: the rule forgets it and its buffer reports leave the means."""
+        self.rule.on_node_lost(partition_id, now=now)
+        self.buffers.forget(partition_id)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The rule's state and the buffers' (copies)."""
+        return {
+            _FORMAT_KEY: 1,
+            "rule": self.rule.state_dict(),
+            "buffers": self.buffers.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`, or a rule's state alone (a model without buffers).
+
+        Raises
+        ------
+        ValueError
+            As :meth:`ServerOptimizer.load_state_dict` and
+            :meth:`ModelBuffers.load_state_dict`; a rule state alone into a model
+            with buffers.
+        """
+        if _FORMAT_KEY not in state:
+            if self.layout.buffer_keys:
+                raise ValueError(
+                    "the checkpoint holds no buffers, the model has "
+                    f"{self.layout.buffer_keys}: it was written for another model"
+                )
+            self.rule.load_state_dict(state)
+            return
+        backup = self.buffers.state_dict()
+        self.buffers.load_state_dict(state["buffers"])
+        try:
+            self.rule.load_state_dict(state["rule"])
+        except Exception:
+            self.buffers.load_state_dict(backup)  # all or nothing, as the rule itself
+            raise
