@@ -584,78 +584,52 @@ def _method_table(
     """One row per method (or ``method/work``) of one setting's rows; a column "accuracy
     at budget" when some run has a time budget."""
     rows = frame(rows)
-    budget = bool(np.isfinite(numbers(rows, "accuracy_at_budget")).any())
-    summary = summaries(rows).loc[list(methods)]
-    pm = lambda column, *args: summary[column].map(lambda s: _pm(s, *args))  # noqa: E731
-    table = pd.DataFrame(
-        {
-            "method": list(methods),
-            "ok / runs": summary.apply(_counts, axis=1).to_list(),
-            "diverged": summary["diverged"].map(str).to_list(),
-            "failed": summary["failed"].map(str).to_list(),
-            "final accuracy (%)": pm("final_accuracy", 100).to_list(),
-            "MASD (pp)": pm("masd", 100, 2).to_list(),
-            "std of accuracy (pp)": pm("accuracy_std", 100, 2).to_list(),
-        }
-    )
-    if budget:
-        table["accuracy at the time budget (%)"] = pm("accuracy_at_budget", 100).to_list()
+    s = summaries(rows).loc[list(methods)]
+    pm = lambda column, *args: s[column].map(lambda x: _pm(x, *args))  # noqa: E731
+    table = pd.DataFrame({"method": s.index, "ok / runs": s.apply(_counts, axis=1)})
+    table["diverged"], table["failed"] = s["diverged"], s["failed"]
+    table["final accuracy (%)"] = pm("final_accuracy", 100)
+    table["MASD (pp)"] = pm("masd", 100, 2)
+    table["std of accuracy (pp)"] = pm("accuracy_std", 100, 2)
+    if np.isfinite(numbers(rows, "accuracy_at_budget")).any():
+        table["accuracy at the time budget (%)"] = pm("accuracy_at_budget", 100)
     if show_target:
-        table[f"time to {100 * target:.0f}% (virtual s; seeds that reached it)"] = [
-            f"{_pm(s['time_to_target'], 1, 0)} ({s['reached']}/{s['ok']})" if s["ok"] else "–"
-            for _, s in summary.iterrows()
-        ]
+        reached = pm("time_to_target", 1, 0) + " (" + s["reached"].astype(str) + "/"
+        table[f"time to {100 * target:.0f}% (virtual s; seeds that reached it)"] = (
+            reached + s["ok"].astype(str) + ")"
+        ).where(s["ok"] > 0, "–")
     if speed:
         times = pd.Series(list(speed[1].values()), [m for m, _ in speed[1]], dtype=float)
-        timed = {m: stat(t) for m, t in times.groupby(level=0, sort=False)}
+        timed = times.groupby(level=0, sort=False).agg(stat).reindex(s.index)
         counts = times.index.value_counts()
         table[f"time to {speed[0]}'s accuracy (virtual s; seeds that reached it)"] = [
-            f"{_pm(timed[m], 1, 0)} ({timed[m].n}/{counts[m]})" if m in timed else "–"
-            for m in methods
+            f"{_pm(t, 1, 0)} ({t.n}/{counts[m]})" if m in counts else "–" for m, t in timed.items()
         ]
-    table["virtual time of the run (s)"] = pm("virtual_seconds", 1, 0).to_list()
-    table["staleness mean"] = pm("staleness_mean", 1, 2).to_list()
-    table["staleness max"] = pm("staleness_max", 1, 1).to_list()
+    table["virtual time of the run (s)"] = pm("virtual_seconds", 1, 0)
+    table["staleness mean"] = pm("staleness_mean", 1, 2)
+    table["staleness max"] = pm("staleness_max", 1, 1)
     lines = markdown_table(table)
     bad = rows[rows["status"].isin(("diverged", "failed"))]
     if len(bad):
-        why = [
-            next((str(v) for v in (r.get("diverged_reason"), r.get("error")) if _text(v)), "")
-            or r["status"]
-            for r in bad.to_dict("records")
-        ]
-        lines.append("")
-        lines.append(
-            "Not in the means: "
-            + "; ".join(f"{m} seed {s} ({w})" for m, s, w in zip(bad["method"], bad["seed"], why))
-            + "."
-        )
+        why = _texts(bad, "diverged_reason")
+        why = why.where(why != "", _texts(bad, "error")).where(lambda w: w != "", bad["status"])
+        runs = bad["method"] + " seed " + bad["seed"].astype(str) + " (" + why + ")"
+        lines += ["", "Not in the means: " + "; ".join(runs) + "."]
     return lines
 
 
-def _text(value: Any) -> bool:
-    """Whether a cell holds text (not ``""``, None or a NaN of a column a row lacks)."""
-    return isinstance(value, str) and value != ""
+def _texts(df: pd.DataFrame, column: str) -> pd.Series:
+    """``df[column]``'s text, ``""`` where a row has none (None, NaN, a missing column)."""
+    values = df[column] if column in df else pd.Series("", index=df.index)
+    return values.map(lambda v: v if isinstance(v, str) else "")
 
 
 def _improvement_table(imps, reference) -> list[str]:
-    table = pd.DataFrame(
-        [
-            {
-                f"{reference} vs": i["baseline"],
-                "stability improvement (%)": _pm(i["improvement"], 100, 0, signed=True),
-                "Δ final accuracy (pp)": _pm(i["delta_accuracy"], 100, 1, signed=True),
-                "seeds paired": len(i["seeds"]),
-            }
-            for i in imps
-        ],
-        columns=[
-            f"{reference} vs",
-            "stability improvement (%)",
-            "Δ final accuracy (pp)",
-            "seeds paired",
-        ],
-    )
+    imps = pd.DataFrame(imps, columns=["baseline", "improvement", "delta_accuracy", "seeds"])
+    table = pd.DataFrame({f"{reference} vs": imps["baseline"]})
+    table["stability improvement (%)"] = imps["improvement"].map(lambda i: _pm(i, 100, 0, True))
+    table["Δ final accuracy (pp)"] = imps["delta_accuracy"].map(lambda d: _pm(d, 100, 1, True))
+    table["seeds paired"] = imps["seeds"].map(len)
     return markdown_table(table)
 
 
