@@ -745,7 +745,11 @@ def _accuracy_target(rows, headline: Mapping[str, Any], reference: str) -> list[
         delta = ref.mean - best["final_accuracy"].mean
         cells.append(
             (_setting_name(setting), _pm(ref, 100), best["method"])
-            + (_pm(best["final_accuracy"], 100), _counts(best), f"{100 * delta:+.2f}")
+            + (
+                _pm(best["final_accuracy"], 100),
+                f"{best['ok']}/{best['runs']}",
+                f"{100 * delta:+.2f}",
+            )
             + ("yes" if delta >= -tolerance else "no",)
         )
     head = ["setting", f"{reference} (%)", "best baseline", "its final accuracy (%)"]
