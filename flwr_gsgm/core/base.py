@@ -15,6 +15,12 @@ allocation per update beyond what a rule itself keeps (a GSGM slot, a DC-ASGD
 backup). Working on cache-sized chunks also keeps a multi-term rule close to the
 memory traffic of a plain ``w -= lr * g``.
 
+What lives elsewhere: the range guard every rule gets (no value of the state beyond
+:data:`STATE_LIMIT`) in :mod:`~flwr_gsgm.core.range_guard`, the checks of a
+checkpoint state in :mod:`~flwr_gsgm.core.state_checks`, the declared parameters in
+:mod:`~flwr_gsgm.core.params` and the name -> class registry in
+:mod:`~flwr_gsgm.core.registry`.
+
 This module and its package import numpy only (never flwr, never torch).
 """
 
@@ -29,7 +35,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from . import state_checks
 from .params import Param, describe, resolve, server_learning_rate
+from .range_guard import STATE_LIMIT, RangeGuard, max_abs
+from .registry import register
 
 __all__ = [
     "CHUNK",
@@ -51,15 +60,6 @@ _F32 = np.dtype(np.float32)
 
 #: Version of the layout returned by ``state_dict``.
 STATE_FORMAT = 1
-
-#: The largest magnitude any value of an optimizer's state may reach: float32's
-#: largest value (about 2**128) less a margin of 2**28, so that a sum of up to 2**28
-#: values of the state (a cycle sum, a table sum, a buffer) can never overflow. A step
-#: whose result would leave it is rejected with reason ``"step-range"``.
-STATE_LIMIT = 2.0**100
-# A step whose bound (see ``_step_bound``) stays below this takes the fast path: the
-# margin of 2 covers the rounding of the update's norm computed in float32.
-_FAST_LIMIT = STATE_LIMIT / 2
 
 # A source of float32 values laid out like ``w``: a list of ``(offset, flat view)``
 # pairs, each covering ``flat.size`` elements of ``w`` starting at ``offset``.
@@ -187,64 +187,6 @@ def _check_float32_cast(arr: np.ndarray, what: str) -> None:
         )
 
 
-def _state_int(value: Any, *path: str | int, low: int = 0, high: int | None = None) -> int:
-    """A state field (``state[path[0]][path[1]]...``) that must be an integer in
-    ``[low, high]``; else ValueError naming it."""
-    where = "state" + "".join(f"[{p!r}]" for p in path)
-    span = f">= {low}" if high is None else f"in [{low}, {high}]"
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"{where} is {value!r}, expected an integer {span}")
-    if int(value) < low or (high is not None and int(value) > high):
-        raise ValueError(f"{where} is {value!r}, expected an integer {span}")
-    return int(value)
-
-
-def _state_nodes(value: Any, what: str, within: set[int] | None = None) -> set[int]:
-    """A state list of partition-ids: integers, no repeats, members of ``within`` if given."""
-    if not isinstance(value, (list, tuple)):
-        raise ValueError(f"state[{what!r}] is {value!r}, expected a list of partition-ids")
-    partition_ids = []
-    for n in value:
-        if isinstance(n, (bool, np.bool_)) or not isinstance(n, numbers.Integral):
-            raise ValueError(f"state[{what!r}] holds {n!r}, expected integer partition-ids")
-        if within is not None and int(n) not in within:
-            raise ValueError(
-                f"state[{what!r}] holds node {int(n)}, which is not active "
-                f"(state['active_nodes'] is {sorted(within)[:20]})"
-            )
-        partition_ids.append(int(n))
-    if len(set(partition_ids)) != len(partition_ids):
-        raise ValueError(f"state[{what!r}] lists a node twice: {partition_ids[:20]}")
-    return set(partition_ids)
-
-
-def _max_abs(arr: np.ndarray) -> float:
-    """The largest magnitude in ``arr`` (NaN if it holds one), without a temporary."""
-    if arr.size == 0:
-        return 0.0
-    with np.errstate(invalid="ignore"):
-        return float(max(arr.max(), -arr.min()))
-
-
-def _check_state_values(state: dict[str, Any]) -> None:
-    """Raise ValueError naming the field if an array of ``state`` holds a value that is
-    not finite or beyond :data:`STATE_LIMIT` (a corrupted checkpoint, say)."""
-    for key, value in state.items():
-        items = value if isinstance(value, list) else [value]
-        for i, arr in enumerate(items):
-            if not isinstance(arr, np.ndarray) or arr.dtype.kind != "f":
-                continue
-            flat = arr.reshape(-1)
-            if _max_abs(flat) <= STATE_LIMIT:
-                continue
-            j = int(np.argmax(~(np.abs(flat) <= STATE_LIMIT)))
-            where = f"state[{key!r}]" + (f"[{i}]" if isinstance(value, list) else "")
-            raise ValueError(
-                f"{where} holds {flat[j].item()!r} at flat index {j}: not finite or beyond the "
-                "state range +-2**100 (float32's largest value less a margin of 2**28 for sums)"
-            )
-
-
 def chunks(parts: Parts) -> Iterator[tuple[int, int, np.ndarray]]:
     """Yield ``(lo, hi, values)``: ``values`` covers ``w[lo:hi]``, at most CHUNK long."""
     chunk = CHUNK
@@ -256,7 +198,7 @@ def chunks(parts: Parts) -> Iterator[tuple[int, int, np.ndarray]]:
 
 
 # ------------------------------------------------------------------------ the base
-class ServerOptimizer(abc.ABC):
+class ServerOptimizer(RangeGuard, abc.ABC):
     """Base class of the server optimizers (GSGM and the asynchronous baselines).
 
     Args:
@@ -351,12 +293,6 @@ class ServerOptimizer(abc.ABC):
         "slots_dropped",
         "range_checks",
     )
-    #: How the result check names an array attribute (a subclass adds its own).
-    _LABELS: ClassVar[dict[str, str]] = {"_w": "weights", "_backups": "weights sent to node"}
-    #: Attributes that hold ``w`` or copies of it (bounded by ``_bound_w``).
-    _W_LIKE: ClassVar[tuple[str, ...]] = ("_w", "_backups")
-    #: Array attributes recomputed from the state (not part of it, never checked).
-    _DERIVED: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -364,8 +300,6 @@ class ServerOptimizer(abc.ABC):
             # The documented defaults are the declared ones: generated, not written.
             cls.__doc__ = cls.__doc__.rstrip() + "\n" + describe(cls.declared_params())
         if cls.__dict__.get("name"):
-            from .registry import register  # registry imports this module: import late
-
             register(cls)
 
     @classmethod
@@ -432,7 +366,7 @@ class ServerOptimizer(abc.ABC):
         self._scr_b = np.empty(scratch, dtype=_F32)
 
         for i, view in enumerate(self._w_views):
-            if _max_abs(view) <= STATE_LIMIT:  # no temporary array: also catches NaN
+            if max_abs(view) <= STATE_LIMIT:  # no temporary array: also catches NaN
                 continue
             flat = view.reshape(-1)
             j = int(np.argmax(~(np.abs(flat) <= STATE_LIMIT)))
@@ -451,7 +385,7 @@ class ServerOptimizer(abc.ABC):
         self._counters: dict[str, int] = {k: 0 for k in self._counter_names}
         self._last_staleness: int | None = None
         # Bounds of the result check (see _checked_step): |w| and the updates so far.
-        self._bound_w: float | None = _max_abs(self._w)
+        self._bound_w: float | None = max_abs(self._w)
         self._bound_u = 0.0
 
     # ------------------------------------------------------------------ read-only API
@@ -506,7 +440,8 @@ class ServerOptimizer(abc.ABC):
         return {}
 
     def model_copies(self, nodes: int | None = None) -> int:
-        """Most model copies the rule keeps at once (README "Memory per rule").
+        """Most model copies the rule keeps at once (the memory per rule the engine
+        checks against the memory available at start).
 
         A model copy is ``size(w)`` float32 (4 bytes per trainable value); the bound
         includes the transients of a step (``tests/core/test_core_memory.py``), not
@@ -581,128 +516,6 @@ class ServerOptimizer(abc.ABC):
         self._counters[outcome.value] += 1
         return outcome
 
-    # ------------------------------------------------------- the result of a step
-    # Every value of the state stays within +-STATE_LIMIT. Checking the result of
-    # every step exactly would cost a pass over the state (or a copy to roll back);
-    # instead each rule bounds what one call can compute (``_step_bound``) from two
-    # tracked numbers: ``_bound_w`` >= |w| and every copy of w, and ``_bound_u`` >=
-    # every update folded into the state (an L2 norm bounds every value). A step
-    # whose bound stays below _FAST_LIMIT runs as is; only one near the limit (an
-    # absurd update, or a state grown huge) is run on the state with a copy to roll
-    # back to, and its result checked value by value.
-    def _checked_step(self, partition_id: int, norm: float, step: Any) -> Outcome:
-        """Run ``step()`` (the rule on a validated update of L2 norm ``norm``) so that
-        its result stays within :data:`STATE_LIMIT`; else roll back and reject."""
-        if self._bound_w is None:  # a join or a loss may have stepped: measure again
-            self._measure_bounds()
-        total, w_after = self._step_bound(norm)
-        if not total <= _FAST_LIMIT:
-            self._measure_bounds()  # the tracked bounds only grow: measure them
-            total, w_after = self._step_bound(norm)
-        if total <= _FAST_LIMIT:
-            with np.errstate(over="raise", invalid="raise"):
-                try:
-                    outcome = step()
-                except FloatingPointError as err:  # the bound is a proof: a bug
-                    raise RuntimeError(
-                        f"{self.name}: a step bounded by {total:.6g} overflowed ({err}); "
-                        "the state is left changed: this is a bug of _step_bound"
-                    ) from err
-            self._bound_w = w_after
-            self._bound_u = max(self._bound_u, norm)
-            return outcome
-        return self._checked_exactly(partition_id, norm, step)
-
-    def _checked_exactly(self, partition_id: int, norm: float, step: Any) -> Outcome:
-        """Run ``step()`` with a copy of the state to roll back to; check every value."""
-        snapshot = self.state_dict()
-        last_staleness = self._last_staleness
-        try:
-            with np.errstate(over="raise", invalid="raise", divide="raise"):
-                outcome = step()
-        except FloatingPointError:
-            outcome = None
-        bad = self._out_of_range()
-        if bad is None and outcome is None:
-            bad = ("state", math.inf, 0)  # an intermediate overflowed, nothing stored yet
-        if bad is not None:
-            self._load(snapshot)
-            self._last_staleness = last_staleness
-            self._counters["range_checks"] += 1
-            label, value, index = bad
-            raise self._reject(
-                "step-range",
-                f"the update of partition-id {partition_id} (L2 norm {norm:.6g}) would take "
-                f"the {label} to {value:.6g} at flat index {index}, beyond the state range "
-                f"+-2**100 (float32's largest value less a margin of 2**28 for sums); "
-                "the state is unchanged",
-            )
-        self._counters["range_checks"] += 1
-        self._measure_bounds()
-        return outcome
-
-    def _step_bound(self, norm: float) -> tuple[float, float]:
-        """Bounds of one call with an update of L2 norm ``norm``: ``(total, w_after)``.
-
-        ``total`` bounds the magnitude of every value the call may compute or store
-        (intermediates included), ``w_after`` that of ``w`` after it, given
-        ``|w|, |copies of w| <= self._bound_w`` and ``|every update folded so far|
-        <= self._bound_u``. The default, infinity, checks every step exactly (correct
-        but slow): each rule overrides it.
-        """
-        return math.inf, math.inf
-
-    def _measure_bounds(self) -> None:
-        """Set ``_bound_w`` and ``_bound_u`` to the state's exact largest magnitudes.
-
-        ``_bound_u`` then bounds every stored update-derived value (slots, rows,
-        caches, sums, momentum), which each rule's ``_step_bound`` accepts in place
-        of the largest update folded so far.
-        """
-        bound_w = bound_u = 0.0
-        for attr, _label, arr in self._named_arrays():
-            m = _max_abs(arr)
-            if attr in self._W_LIKE:
-                bound_w = max(bound_w, m)
-            else:
-                bound_u = max(bound_u, m)
-        self._bound_w, self._bound_u = bound_w, bound_u
-
-    def _out_of_range(self) -> tuple[str, float, int] | None:
-        """The first value of the state beyond :data:`STATE_LIMIT` (or NaN), as
-        ``(what, value, flat index)``; None if there is none."""
-        for _attr, label, arr in self._named_arrays():
-            for lo, _hi, values in chunks([(0, arr)]):
-                m = _max_abs(values)
-                if not m <= STATE_LIMIT:
-                    bad = ~(np.abs(values) <= STATE_LIMIT)
-                    j = int(np.argmax(bad))
-                    return label, float(values[j]), lo + j
-        return None
-
-    def _named_arrays(self) -> Iterator[tuple[str, str, np.ndarray]]:
-        """``(attribute, label, flat array)`` of every array of the state.
-
-        Scratch buffers (``_scr*``) and those in ``_DERIVED`` (recomputed from the
-        state) are left out; arrays held in dicts (per-node slots, rows, caches,
-        copies of w) are labelled with their node.
-        """
-        labels: dict[str, str] = {}
-        for klass in reversed(type(self).__mro__):
-            labels.update(klass.__dict__.get("_LABELS", {}))
-        for attr, value in vars(self).items():
-            if attr.startswith("_scr") or attr in self._DERIVED:
-                continue
-            label = labels.get(attr, attr.lstrip("_"))
-            if isinstance(value, np.ndarray):
-                yield attr, label, value
-            elif isinstance(value, dict):
-                for key, item in value.items():
-                    if isinstance(item, list) and item and isinstance(item[0], np.ndarray):
-                        item = item[0]
-                    if isinstance(item, np.ndarray):
-                        yield attr, f"{label} {key}", item
-
     def on_node_joined(self, partition_id: int, now: float = 0.0) -> None:
         """``partition_id`` becomes active (no-op if it already is)."""
         partition_id = _check_partition_id(partition_id)
@@ -766,22 +579,7 @@ class ServerOptimizer(abc.ABC):
                 :meth:`_check_state`); the message names the field. The optimizer is
                 then left unchanged.
         """
-        if not isinstance(state, dict):
-            raise ValueError(f"state must be a dict, got {type(state).__name__}")
-        if state.get("format") != STATE_FORMAT:
-            raise ValueError(
-                f"state format {state.get('format')!r} is not supported (expected {STATE_FORMAT})"
-            )
-        if state.get("name") != self.name:
-            raise ValueError(
-                f"state of optimizer {state.get('name')!r} cannot be loaded into {self.name!r}"
-            )
-        shapes = tuple(tuple(int(d) for d in s) for s in state.get("shapes", ()))
-        if shapes != self._shapes:
-            raise ValueError(
-                f"state shapes {list(shapes)} differ from the optimizer's "
-                f"{[list(s) for s in self._shapes]}"
-            )
+        state_checks.check_header(state, STATE_FORMAT, self.name, self._shapes)
         self._check_layout(state)
         self._check_state(state)
         backup = self.state_dict()
@@ -829,32 +627,12 @@ class ServerOptimizer(abc.ABC):
         ]
 
     def _flat_array(self, value: Any, what: str) -> np.ndarray:
-        """Validate a flat float32 array of a state dict and return a copy."""
-        arr = np.asarray(value)
-        if arr.dtype != _F32 or arr.shape != (self._size,):
-            raise ValueError(
-                f"state[{what!r}] must be a float32 array of shape ({self._size},), "
-                f"got {arr.dtype} {arr.shape}"
-            )
-        return arr.copy()
+        """A copy of ``state[what]``, which must be a flat float32 array of ``w``'s size."""
+        return state_checks.flat_array(value, self._size, what)
 
     def _check_layout(self, state: dict[str, Any]) -> None:
         """Raise ValueError naming each :attr:`STATE_LAYOUT` parameter the state differs in."""
-        params = state.get("params")
-        if not isinstance(params, dict):
-            raise ValueError(f"state['params'] is {params!r}, expected a dict of parameters")
-        mine = self.params
-        diff = [
-            f"{k}={params.get(k)!r} (the optimizer's: {mine[k]!r})"
-            for k in self.STATE_LAYOUT
-            if params.get(k) != mine[k]
-        ]
-        if diff:
-            raise ValueError(
-                f"state of a {self.name!r} optimizer with {', '.join(diff)} cannot be loaded: "
-                f"the state's buffers belong to that mode; build the optimizer with the "
-                f"state's {', '.join(k for k in self.STATE_LAYOUT if params.get(k) != mine[k])}"
-            )
+        state_checks.check_layout(state, self.name, self.STATE_LAYOUT, self.params)
 
     def _check_state(self, state: dict[str, Any]) -> None:
         """Raise ValueError, naming the field, if ``state`` is not consistent.
@@ -864,14 +642,11 @@ class ServerOptimizer(abc.ABC):
         rule's own fields (:meth:`_check_state_extra`).
         """
         try:
-            version = _state_int(state.get("version"), "version")
-            for key, value in dict(state.get("counters", {})).items():
-                _state_int(value, "counters", key)
-            active = _state_nodes(state.get("active_nodes"), "active_nodes")
+            version, active = state_checks.check_common(state)
             self._check_state_extra(state, version, active)
         except (TypeError, KeyError) as err:
             raise ValueError(f"state is malformed: {err!r}") from None
-        _check_state_values(state)
+        state_checks.check_state_values(state)
 
     def _check_state_extra(self, state: dict[str, Any], version: int, active: set[int]) -> None:
         """Hook: validate the rule's fields of ``state`` (raise ValueError naming one)."""

@@ -22,8 +22,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .base import Outcome, Parts, ServerOptimizer, _state_int, _state_nodes, chunks
+from .base import Outcome, Parts, ServerOptimizer, chunks
 from .params import BETA, Param, server_learning_rate
+from .state_checks import state_int, state_nodes
 
 __all__ = ["GSGMRule"]
 
@@ -250,9 +251,9 @@ class GSGMRule(ServerOptimizer):
         ),
         # The tuned choice (docs/results/fashion_mnist_scale/tuned.toml): lr 0.1 per
         # cycle, which at 10 nodes and quorum 0.5 is the earlier default of 0.02 per step.
-        # Displacement modes: a cycle of quorum 0.5 is half the nodes' contributions, so
-        # 0.5 per cycle moves w per client training about as far as FedAvg (each round's
-        # mean displacement); 1.0 was unstable in a sanity check (docs/GSGM.md).
+        # Displacement modes: 0.25 of the displacement per cycle, the best of 0.1, 0.25,
+        # 0.5 and 1.0 at 80 virtual seconds with one local epoch at 10 nodes
+        # (docs/results/fashion_mnist_realtime/tune.csv; docs/GSGM.md "Client modes").
         server_learning_rate(0.1, displacement=0.25),
         Param(
             "lr_scaling",
@@ -791,29 +792,29 @@ class GSGMRule(ServerOptimizer):
         """
         params = dict(state["params"])
         for key in ("cycle_count", "cycle_index", "cycle_arrivals"):
-            _state_int(state[key], key)
-        white = _state_nodes(state["white_list"], "white_list", within=active)
-        contributed = _state_nodes(state["contributed"], "contributed")
+            state_int(state[key], key)
+        white = state_nodes(state["white_list"], "white_list", within=active)
+        contributed = state_nodes(state["contributed"], "contributed")
         if white & contributed:
             raise ValueError(
                 f"state['white_list'] holds node(s) {sorted(white & contributed)} that "
                 "contributed in this cycle (state['contributed'])"
             )
         if "members" in state:  # states written before the members rule derive them
-            members = _state_nodes(state["members"], "members", within=active)
+            members = state_nodes(state["members"], "members", within=active)
             if not white <= members:
                 raise ValueError(
                     f"state['white_list'] holds node(s) {sorted(white - members)} that are "
                     "not members of the cycle (state['members'])"
                 )
-        slots = _state_nodes(state["slot_nodes"], "slot_nodes", within=active)
+        slots = state_nodes(state["slot_nodes"], "slot_nodes", within=active)
         for i, count in enumerate(state["slot_counts"]):
-            _state_int(count, "slot_counts", i, low=1)
+            state_int(count, "slot_counts", i, low=1)
         for i, base in enumerate(state["slot_versions"]):
-            _state_int(base, "slot_versions", i, high=version)
-        rows = _state_nodes(state["table_nodes"], "table_nodes", within=active)
+            state_int(base, "slot_versions", i, high=version)
+        rows = state_nodes(state["table_nodes"], "table_nodes", within=active)
         for i, base in enumerate(state["table_versions"]):
-            _state_int(base, "table_versions", i, high=version)
+            state_int(base, "table_versions", i, high=version)
         variant = self._state_variant(state)
         if variant not in ("slot", "table"):
             raise ValueError(
