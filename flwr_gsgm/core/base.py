@@ -480,8 +480,9 @@ class ServerOptimizer(RangeGuard, abc.ABC):
                 ``weights``, say) is copied before the rule runs, so the rule's
                 writes do not change it.
             base_version: the ``version`` of the weights the node computed on.
-            now: the engine's clock in seconds (virtual seconds in simulation), used
-                only by GSGM's cycle time budget.
+            now: the engine's clock in seconds (virtual seconds in simulation),
+                passed to the rule's hooks; no shipped rule reads it (GSGM's cycle time
+                budget, which did, was deleted: docs/GSGM.md).
 
         Returns:
             The :class:`Outcome` of the update.
@@ -565,7 +566,7 @@ class ServerOptimizer(RangeGuard, abc.ABC):
         """Restore a ``state_dict()`` (of an optimizer of the same class and shapes).
 
         Hyperparameters are restored too, as in PyTorch optimizers, except those of
-        :attr:`STATE_LAYOUT` (GSGM's ``averaging``, ``apply`` and ``scheduling``),
+        :attr:`STATE_LAYOUT` (GSGM's ``averaging`` and ``scheduling``),
         which must already be equal: a state never switches the optimizer's mode.
         The arrays of ``weights`` keep their identity (values are copied into the
         buffer).
@@ -580,6 +581,7 @@ class ServerOptimizer(RangeGuard, abc.ABC):
                 then left unchanged.
         """
         state_checks.check_header(state, STATE_FORMAT, self.name, self._shapes)
+        state = self._upgrade_state(state)
         self._check_layout(state)
         self._check_state(state)
         backup = self.state_dict()
@@ -613,6 +615,11 @@ class ServerOptimizer(RangeGuard, abc.ABC):
     def _check_extra(self, partition_id: int, base_version: int) -> tuple[str, str] | None:
         """Hook: rule-specific validation; return ``(reason, message)`` to reject."""
         return None
+
+    def _upgrade_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        """Hook: ``state`` (written by an earlier version of the rule) in today's
+        layout, before it is checked; raise ValueError if it cannot be. As is here."""
+        return state
 
     def _extra_state(self) -> dict[str, Any]:
         return {}

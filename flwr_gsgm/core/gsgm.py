@@ -16,7 +16,6 @@ algorithm.
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar
 
@@ -31,7 +30,6 @@ __all__ = ["GSGMRule"]
 _F32 = np.dtype(np.float32)
 _FORMS = ("heavy-ball", "ema")
 _AVERAGING = ("auto", "slot", "table")
-_APPLY = ("arrival", "cycle")
 _LR_SCALING = ("step", "cycle")
 
 
@@ -52,14 +50,12 @@ class GSGMRule(ServerOptimizer):
     - apply ``u_i``: heavy-ball ``w <- w - lr * (u_i + beta * M)``, or ema
       ``w <- w - lr * ((1 - beta) * u_i + beta * M)`` (with ``u_i`` alone before the
       first cycle has closed); then ``t += 1; S += u_i; k += 1``;
-    - the cycle closes when ``W`` is empty, when ``ceil(cycle_quorum * m)`` of its
-      ``m`` active members have contributed, when it has seen ``cycle_max_updates``
-      arrivals, or when ``cycle_max_seconds`` have passed since it started. Close:
-      heavy-ball ``M <- S / k + beta * M``; ema ``M <- beta * M + (1 - beta) * S / k``
-      (``M <- S / k`` at the first close); ``S, k <- 0``; ``W <-`` all active
-      nodes; then every pending slot is applied, oldest first, as its node's
-      contribution to the new cycle (the node leaves ``W``); a cycle complete again
-      right away closes again.
+    - the cycle closes when ``W`` is empty or when ``ceil(cycle_quorum * m)`` of its
+      ``m`` members have contributed. Close: heavy-ball ``M <- S / k + beta * M``;
+      ema ``M <- beta * M + (1 - beta) * S / k`` (``M <- S / k`` at the first
+      close); ``S, k <- 0``; ``W <-`` all active nodes; then every pending slot is
+      applied, oldest first, as its node's contribution to the new cycle (the node
+      leaves ``W``); a cycle complete again right away closes again.
 
     Memory (model copies, ``size(w)`` float32 each): ``w``, ``M``, ``S`` and one
     slot per node that has a pending update (``s < |A|`` of them): ``3 + s``, at most
@@ -71,44 +67,14 @@ class GSGMRule(ServerOptimizer):
     formulas above up to float32 rounding order; the momentum term is computed chunk
     by chunk, not kept.
 
-    Options (defaults give the rule above):
-
-    - ``apply = "cycle"``: a contribution (a scheduled ``u_i``, or a slot applied at
-      a cycle start, which joins the new cycle) only accumulates
-      ``S += u_i; k += 1`` and leaves ``w`` alone (:attr:`Outcome.DEFERRED`). When
-      the cycle closes with ``k > 0`` the model steps once along the balanced
-      cycle mean with the global momentum: heavy-ball ``M <- S / k + beta * M``,
-      ema ``M <- beta * M + (1 - beta) * S / k`` (``M <- S / k`` at the first
-      close); then ``w <- w - lr * M`` and ``version += 1``: versions count cycles,
-      so staleness (and ``max_staleness``) is measured in cycles. The update whose
-      call took that step, with its contribution in it, is :attr:`Outcome.APPLIED`
-      (a close that only moves its slot into the next cycle leaves it DEFERRED).
-      With ``averaging = "table"`` the contributions only update the table (``S``
-      stays 0) and the close uses the table mean ``sum_j T_j / |T|`` in place of
-      ``S / k``.
-    - ``table_max_age`` (table averaging only): each row keeps the base version of
-      its contribution (for a slot, that of the newest update folded into it).
-      An update with staleness above ``table_max_age`` can never enter a mean: it
-      is dropped (:attr:`Outcome.STALE`) before scheduling. Before each table
-      step (every contribution with ``apply = "arrival"``, every close with
-      ``"cycle"``), the rows with ``version - base > table_max_age`` leave the
-      table (counted in ``table_rows_expired``); with ``"arrival"`` the row just
-      written always stays for its own step (it is the fresh term ``u_i``). If no
-      row is left at a close (``"cycle"``), there is no step and ``M`` is kept
-      (counted in ``table_empty``). Cost: the running sum loses each expired row
-      by one subtraction pass, or is recomputed from the remaining rows when that
-      takes fewer passes; the expiry scan is over |table| ints only.
-    - ``lr_scaling = "cycle"``: ``lr`` is the step per
-      cycle, divided over the contributions that close a cycle. Each per-arrival
-      step is ``w <- w - (lr / c) * (u_i + beta * M)`` (heavy-ball) or
-      ``w <- w - (lr / c) * ((1 - beta) * u_i + beta * M)`` (ema), with
-      ``c = max(1, ceil(cycle_quorum * |A|))`` (``|A|`` the active nodes at the
-      step, or ``concurrency`` when fewer nodes train at once; ``c = max(1, |A|)``
-      with ``scheduling = False``). A cycle of ``c``
-      contributions thus moves ``w`` by about ``lr * (mean u + beta * M)``
-      whatever the number of nodes. With ``apply = "cycle"`` the one step of a
-      cycle is ``lr`` already, so both values of ``lr_scaling`` give the same rule
-      (a grid may cross the two options).
+    Learning rate per cycle (``lr_scaling = "cycle"``, the default): ``lr`` is the
+    step per cycle, divided over the contributions that close a cycle. Each
+    per-arrival step is ``w <- w - (lr / c) * (u_i + beta * M)`` (heavy-ball) or
+    ``w <- w - (lr / c) * ((1 - beta) * u_i + beta * M)`` (ema), with
+    ``c = max(1, ceil(cycle_quorum * |A|))`` (``|A|`` the active nodes at the step,
+    or ``concurrency`` when fewer nodes train at once; ``c = max(1, |A|)`` with
+    ``scheduling = False``). A cycle of ``c`` contributions thus moves ``w`` by
+    about ``lr * (mean u + beta * M)`` whatever the number of nodes.
 
     Args:
         weights: initial weights, a sequence of numpy arrays (copied to float32).
@@ -121,15 +87,10 @@ class GSGMRule(ServerOptimizer):
         cycle_quorum: fraction in (0, 1] of the cycle's active members (white list at
             the cycle start, less nodes lost since) whose contribution closes the
             cycle; 1.0 = strictly even.
-        cycle_max_updates: optional budget, >= 1: the cycle closes once it has seen
-            that many arrivals (every valid update, stale ones included).
-        cycle_max_seconds: optional budget, > 0 seconds of the engine's clock (the
-            ``now`` arguments): the cycle closes at the first event at or after
-            ``start + cycle_max_seconds``, before that event is handled.
         scheduling: ``False`` is the momentum-only ablation: every arrival is applied
             as ``u_i`` and ``M`` is refreshed from the mean of each consecutive window
             of ``|A|`` applied updates (the window is the cycle; the white list stays
-            empty, no slot is used; quorum and budgets are ignored).
+            empty, no slot is used; the quorum is ignored).
         averaging: ``"auto"`` (default: :meth:`auto_averaging` picks ``"table"``, or
             ``"slot"`` when ``concurrency`` is below the number of active nodes; the
             :attr:`averaging_in_use` tells which; a checkpoint loads only into the
@@ -140,29 +101,22 @@ class GSGMRule(ServerOptimizer):
             ``d = mean_j T_j`` in place of ``u_i`` (each node weighs ``1/|table|``
             whatever its speed); ``S`` sums ``d`` so ``M`` is momentum on that mean.
             Memory grows by ``|A| * size(w)``.
-        start_time: clock value at which the first cycle starts; ``None`` (default)
-            starts it at the ``now`` of the first event (update, join, loss), so
-            that an engine on a wall clock does not need to pass its start time.
-        apply: ``"arrival"`` (default: a step per contribution) or ``"cycle"``
-            (one step per closed cycle, see Options).
-        table_max_age: ``None`` (default, off) or an int >= 0, the largest row age
-            in versions kept in the table mean; needs ``averaging = "table"``.
         lr_scaling: ``"step"`` (``lr`` per step) or ``"cycle"`` (``lr`` per cycle,
-            ``lr / c`` per step; the same as ``"step"`` with ``apply = "cycle"``).
+            ``lr / c`` per step, see above).
+        concurrency: nodes training at once (set by the strategy from the engine's
+            max-in-flight; None = every active node).
         max_staleness: optional staleness bound (see :class:`ServerOptimizer`).
         max_norm: optional L2-norm bound (see :class:`ServerOptimizer`).
 
     Defaults are declared once, in ``PARAMS`` (listed at the end of this docstring):
-    the tuned choice of docs/GSGM.md's protocol.
+    the tuned choice of docs/GSGM.md's protocol, which also says why each option is
+    kept and which options were deleted.
 
     Raises:
-        ValueError: a parameter is not declared or out of range, or two options do not
-            go together (``table_max_age`` without table averaging); the message
-            names it.
+        ValueError: a parameter is not declared or out of range; the message names it.
 
-    Extra counters: ``cycles`` (closes), ``cycles_quorum``, ``cycles_update_budget``,
-    ``cycles_time_budget`` (closes for those reasons), ``slots_applied``,
-    ``table_rows_expired`` and ``table_empty`` (``table_max_age``).
+    Extra counters: ``cycles`` (closes), ``cycles_quorum`` (closes by the quorum
+    before the white list emptied), ``slots_applied``.
 
     Node churn: a lost node leaves ``A``, ``W`` and the cycle's members, its slot is
     dropped (counted in ``slots_dropped``) and, in table mode, its row; the cycle may
@@ -195,24 +149,6 @@ class GSGMRule(ServerOptimizer):
             run_config_key="cycle-quorum",
         ),
         Param(
-            "cycle_max_updates",
-            None,
-            "cycle budget in updates",
-            kind=int,
-            low=1,
-            optional=True,
-            run_config_key="cycle-max-updates",
-        ),
-        Param(
-            "cycle_max_seconds",
-            None,
-            "cycle budget in seconds",
-            low=0.0,
-            low_open=True,
-            optional=True,
-            run_config_key="cycle-max-seconds",
-        ),
-        Param(
             "scheduling",
             True,
             "white-list scheduling (false = momentum only)",
@@ -229,26 +165,6 @@ class GSGMRule(ServerOptimizer):
             choices=_AVERAGING,
             run_config_key="averaging",
         ),
-        # The engine's clock start; not a run config key (the engine passes ``now``).
-        Param("start_time", None, "clock value at which the first cycle starts", optional=True),
-        Param(
-            "apply",
-            "arrival",
-            "when contributions step the model: every arrival, or "
-            "once per cycle along the cycle mean",
-            kind=str,
-            choices=_APPLY,
-            run_config_key="apply",
-        ),
-        Param(
-            "table_max_age",
-            None,
-            "table averaging: rows older than this many versions leave the mean",
-            kind=int,
-            low=0,
-            optional=True,
-            run_config_key="table-max-age",
-        ),
         # The tuned choice (docs/results/fashion_mnist_scale/tuned.toml): lr 0.1 per
         # cycle, which at 10 nodes and quorum 0.5 is the earlier default of 0.02 per step.
         # Displacement modes: 0.25 of the displacement per cycle, the best of 0.1, 0.25,
@@ -258,7 +174,7 @@ class GSGMRule(ServerOptimizer):
         Param(
             "lr_scaling",
             "cycle",
-            "apply = arrival: lr per step, or per cycle divided over the cycle's contributions",
+            "lr per step, or per cycle divided over the cycle's contributions",
             kind=str,
             choices=_LR_SCALING,
             run_config_key="lr-scaling",
@@ -275,7 +191,7 @@ class GSGMRule(ServerOptimizer):
             optional=True,
         ),
     )
-    STATE_LAYOUT: ClassVar[tuple[str, ...]] = ("averaging", "apply", "scheduling")
+    STATE_LAYOUT: ClassVar[tuple[str, ...]] = ("averaging", "scheduling")
     _LABELS: ClassVar[dict[str, str]] = {
         "_M": "momentum",
         "_S": "cycle sum",
@@ -286,12 +202,18 @@ class GSGMRule(ServerOptimizer):
     _counter_names: ClassVar[tuple[str, ...]] = ServerOptimizer._counter_names + (
         "cycles",
         "cycles_quorum",
-        "cycles_update_budget",
-        "cycles_time_budget",
         "slots_applied",
-        "table_rows_expired",
-        "table_empty",
     )
+    #: Parameters of earlier versions (docs/GSGM.md, "Deleted options") and the value
+    #: a state written then must hold for them to load: the behaviour every run has
+    #: now (``start_time`` only set the clock of the deleted time budget: any value).
+    _RETIRED: ClassVar[dict[str, Any]] = {
+        "apply": "arrival",
+        "table_max_age": None,
+        "cycle_max_updates": None,
+        "cycle_max_seconds": None,
+    }
+    _RETIRED_ANY: ClassVar[tuple[str, ...]] = ("start_time",)
 
     def __init__(
         self, weights: Sequence[np.ndarray], partition_ids: Iterable[int], **params: Any
@@ -302,17 +224,6 @@ class GSGMRule(ServerOptimizer):
         self._variant = (
             self.auto_averaging(len(self._active), self._concurrency) if auto else self._averaging
         )
-        if self._table_max_age is not None and self._variant != "table":
-            why = (
-                f" (auto chose 'slot': concurrency {self._concurrency} < {len(self._active)} nodes)"
-                if auto
-                else ""
-            )
-            raise ValueError(
-                f"table_max_age={self._table_max_age!r} needs averaging='table', got "
-                f"averaging={self._averaging!r}{why}"
-            )
-
         self._M = np.zeros(self._size, dtype=_F32)
         self._S = np.zeros(self._size, dtype=_F32)
         self._k = 0
@@ -323,20 +234,12 @@ class GSGMRule(ServerOptimizer):
         # A node that (re)joins mid-cycle is not one (docs/GSGM.md, "Node churn").
         self._members: set[int] = set(self._white)
         self._contributed: set[int] = set()
-        # node -> [flat slot buffer, count, base version of its newest update];
-        # insertion order = oldest first.
+        # node -> [flat slot buffer, count]; insertion order = oldest first.
         self._slots: dict[int, list[Any]] = {}
-        self._cycle_start: float | None = self._start_time
-        self._cycle_arrivals = 0
-        # table variant: node -> latest contribution, its base version, the rows' sum.
+        # table variant: node -> latest contribution, and the rows' sum.
         self._table: dict[int, np.ndarray] = {}
-        self._table_base: dict[int, int] = {}
         self._table_sum = np.zeros(self._size, dtype=_F32) if self._variant == "table" else None
         self._scr_c = np.empty_like(self._scr_a)
-        # apply = "cycle": the cycle index in which the update being handled joined
-        # S (None: not yet), to tell APPLIED from DEFERRED.
-        self._arrival: int | None = None
-        self._arrival_cycle: int | None = None
 
     @staticmethod
     def auto_averaging(nodes: int, concurrency: int | None) -> str:
@@ -391,16 +294,6 @@ class GSGMRule(ServerOptimizer):
         return self._cycle_index
 
     @property
-    def cycle_arrivals(self) -> int:
-        """Valid arrivals (stale ones included) since the current cycle started."""
-        return self._cycle_arrivals
-
-    @property
-    def cycle_start(self) -> float | None:
-        """Clock value at which the current cycle started (None: not started yet)."""
-        return self._cycle_start
-
-    @property
     def white_list(self) -> frozenset[int]:
         """Active nodes that may still contribute in the current cycle (``W``)."""
         return frozenset(self._white)
@@ -435,11 +328,6 @@ class GSGMRule(ServerOptimizer):
         return {n: row.copy() for n, row in self._table.items()}
 
     @property
-    def table_versions(self) -> dict[int, int]:
-        """Table variant: node -> base version of its row (see ``table_max_age``)."""
-        return dict(self._table_base)
-
-    @property
     def momentum_ready(self) -> bool:
         """Whether a cycle with contributions has closed (``M`` was set)."""
         return self._momentum_ready
@@ -461,43 +349,20 @@ class GSGMRule(ServerOptimizer):
     def _on_valid(
         self, partition_id: int, parts: Parts, base_version: int, staleness: int, now: float
     ) -> Outcome:
-        self._cycle_arrivals += 1
-        if self._table_max_age is not None and staleness > self._table_max_age:
-            # Too old for the table: it could never enter a mean (rows only age).
-            self._advance(now)
-            return Outcome.STALE
-        self._arrival, self._arrival_cycle = partition_id, None
-        try:
-            if not self._scheduling or partition_id in self._white:
-                self._contribute(partition_id, parts, base_version)
-                outcome = Outcome.APPLIED
-            else:
-                self._fold(partition_id, parts, base_version)
-                outcome = Outcome.DEFERRED
-            self._advance(now)
-        finally:
-            self._arrival = None
-        if self._apply == "cycle":
-            # Stepped iff the cycle it joined (directly or through its slot) closed.
-            joined = self._arrival_cycle
-            stepped = joined is not None and self._cycle_index > joined
-            return Outcome.APPLIED if stepped else Outcome.DEFERRED
+        if not self._scheduling or partition_id in self._white:
+            self._contribute(partition_id, parts)
+            outcome = Outcome.APPLIED
+        else:
+            self._fold(partition_id, parts)
+            outcome = Outcome.DEFERRED
+        self._advance()
         if outcome is Outcome.DEFERRED and partition_id not in self._slots:
             outcome = Outcome.APPLIED  # its slot was applied when the cycle closed
         return outcome
 
-    def _tick(self, now: float) -> None:
-        # A cycle whose time ran out before this event closes before it is handled.
-        self._advance(now)
-
-    def _on_stale(self, partition_id: int, now: float) -> Outcome:
-        self._cycle_arrivals += 1
-        self._advance(now)
-        return Outcome.STALE
-
     def _joined(self, partition_id: int, now: float) -> None:
         # Enters W at the next cycle; a cycle without members restarts at once.
-        self._advance(now)
+        self._advance()
 
     def _lost(self, partition_id: int, now: float) -> None:
         self._white.discard(partition_id)
@@ -505,12 +370,11 @@ class GSGMRule(ServerOptimizer):
         if self._slots.pop(partition_id, None) is not None:
             self._counters["slots_dropped"] += 1
         if self._table_sum is not None and self._table.pop(partition_id, None) is not None:
-            self._table_base.pop(partition_id, None)
             self._recompute_table_sum()
-        self._advance(now)
+        self._advance()
 
     # -------------------------------------------------------------------- cycles
-    def _close_reason(self, now: float) -> str | None:
+    def _close_reason(self) -> str | None:
         if not self._scheduling:
             if self._k > 0 and self._k >= len(self._active):
                 return "window"
@@ -527,41 +391,26 @@ class GSGMRule(ServerOptimizer):
             needed = max(1, math.ceil(self._cycle_quorum * len(self._members) - 1e-9))
             if done >= needed:
                 return "quorum"
-        if self._cycle_max_updates is not None and self._cycle_arrivals >= self._cycle_max_updates:
-            return "update_budget"
-        if (
-            self._cycle_max_seconds is not None
-            and self._cycle_start is not None
-            and now - self._cycle_start >= self._cycle_max_seconds
-        ):
-            return "time_budget"
         return None
 
-    def _advance(self, now: float) -> None:
-        """Start the clock if needed, then close cycles while one is due."""
-        if self._cycle_start is None:
-            self._cycle_start = now
+    def _advance(self) -> None:
+        """Close cycles while one is due."""
         while True:
-            reason = self._close_reason(now)
+            reason = self._close_reason()
             if reason is None:
                 return
-            self._close(reason, now)
+            self._close(reason)
 
-    def _close(self, reason: str, now: float) -> None:
+    def _close(self, reason: str) -> None:
         if self._k > 0:
-            if self._apply == "cycle":
-                self._cycle_step()
-            else:
-                self._refresh_momentum(self._S, self._k)
+            self._refresh_momentum(self._S, self._k)
             self._S.fill(0.0)
         self._k = 0
         self._cycle_index += 1
         self._counters["cycles"] += 1
-        if reason in ("quorum", "update_budget", "time_budget"):
-            self._counters["cycles_" + reason] += 1
+        if reason == "quorum":
+            self._counters["cycles_quorum"] += 1
         self._contributed = set()
-        self._cycle_start = now
-        self._cycle_arrivals = 0
         if self._table_sum is not None:
             self._recompute_table_sum()  # bounds the drift of the running sum
         if not self._scheduling:
@@ -570,26 +419,9 @@ class GSGMRule(ServerOptimizer):
         self._members = set(self._white)
         while self._slots:
             partition_id = next(iter(self._slots))
-            buf, _count, base = self._slots.pop(partition_id)
-            self._contribute(partition_id, [(0, buf)], base)
+            buf, _count = self._slots.pop(partition_id)
+            self._contribute(partition_id, [(0, buf)])
             self._counters["slots_applied"] += 1
-
-    def _cycle_step(self) -> None:
-        """apply = "cycle": refresh ``M`` from the cycle mean, then ``w -= lr * M``.
-
-        The cycle mean is ``S / k``, or in table mode the table mean over the rows
-        young enough at the close (no step, counted in ``table_empty``, if none is).
-        """
-        if self._table_sum is not None:
-            self._expire_rows(keep=None)
-            if not self._table:
-                self._counters["table_empty"] += 1
-                return
-            self._refresh_momentum(self._table_sum, len(self._table))
-        else:
-            self._refresh_momentum(self._S, self._k)
-        self._sgd_step([(0, self._M)], self._lr)
-        self._version += 1
 
     def _refresh_momentum(self, src: np.ndarray, count: int) -> None:
         """Fold the cycle mean ``src / count`` into ``M`` (heavy-ball or ema)."""
@@ -614,32 +446,18 @@ class GSGMRule(ServerOptimizer):
         self._momentum_ready = True
 
     # ------------------------------------------------------------------ the steps
-    def _contribute(self, partition_id: int, parts: Parts, base: int) -> None:
-        """Apply ``u`` (``parts``) as ``partition_id``'s contribution to the current cycle.
-
-        ``base`` is the base version of the contribution (of the newest update
-        folded into it, for a slot): the age of its table row counts from it.
-        """
+    def _contribute(self, partition_id: int, parts: Parts) -> None:
+        """Apply ``u`` (``parts``) as ``partition_id``'s contribution to the current cycle."""
         tsum = self._table_sum
         if tsum is not None:
-            self._table_put(partition_id, parts, base)
-        if self._apply == "arrival":
-            if tsum is not None:
-                self._expire_rows(keep=partition_id)
-                self._step([(0, tsum)], divisor=len(self._table))
-            else:
-                self._step(parts, divisor=None)
-            self._version += 1
-        elif tsum is None:  # apply = "cycle": S <- S + u, no step
-            S = self._S
-            for lo, hi, u in chunks(parts):
-                ss = S[lo:hi]
-                np.add(ss, u, out=ss)
+            self._table_put(partition_id, parts)
+            self._step([(0, tsum)], divisor=len(self._table))
+        else:
+            self._step(parts, divisor=None)
+        self._version += 1
         self._k += 1
         self._white.discard(partition_id)
         self._contributed.add(partition_id)
-        if partition_id == self._arrival:
-            self._arrival_cycle = self._cycle_index
 
     def _step_lr(self) -> float:
         """Learning rate of one per-arrival step: ``lr``, or ``lr / c`` (lr_scaling)."""
@@ -689,14 +507,13 @@ class GSGMRule(ServerOptimizer):
             ss = S[lo:hi]
             np.add(ss, u, out=ss)
 
-    def _fold(self, partition_id: int, parts: Parts, base: int) -> None:
+    def _fold(self, partition_id: int, parts: Parts) -> None:
         """Fold ``g`` into the node's slot: ``P <- P + (g - P) / n``."""
         slot = self._slots.get(partition_id)
         if slot is None:
-            self._slots[partition_id] = [self._copy_new(parts), 1, base]
+            self._slots[partition_id] = [self._copy_new(parts), 1]
             return
         slot[1] += 1
-        slot[2] = max(slot[2], base)
         buf, count = slot[0], slot[1]
         a = self._scr_a
         for lo, hi, g in chunks(parts):
@@ -706,10 +523,10 @@ class GSGMRule(ServerOptimizer):
             np.divide(t, count, out=t)
             np.add(p, t, out=p)
 
-    def _table_put(self, partition_id: int, parts: Parts, base: int) -> None:
+    def _table_put(self, partition_id: int, parts: Parts) -> None:
+        """Replace the node's row by ``u``; the running sum follows (``+ u - row``)."""
         row = self._table.get(partition_id)
         tsum = self._table_sum
-        self._table_base[partition_id] = base
         if row is None:
             self._table[partition_id] = self._copy_new(parts)
             for lo, hi, u in chunks(parts):
@@ -724,31 +541,6 @@ class GSGMRule(ServerOptimizer):
             ts = tsum[lo:hi]
             np.add(ts, t, out=ts)
             np.copyto(r, u)
-
-    def _expire_rows(self, keep: int | None) -> None:
-        """Drop the rows older than ``table_max_age`` versions (but ``keep``'s).
-
-        Age of a row = ``version - base``, measured before the step it would join.
-        The sum loses the expired rows by subtraction, or is recomputed from the
-        remaining rows when that takes fewer passes.
-        """
-        if self._table_max_age is None:
-            return
-        limit = self._version - self._table_max_age  # base < limit: too old
-        old = [n for n, b in self._table_base.items() if b < limit and n != keep]
-        if not old:
-            return
-        self._counters["table_rows_expired"] += len(old)
-        gone = []
-        for n in old:
-            gone.append(self._table.pop(n))
-            del self._table_base[n]
-        if len(gone) > len(self._table):
-            self._recompute_table_sum()
-            return
-        tsum = self._table_sum
-        for row in gone:
-            np.subtract(tsum, row, out=tsum)
 
     def _recompute_table_sum(self) -> None:
         tsum = self._table_sum
@@ -770,28 +562,41 @@ class GSGMRule(ServerOptimizer):
             "slot_nodes": list(self._slots),
             "slot_counts": [int(s[1]) for s in self._slots.values()],
             "slot_values": [s[0].copy() for s in self._slots.values()],
-            "slot_versions": [int(s[2]) for s in self._slots.values()],
-            "cycle_start": self._cycle_start,
-            "cycle_arrivals": self._cycle_arrivals,
             "table_nodes": list(self._table),
             "table_values": [row.copy() for row in self._table.values()],
-            "table_versions": [int(self._table_base[n]) for n in self._table],
             "table_sum": None if self._table_sum is None else self._table_sum.copy(),
             "averaging_in_use": self._variant,
         }
+
+    def _upgrade_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        """A state written before the options of ``_RETIRED`` were deleted loads if it
+        holds, for each, the behaviour every run has now; else ValueError naming it."""
+        params = state.get("params")
+        gone = set(self._RETIRED) | set(self._RETIRED_ANY)
+        if not isinstance(params, dict) or not gone & set(params):
+            return state
+        for key, value in self._RETIRED.items():
+            if key in params and params[key] != value:
+                raise ValueError(
+                    f"state of a 'gsgm' optimizer with {key}={params[key]!r} cannot be loaded: "
+                    f'the option was deleted (docs/GSGM.md, "Deleted options"); only a '
+                    f"state with {key}={value!r} loads"
+                )
+        return {**state, "params": {k: v for k, v in params.items() if k not in gone}}
 
     def _check_state_extra(self, state: dict[str, Any], version: int, active: set[int]) -> None:
         """GSGM's invariants (the params are the state's, which the load restores).
 
         Counts and indices are integers >= 0 (slot counts >= 1); the white list and
         the nodes with a slot or a table row are active and listed once; the white
-        list holds no node that contributed in this cycle; a slot's or row's base
-        version is in ``[0, version]``; a state with ``averaging = "slot"`` has no
-        table (rows or sum) and one with ``"table"`` has its sum; without scheduling
-        there is no white list and no slot.
+        list holds no node that contributed in this cycle; a state with
+        ``averaging = "slot"`` has no table (rows or sum) and one with ``"table"`` has
+        its sum; without scheduling there is no white list and no slot. Fields of
+        deleted options (slot and row versions, the cycle's start and arrivals) in a
+        state written before are ignored.
         """
         params = dict(state["params"])
-        for key in ("cycle_count", "cycle_index", "cycle_arrivals"):
+        for key in ("cycle_count", "cycle_index"):
             state_int(state[key], key)
         white = state_nodes(state["white_list"], "white_list", within=active)
         contributed = state_nodes(state["contributed"], "contributed")
@@ -810,11 +615,7 @@ class GSGMRule(ServerOptimizer):
         slots = state_nodes(state["slot_nodes"], "slot_nodes", within=active)
         for i, count in enumerate(state["slot_counts"]):
             state_int(count, "slot_counts", i, low=1)
-        for i, base in enumerate(state["slot_versions"]):
-            state_int(base, "slot_versions", i, high=version)
         rows = state_nodes(state["table_nodes"], "table_nodes", within=active)
-        for i, base in enumerate(state["table_versions"]):
-            state_int(base, "table_versions", i, high=version)
         variant = self._state_variant(state)
         if variant not in ("slot", "table"):
             raise ValueError(
@@ -833,13 +634,6 @@ class GSGMRule(ServerOptimizer):
                 "state['white_list'] / state['slot_nodes'] are not empty, but the state's "
                 "params have scheduling=False"
             )
-        start = state["cycle_start"]
-        if start is not None and (
-            isinstance(start, bool)
-            or not isinstance(start, numbers.Real)
-            or not math.isfinite(start)
-        ):
-            raise ValueError(f"state['cycle_start'] is {start!r}, expected None or a finite number")
 
     @staticmethod
     def _state_variant(state: dict[str, Any]) -> Any:
@@ -863,16 +657,12 @@ class GSGMRule(ServerOptimizer):
         partition_ids = [int(n) for n in state["slot_nodes"]]
         counts = [int(c) for c in state["slot_counts"]]
         values = [self._flat_array(v, "slot_values") for v in state["slot_values"]]
-        sversions = [int(v) for v in state["slot_versions"]]
-        if not len(partition_ids) == len(counts) == len(values) == len(sversions):
-            raise ValueError(
-                "state slot_nodes, slot_counts, slot_values, slot_versions differ in length"
-            )
+        if not len(partition_ids) == len(counts) == len(values):
+            raise ValueError("state slot_nodes, slot_counts, slot_values differ in length")
         tnodes = [int(n) for n in state["table_nodes"]]
         tvalues = [self._flat_array(v, "table_values") for v in state["table_values"]]
-        tversions = [int(v) for v in state["table_versions"]]
-        if not len(tnodes) == len(tvalues) == len(tversions):
-            raise ValueError("state table_nodes, table_values, table_versions differ in length")
+        if not len(tnodes) == len(tvalues):
+            raise ValueError("state table_nodes, table_values differ in length")
         tsum = state["table_sum"]
         # With averaging = "auto" the state's variant is the one chosen when the run
         # started, with its nodes; this optimizer's may have been resolved without them.
@@ -885,10 +675,6 @@ class GSGMRule(ServerOptimizer):
         self._white = {int(n) for n in state["white_list"]}
         self._members = self._state_members(state)
         self._contributed = {int(n) for n in state["contributed"]}
-        self._slots = {n: [v, c, b] for n, c, v, b in zip(partition_ids, counts, values, sversions)}
-        start = state["cycle_start"]
-        self._cycle_start = None if start is None else float(start)
-        self._cycle_arrivals = int(state["cycle_arrivals"])
+        self._slots = {n: [v, c] for n, c, v in zip(partition_ids, counts, values)}
         self._table = dict(zip(tnodes, tvalues))
-        self._table_base = dict(zip(tnodes, tversions))
         self._table_sum = None if tsum is None else self._flat_array(tsum, "table_sum")
