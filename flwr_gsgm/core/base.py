@@ -364,6 +364,10 @@ class ServerOptimizer(RangeGuard, abc.ABC):
         scratch = max(1, min(CHUNK, self._size))
         self._scr_a = np.empty(scratch, dtype=_F32)
         self._scr_b = np.empty(scratch, dtype=_F32)
+        # Model-sized buffers a rule released (a GSGM slot applied at a close), kept
+        # for the next one it needs: a fresh one faults in a page per 4 KiB on its
+        # first write, which costs a third of a plain step at 10M parameters.
+        self._scr_pool: list[np.ndarray] = []
 
         for i, view in enumerate(self._w_views):
             if max_abs(view) <= STATE_LIMIT:  # no temporary array: also catches NaN
@@ -797,8 +801,19 @@ class ServerOptimizer(RangeGuard, abc.ABC):
             np.subtract(ws, t, out=ws)
 
     def _copy_new(self, parts: Parts) -> np.ndarray:
-        """A new flat float32 buffer holding ``parts``."""
-        buf = np.empty(self._size, dtype=_F32)
+        """A flat float32 buffer of ``w``'s size holding ``parts`` (which cover it)."""
+        buf = self._new_buffer()
         for off, flat in parts:
             buf[off : off + flat.shape[0]] = flat
         return buf
+
+    def _new_buffer(self) -> np.ndarray:
+        """A flat float32 buffer of ``w``'s size, contents undefined: a released one
+        (:meth:`_release`) if there is one, else a new one."""
+        return self._scr_pool.pop() if self._scr_pool else np.empty(self._size, dtype=_F32)
+
+    def _release(self, buf: np.ndarray) -> None:
+        """Keep ``buf``, a model-sized buffer the rule no longer uses, for
+        :meth:`_new_buffer`. The pool never holds more buffers than the rule once used
+        at the same time, so the memory bound (:meth:`model_copies`) still holds."""
+        self._scr_pool.append(buf)

@@ -367,9 +367,13 @@ class GSGMRule(ServerOptimizer):
     def _lost(self, partition_id: int, now: float) -> None:
         self._white.discard(partition_id)
         self._members.discard(partition_id)
-        if self._slots.pop(partition_id, None) is not None:
+        slot = self._slots.pop(partition_id, None)
+        if slot is not None:
             self._counters["slots_dropped"] += 1
-        if self._table_sum is not None and self._table.pop(partition_id, None) is not None:
+            self._release(slot[0])
+        row = self._table.pop(partition_id, None) if self._table_sum is not None else None
+        if row is not None:
+            self._release(row)
             self._recompute_table_sum()
         self._advance()
 
@@ -421,6 +425,7 @@ class GSGMRule(ServerOptimizer):
             partition_id = next(iter(self._slots))
             buf, _count = self._slots.pop(partition_id)
             self._contribute(partition_id, [(0, buf)])
+            self._release(buf)
             self._counters["slots_applied"] += 1
 
     def _refresh_momentum(self, src: np.ndarray, count: int) -> None:
@@ -448,12 +453,10 @@ class GSGMRule(ServerOptimizer):
     # ------------------------------------------------------------------ the steps
     def _contribute(self, partition_id: int, parts: Parts) -> None:
         """Apply ``u`` (``parts``) as ``partition_id``'s contribution to the current cycle."""
-        tsum = self._table_sum
-        if tsum is not None:
-            self._table_put(partition_id, parts)
-            self._step([(0, tsum)], divisor=len(self._table))
+        if self._table_sum is not None:
+            self._table_step(partition_id, parts)
         else:
-            self._step(parts, divisor=None)
+            self._step(parts)
         self._version += 1
         self._k += 1
         self._white.discard(partition_id)
@@ -472,8 +475,17 @@ class GSGMRule(ServerOptimizer):
             c = max(1, n)
         return self._lr / c
 
-    def _step(self, parts: Parts, divisor: int | None) -> None:
-        """``w <- w - (coef * u + lr' * beta * M)``; ``S <- S + u``; ``u = parts / divisor``.
+    def _coefficients(self) -> tuple[float, float, bool]:
+        """``(coef, m_coef, use_m)`` of a per-arrival step (see :meth:`_step`)."""
+        lr = self._step_lr()
+        if self._momentum_form == "ema" and self._momentum_ready:
+            coef = lr * (1.0 - self._beta)
+        else:
+            coef = lr
+        return coef, lr * self._beta, self._beta != 0.0 and self._momentum_ready
+
+    def _step(self, parts: Parts) -> None:
+        """``w <- w - (coef * u + lr' * beta * M)``; ``S <- S + u``; ``u = parts``.
 
         ``lr'`` is the per-step learning rate (``lr``, or ``lr / c`` with
         ``lr_scaling = "cycle"``); ``coef`` is ``lr'`` (heavy-ball, and ema before
@@ -481,31 +493,53 @@ class GSGMRule(ServerOptimizer):
         ``lr' * beta * M`` is computed chunk by chunk in cache (a model-sized copy of
         it would cost memory and save no memory traffic: M is read either way).
         """
-        lr = self._step_lr()
-        w, S, M = self._w, self._S, self._M
-        a, b, c = self._scr_a, self._scr_b, self._scr_c
-        m_coef = lr * self._beta
-        if self._momentum_form == "ema" and self._momentum_ready:
-            coef = lr * (1.0 - self._beta)
-        else:
-            coef = lr
-        use_m = self._beta != 0.0 and self._momentum_ready
+        coefs = self._coefficients()
         for lo, hi, u in chunks(parts):
-            n = hi - lo
-            if divisor is not None:
-                uu = c[:n]
-                np.divide(u, divisor, out=uu)
-                u = uu
-            d = a[:n]
-            np.multiply(u, coef, out=d)
-            if use_m:
-                t = b[:n]
-                np.multiply(M[lo:hi], m_coef, out=t)
-                np.add(d, t, out=d)
-            ws = w[lo:hi]
-            np.subtract(ws, d, out=ws)
-            ss = S[lo:hi]
-            np.add(ss, u, out=ss)
+            self._step_chunk(lo, hi, u, coefs)
+
+    def _step_chunk(
+        self, lo: int, hi: int, u: np.ndarray, coefs: tuple[float, float, bool]
+    ) -> None:
+        """One chunk of :meth:`_step`: ``w[lo:hi]`` and ``S[lo:hi]`` along ``u``."""
+        coef, m_coef, use_m = coefs
+        n = hi - lo
+        d = self._scr_a[:n]
+        np.multiply(u, coef, out=d)
+        if use_m:
+            t = self._scr_b[:n]
+            np.multiply(self._M[lo:hi], m_coef, out=t)
+            np.add(d, t, out=d)
+        ws = self._w[lo:hi]
+        np.subtract(ws, d, out=ws)
+        ss = self._S[lo:hi]
+        np.add(ss, u, out=ss)
+
+    def _table_step(self, partition_id: int, parts: Parts) -> None:
+        """Table averaging: ``u`` replaces the node's row (the running sum follows:
+        ``+ u - row``, or ``+ u`` for a new row), then :meth:`_step` along the table
+        mean ``sum / |table|``. One pass over the chunks: a chunk's row and sum are
+        updated, then stepped along, while in cache (the same float32 operations, in
+        the same order, as a pass for the table and a pass for the step)."""
+        row = self._table.get(partition_id)
+        new = row is None
+        if new:
+            row = self._table[partition_id] = self._new_buffer()
+        count = len(self._table)
+        tsum, a, c = self._table_sum, self._scr_a, self._scr_c
+        coefs = self._coefficients()
+        for lo, hi, u in chunks(parts):
+            r, ts = row[lo:hi], tsum[lo:hi]
+            if new:
+                np.copyto(r, u)
+                np.add(ts, u, out=ts)
+            else:
+                t = a[: hi - lo]
+                np.subtract(u, r, out=t)
+                np.add(ts, t, out=ts)
+                np.copyto(r, u)
+            mean = c[: hi - lo]
+            np.divide(ts, count, out=mean)
+            self._step_chunk(lo, hi, mean, coefs)
 
     def _fold(self, partition_id: int, parts: Parts) -> None:
         """Fold ``g`` into the node's slot: ``P <- P + (g - P) / n``."""
@@ -522,25 +556,6 @@ class GSGMRule(ServerOptimizer):
             np.subtract(g, p, out=t)
             np.divide(t, count, out=t)
             np.add(p, t, out=p)
-
-    def _table_put(self, partition_id: int, parts: Parts) -> None:
-        """Replace the node's row by ``u``; the running sum follows (``+ u - row``)."""
-        row = self._table.get(partition_id)
-        tsum = self._table_sum
-        if row is None:
-            self._table[partition_id] = self._copy_new(parts)
-            for lo, hi, u in chunks(parts):
-                ts = tsum[lo:hi]
-                np.add(ts, u, out=ts)
-            return
-        a = self._scr_a
-        for lo, hi, u in chunks(parts):
-            t = a[: hi - lo]
-            r = row[lo:hi]
-            np.subtract(u, r, out=t)
-            ts = tsum[lo:hi]
-            np.add(ts, t, out=ts)
-            np.copyto(r, u)
 
     def _recompute_table_sum(self) -> None:
         tsum = self._table_sum
