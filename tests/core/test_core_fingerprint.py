@@ -24,7 +24,8 @@ import pytest
 
 from flwr_gsgm.core import make_optimizer
 
-#: Shapes of the fingerprint model: small arrays and one over CHUNK (2**18) elements.
+#: Shapes of the fingerprint model: small arrays and one over CHUNK elements (2**16 now,
+#: 2**18 when the hashes were recorded), so the chunked kernels cross chunk boundaries.
 SHAPES = [(7, 5), (13,), (3, 2, 2), (300_001,)]
 
 #: (rule, params): every rule with its declared defaults, GSGM in each variant.
