@@ -227,7 +227,12 @@ KIND_LABEL = {
 ARRIVALS = ("applied", "new slot", "into slot", "into buffer")
 
 
-def run(sizes: Sequence[int], rounds: int, out: Callable[[str], None] = print) -> list[dict]:
+def run(
+    sizes: Sequence[int],
+    rounds: int,
+    out: Callable[[str], None] = print,
+    cases: Sequence[tuple[str, str, dict[str, Any]]] = CASES,
+) -> list[dict]:
     """Benchmark every case at every size; print the table; return its rows."""
     rows: list[dict] = []
     out(
@@ -252,7 +257,7 @@ def run(sizes: Sequence[int], rounds: int, out: Callable[[str], None] = print) -
         )
         out(head)
         out("-" * len(head))
-        for label, rule, params in CASES:
+        for label, rule, params in cases:
             times, plain, plain_inplace = bench_case(rule, params, shapes, updates, rounds)
             ref = min(statistics.median(plain), statistics.median(plain_inplace))
             for kind in [k for k in KIND_LABEL if k in times]:
@@ -293,6 +298,9 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     parser.add_argument("--sizes", type=float, nargs="+", default=[1e6, 1e7])
     parser.add_argument("--rounds", type=int, default=8, help="timed rounds of the pattern")
     parser.add_argument("--quick", action="store_true", help="smoke run: 200k params, 1 round")
+    parser.add_argument(
+        "--cases", nargs="+", default=None, help="only the cases whose label starts so"
+    )
     args = parser.parse_args(argv)
     if args.quick:
         sizes, rounds = [200_000], 1
@@ -300,7 +308,10 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
         sizes, rounds = [int(s) for s in args.sizes], args.rounds
     if rounds < 1 or any(not math.isfinite(s) or s < 10_000 for s in sizes):
         parser.error("--rounds must be >= 1 and every size >= 10000")
-    return run(sizes, rounds)
+    cases = CASES
+    if args.cases:
+        cases = [c for c in CASES if any(c[0].startswith(x) for x in args.cases)]
+    return run(sizes, rounds, cases=cases)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Shared interface of the server optimizers: outcomes, rejections, the base class.
+"""The server optimizers' contract: the base class every rule derives from.
 
 A server optimizer owns the global weights ``w`` of an asynchronous run and changes
 them, update by update, with its rule. The engine calls it with the update of one
@@ -10,14 +10,17 @@ Storage and cost. The weights live in ONE contiguous flat float32 buffer; the
 ``weights`` property returns float32 views of it shaped like the arrays the
 optimizer was built with (the caller copies them before sending them away). Rules
 run in place, chunk by chunk, with a few chunk-sized float32 scratch buffers
-(at most :data:`CHUNK` elements each, 256 KiB): no model-sized
-allocation per update beyond what a rule itself keeps (a GSGM slot, a DC-ASGD
-backup). Working on cache-sized chunks also keeps a multi-term rule close to the
-memory traffic of a plain ``w -= lr * g``.
+(at most :data:`CHUNK` elements each, 256 KiB): no model-sized allocation per
+update beyond what a rule itself keeps (a GSGM slot, a DC-ASGD backup), and a
+model-sized buffer a rule releases is reused for its next one. Working on
+cache-sized chunks also keeps a multi-term rule close to the memory traffic of a
+plain ``w -= lr * g`` (``benchmarks/bench_core.py``).
 
-What lives elsewhere: the range guard every rule gets (no value of the state beyond
-:data:`STATE_LIMIT`) in :mod:`~flwr_gsgm.core.range_guard`, the checks of a
-checkpoint state in :mod:`~flwr_gsgm.core.state_checks`, the declared parameters in
+What lives elsewhere: the outcomes and rejection reasons in
+:mod:`~flwr_gsgm.core.outcomes` (re-exported here), the range guard every rule gets
+(no value of the state beyond :data:`STATE_LIMIT`) in
+:mod:`~flwr_gsgm.core.range_guard`, the checks of a checkpoint state in
+:mod:`~flwr_gsgm.core.state_checks`, the declared parameters in
 :mod:`~flwr_gsgm.core.params` and the name -> class registry in
 :mod:`~flwr_gsgm.core.registry`.
 
@@ -27,7 +30,6 @@ This module and its package import numpy only (never flwr, never torch).
 from __future__ import annotations
 
 import abc
-import enum
 import math
 import numbers
 from collections.abc import Iterable, Iterator, Sequence
@@ -36,6 +38,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from . import state_checks
+from .outcomes import CORE_REASONS, INTAKE_REASONS, REASONS, Outcome, UpdateRejected
 from .params import Param, describe, resolve, server_learning_rate
 from .range_guard import STATE_LIMIT, RangeGuard, max_abs
 from .registry import register
@@ -68,78 +71,6 @@ STATE_FORMAT = 1
 # A source of float32 values laid out like ``w``: a list of ``(offset, flat view)``
 # pairs, each covering ``flat.size`` elements of ``w`` starting at ``offset``.
 Parts = list[tuple[int, np.ndarray]]
-
-
-class Outcome(str, enum.Enum):
-    """What happened to a valid update.
-
-    - ``APPLIED``: the update (alone, or within the GSGM slot it was folded into)
-      took a step on ``w`` during this call.
-    - ``DEFERRED``: kept for later (a GSGM pending slot, the FedBuff buffer).
-    - ``STALE``: dropped because its staleness exceeded ``max_staleness``.
-    """
-
-    APPLIED = "applied"
-    DEFERRED = "deferred"
-    STALE = "stale"
-
-
-#: Rejection reasons of the server optimizers' validation (:meth:`ServerOptimizer.on_update`).
-CORE_REASONS: tuple[str, ...] = (
-    "num-arrays",
-    "shape",
-    "dtype",
-    "non-finite",
-    "norm",
-    "unknown-node",
-    "base-version",
-    "step-range",
-)
-#: Rejection reasons of the engine's reply intake (:mod:`flwr_gsgm.intake.reply`),
-#: checked before the optimizer sees an update: no ArrayRecord / MetricRecord, more
-#: than one ArrayRecord (which one is the update?), a
-#: metadata that is not what the protocol says (a partition-id, model-version or
-#: num-examples that is not an integer, a train-loss that is not a number), a
-#: partition-id or model-version other than the message's, other array keys, arrays
-#: that cannot be decoded; ``"duplicate"``: a replayed reply (a second reply to a
-#: message, a reply to a message not in flight or from another node), ignored; and
-#: ``"norm-ratio"``: an update far larger than the recent accepted ones (the engine's
-#: relative norm bound, ``flwr_gsgm.intake.norm_bound``).
-INTAKE_REASONS: tuple[str, ...] = (
-    "missing-arrays",
-    "extra-arrays",
-    "missing-metrics",
-    "metadata",
-    "partition-id",
-    "model-version",
-    "array-keys",
-    "array-format",
-    "duplicate",
-    "norm-ratio",
-)
-#: Every rejection reason of a run, the one list ``rejected_by_reason`` is keyed by.
-REASONS: tuple[str, ...] = INTAKE_REASONS + CORE_REASONS
-
-
-class UpdateRejected(ValueError):
-    """An update failed validation; the optimizer state is unchanged.
-
-    Attributes:
-        reason: short kebab-case code, one of :data:`REASONS` (the optimizers raise
-            those of :data:`CORE_REASONS`, the engine's reply intake those of
-            :data:`INTAKE_REASONS`).
-        message: what was wrong: the offending value and what was expected.
-    """
-
-    REASONS: ClassVar[tuple[str, ...]] = REASONS
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(reason, message)
-        self.reason = reason
-        self.message = message
-
-    def __str__(self) -> str:
-        return f"update rejected ({self.reason}): {self.message}"
 
 
 # --------------------------------------------------------------------------- helpers

@@ -62,7 +62,8 @@ class GSGMRule(ServerOptimizer):
     ``2 + |A|``; the ``"table"`` variant adds one row per active node that has
     contributed and their running sum, ``|A| + 1`` more: at most ``3 + 2 * |A|``.
     Besides, chunk-sized scratch (at most ``CHUNK`` float32 each); a new slot or row
-    is allocated while the step runs. Steps are computed as
+    takes the buffer of a slot applied or dropped before when there is one (no page
+    faults), else is allocated while the step runs. Steps are computed as
     ``w - (c * u + lr * beta * M)`` with ``c = lr`` or ``lr * (1 - beta)``: the
     formulas above up to float32 rounding order; the momentum term is computed chunk
     by chunk, not kept.
