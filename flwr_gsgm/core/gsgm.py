@@ -175,7 +175,7 @@ class GSGMRule(ServerOptimizer):
         Param(
             "lr_scaling",
             "cycle",
-            "lr per step, or per cycle divided over the cycle's contributions",
+            "server learning rate per step, or per cycle divided over the cycle's contributions",
             kind=str,
             choices=_LR_SCALING,
             run_config_key="lr-scaling",
