@@ -7,14 +7,14 @@ Every module of the package is imported here, so a rule class in a new file
 registers itself in :data:`OPTIMIZERS` without any other edit (see
 :mod:`flwr_gsgm.core.registry`). The explicit imports below come first: they fix
 the order of the shipped rules in ``OPTIMIZERS`` (GSGM, then the baselines), which
-the run config and the README list in that order.
+the run config and its generated reference (docs/REFERENCE.md) list in that order.
 """
 
 import importlib as _importlib
 import pkgutil as _pkgutil
 
 # The import order is the registration order (GSGM first, then the baselines in the
-# order the run config and the README list them): keep it, whatever isort would do.
+# order the run config and docs/REFERENCE.md list them): keep it, whatever isort would do.
 from .gsgm import GSGMRule  # isort: skip
 from .asgd import ASGDRule  # isort: skip
 from .momentum_asgd import MomentumASGDRule  # isort: skip

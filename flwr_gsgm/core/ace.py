@@ -149,45 +149,62 @@ class ACERule(ServerOptimizer):
                 self._counters["rows_expired"] += 1
                 self._remove([partition_id])
             return Outcome.STALE
-        self._put(partition_id, parts, base_version)
-        if age is not None:
-            limit = self._version - age  # rows with b_j < limit are too old
-            old = [n for n, (_, b) in self._rows.items() if b < limit]
+        # Rows the put leaves too old (never the node's own: its staleness <= age).
+        limit = None if age is None else self._version - age
+        old = [
+            n
+            for n, (_, b) in self._rows.items()
+            if limit is not None and b < limit and n != partition_id
+        ]
+        rows_after = len(self._rows) + (partition_id not in self._rows)
+        if not old and self._changes + 1 < rows_after:
+            # Neither an expiry nor a resync between the put and the step: both in one
+            # pass over the chunks (the same operations, in the same order).
+            self._put(partition_id, parts, base_version, step=True)
+        else:
+            self._put(partition_id, parts, base_version)
+            old = [] if limit is None else [n for n, (_, b) in self._rows.items() if b < limit]
             if old:
                 self._counters["rows_expired"] += len(old)
                 self._remove(old)
-        if self._changes >= len(self._rows):
-            self._resync()
-        w, a, s_all = self._w, self._scr_a, self._sum
-        n, lr = len(self._rows), self._lr
-        for lo, hi, s in chunks([(0, s_all)]):
-            t = a[: hi - lo]
-            np.divide(s, n, out=t)
-            np.multiply(t, lr, out=t)
-            ws = w[lo:hi]
-            np.subtract(ws, t, out=ws)
+            if self._changes >= len(self._rows):
+                self._resync()
+            n = len(self._rows)
+            for lo, hi, s in chunks([(0, self._sum)]):
+                self._step_chunk(lo, hi, s, n)
         self._version += 1
         return Outcome.APPLIED
 
-    def _put(self, partition_id: int, parts: Parts, base_version: int) -> None:
-        """``U_i <- Delta_i``; ``Sigma <- Sigma + Delta_i - U_i(old)``."""
+    def _step_chunk(self, lo: int, hi: int, s: np.ndarray, n: int) -> None:
+        """``w[lo:hi] <- w[lo:hi] - lr * (s / n)``, ``s`` the chunk of ``Sigma``."""
+        t = self._scr_a[: hi - lo]
+        np.divide(s, n, out=t)
+        np.multiply(t, self._lr, out=t)
+        ws = self._w[lo:hi]
+        np.subtract(ws, t, out=ws)
+
+    def _put(self, partition_id: int, parts: Parts, base_version: int, step: bool = False) -> None:
+        """``U_i <- Delta_i``; ``Sigma <- Sigma + Delta_i - U_i(old)``; with ``step``,
+        each chunk of ``w`` then steps along its chunk of ``Sigma / |rows|``."""
         total = self._sum
         entry = self._rows.get(partition_id)
-        if entry is None:
-            self._rows[partition_id] = [self._copy_new(parts), base_version]
-            for lo, hi, g in chunks(parts):
-                ts = total[lo:hi]
+        new = entry is None
+        if new:
+            entry = self._rows[partition_id] = [self._new_buffer(), base_version]
+        row, a, n = entry[0], self._scr_a, len(self._rows)
+        for lo, hi, g in chunks(parts):
+            r, ts = row[lo:hi], total[lo:hi]
+            if new:
+                np.copyto(r, g)
                 np.add(ts, g, out=ts)
-        else:
-            row, a = entry[0], self._scr_a
-            for lo, hi, g in chunks(parts):
+            else:
                 t = a[: hi - lo]
-                r = row[lo:hi]
                 np.subtract(g, r, out=t)
-                ts = total[lo:hi]
                 np.add(ts, t, out=ts)
                 np.copyto(r, g)
-            entry[1] = base_version
+            if step:
+                self._step_chunk(lo, hi, ts, n)
+        entry[1] = base_version
         self._changes += 1
 
     def _remove(self, partition_ids: list[int]) -> None:
@@ -195,10 +212,12 @@ class ACERule(ServerOptimizer):
         gone = [self._rows.pop(n)[0] for n in partition_ids]
         if len(gone) >= len(self._rows) + 1:
             self._resync()
-            return
+        else:
+            for row in gone:
+                np.subtract(self._sum, row, out=self._sum)
+            self._changes += len(gone)
         for row in gone:
-            np.subtract(self._sum, row, out=self._sum)
-        self._changes += len(gone)
+            self._release(row)
 
     def _resync(self) -> None:
         """``Sigma <- sum of the rows`` in increasing node order."""

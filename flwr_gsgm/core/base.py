@@ -1,4 +1,4 @@
-"""Shared interface of the server optimizers: outcomes, rejections, the base class.
+"""The server optimizers' contract: the base class every rule derives from.
 
 A server optimizer owns the global weights ``w`` of an asynchronous run and changes
 them, update by update, with its rule. The engine calls it with the update of one
@@ -10,10 +10,19 @@ Storage and cost. The weights live in ONE contiguous flat float32 buffer; the
 ``weights`` property returns float32 views of it shaped like the arrays the
 optimizer was built with (the caller copies them before sending them away). Rules
 run in place, chunk by chunk, with a few chunk-sized float32 scratch buffers
-(at most :data:`CHUNK` elements each, 1 MiB): no model-sized
-allocation per update beyond what a rule itself keeps (a GSGM slot, a DC-ASGD
-backup). Working on cache-sized chunks also keeps a multi-term rule close to the
-memory traffic of a plain ``w -= lr * g``.
+(at most :data:`CHUNK` elements each, 256 KiB): no model-sized allocation per
+update beyond what a rule itself keeps (a GSGM slot, a DC-ASGD backup), and a
+model-sized buffer a rule releases is reused for its next one. Working on
+cache-sized chunks also keeps a multi-term rule close to the memory traffic of a
+plain ``w -= lr * g`` (``benchmarks/bench_core.py``).
+
+What lives elsewhere: the outcomes and rejection reasons in
+:mod:`~flwr_gsgm.core.outcomes` (re-exported here), the range guard every rule gets
+(no value of the state beyond :data:`STATE_LIMIT`) in
+:mod:`~flwr_gsgm.core.range_guard`, the checks of a checkpoint state in
+:mod:`~flwr_gsgm.core.state_checks`, the declared parameters in
+:mod:`~flwr_gsgm.core.params` and the name -> class registry in
+:mod:`~flwr_gsgm.core.registry`.
 
 This module and its package import numpy only (never flwr, never torch).
 """
@@ -21,7 +30,6 @@ This module and its package import numpy only (never flwr, never torch).
 from __future__ import annotations
 
 import abc
-import enum
 import math
 import numbers
 from collections.abc import Iterable, Iterator, Sequence
@@ -29,7 +37,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from . import state_checks
+from .outcomes import CORE_REASONS, INTAKE_REASONS, REASONS, Outcome, UpdateRejected
 from .params import Param, describe, resolve, server_learning_rate
+from .range_guard import STATE_LIMIT, RangeGuard, max_abs
+from .registry import register
 
 __all__ = [
     "CHUNK",
@@ -42,100 +54,23 @@ __all__ = [
     "UpdateRejected",
 ]
 
-#: Number of float32 elements the rules process at a time (1 MiB per buffer), so that
-#: the operands of one chunk stay in cache between the element-wise steps while the
-#: per-call overhead of numpy stays small (measured best on 1M and 10M models).
-CHUNK = 1 << 18
+#: Number of float32 elements the rules process at a time (256 KiB per buffer), so
+#: that the operands of one chunk (up to 7 buffers: update, w, M, S, scratch) stay in
+#: a 2 MiB L2 cache between the element-wise steps while the per-call overhead of
+#: numpy stays small. At 10M parameters, against 2**18: the same for ASGD, 15-30%
+#: faster for the rules of several terms (GSGM table 135 against 187 ms an arrival,
+#: DC-ASGD 53 against 62, FedAsync 51 against 67; 2**15 and 2**17 in between or no
+#: better). The chunk size changes no result: every kernel is element-wise.
+CHUNK = 1 << 16
 
 _F32 = np.dtype(np.float32)
 
 #: Version of the layout returned by ``state_dict``.
 STATE_FORMAT = 1
 
-#: The largest magnitude any value of an optimizer's state may reach: float32's
-#: largest value (about 2**128) less a margin of 2**28, so that a sum of up to 2**28
-#: values of the state (a cycle sum, a table sum, a buffer) can never overflow. A step
-#: whose result would leave it is rejected with reason ``"step-range"``.
-STATE_LIMIT = 2.0**100
-# A step whose bound (see ``_step_bound``) stays below this takes the fast path: the
-# margin of 2 covers the rounding of the update's norm computed in float32.
-_FAST_LIMIT = STATE_LIMIT / 2
-
 # A source of float32 values laid out like ``w``: a list of ``(offset, flat view)``
 # pairs, each covering ``flat.size`` elements of ``w`` starting at ``offset``.
 Parts = list[tuple[int, np.ndarray]]
-
-
-class Outcome(str, enum.Enum):
-    """What happened to a valid update.
-
-    - ``APPLIED``: the update (alone, or within the GSGM slot it was folded into)
-      took a step on ``w`` during this call.
-    - ``DEFERRED``: kept for later (a GSGM pending slot, the FedBuff buffer).
-    - ``STALE``: dropped because its staleness exceeded ``max_staleness``.
-    """
-
-    APPLIED = "applied"
-    DEFERRED = "deferred"
-    STALE = "stale"
-
-
-#: Rejection reasons of the server optimizers' validation (:meth:`ServerOptimizer.on_update`).
-CORE_REASONS: tuple[str, ...] = (
-    "num-arrays",
-    "shape",
-    "dtype",
-    "non-finite",
-    "norm",
-    "unknown-node",
-    "base-version",
-    "step-range",
-)
-#: Rejection reasons of the engine's reply intake (:mod:`flwr_gsgm.intake.reply`),
-#: checked before the optimizer sees an update: no ArrayRecord / MetricRecord, more
-#: than one ArrayRecord (which one is the update?), a
-#: metadata that is not what the protocol says (a partition-id, model-version or
-#: num-examples that is not an integer, a train-loss that is not a number), a
-#: partition-id or model-version other than the message's, other array keys, arrays
-#: that cannot be decoded; ``"duplicate"``: a replayed reply (a second reply to a
-#: message, a reply to a message not in flight or from another node), ignored; and
-#: ``"norm-ratio"``: an update far larger than the recent accepted ones (the engine's
-#: relative norm bound, ``flwr_gsgm.intake.norm_bound``).
-INTAKE_REASONS: tuple[str, ...] = (
-    "missing-arrays",
-    "extra-arrays",
-    "missing-metrics",
-    "metadata",
-    "partition-id",
-    "model-version",
-    "array-keys",
-    "array-format",
-    "duplicate",
-    "norm-ratio",
-)
-#: Every rejection reason of a run, the one list ``rejected_by_reason`` is keyed by.
-REASONS: tuple[str, ...] = INTAKE_REASONS + CORE_REASONS
-
-
-class UpdateRejected(ValueError):
-    """An update failed validation; the optimizer state is unchanged.
-
-    Attributes:
-        reason: short kebab-case code, one of :data:`REASONS` (the optimizers raise
-            those of :data:`CORE_REASONS`, the engine's reply intake those of
-            :data:`INTAKE_REASONS`).
-        message: what was wrong: the offending value and what was expected.
-    """
-
-    REASONS: ClassVar[tuple[str, ...]] = REASONS
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(reason, message)
-        self.reason = reason
-        self.message = message
-
-    def __str__(self) -> str:
-        return f"update rejected ({self.reason}): {self.message}"
 
 
 # --------------------------------------------------------------------------- helpers
@@ -187,64 +122,6 @@ def _check_float32_cast(arr: np.ndarray, what: str) -> None:
         )
 
 
-def _state_int(value: Any, *path: str | int, low: int = 0, high: int | None = None) -> int:
-    """A state field (``state[path[0]][path[1]]...``) that must be an integer in
-    ``[low, high]``; else ValueError naming it."""
-    where = "state" + "".join(f"[{p!r}]" for p in path)
-    span = f">= {low}" if high is None else f"in [{low}, {high}]"
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"{where} is {value!r}, expected an integer {span}")
-    if int(value) < low or (high is not None and int(value) > high):
-        raise ValueError(f"{where} is {value!r}, expected an integer {span}")
-    return int(value)
-
-
-def _state_nodes(value: Any, what: str, within: set[int] | None = None) -> set[int]:
-    """A state list of partition-ids: integers, no repeats, members of ``within`` if given."""
-    if not isinstance(value, (list, tuple)):
-        raise ValueError(f"state[{what!r}] is {value!r}, expected a list of partition-ids")
-    partition_ids = []
-    for n in value:
-        if isinstance(n, (bool, np.bool_)) or not isinstance(n, numbers.Integral):
-            raise ValueError(f"state[{what!r}] holds {n!r}, expected integer partition-ids")
-        if within is not None and int(n) not in within:
-            raise ValueError(
-                f"state[{what!r}] holds node {int(n)}, which is not active "
-                f"(state['active_nodes'] is {sorted(within)[:20]})"
-            )
-        partition_ids.append(int(n))
-    if len(set(partition_ids)) != len(partition_ids):
-        raise ValueError(f"state[{what!r}] lists a node twice: {partition_ids[:20]}")
-    return set(partition_ids)
-
-
-def _max_abs(arr: np.ndarray) -> float:
-    """The largest magnitude in ``arr`` (NaN if it holds one), without a temporary."""
-    if arr.size == 0:
-        return 0.0
-    with np.errstate(invalid="ignore"):
-        return float(max(arr.max(), -arr.min()))
-
-
-def _check_state_values(state: dict[str, Any]) -> None:
-    """Raise ValueError naming the field if an array of ``state`` holds a value that is
-    not finite or beyond :data:`STATE_LIMIT` (a corrupted checkpoint, say)."""
-    for key, value in state.items():
-        items = value if isinstance(value, list) else [value]
-        for i, arr in enumerate(items):
-            if not isinstance(arr, np.ndarray) or arr.dtype.kind != "f":
-                continue
-            flat = arr.reshape(-1)
-            if _max_abs(flat) <= STATE_LIMIT:
-                continue
-            j = int(np.argmax(~(np.abs(flat) <= STATE_LIMIT)))
-            where = f"state[{key!r}]" + (f"[{i}]" if isinstance(value, list) else "")
-            raise ValueError(
-                f"{where} holds {flat[j].item()!r} at flat index {j}: not finite or beyond the "
-                "state range +-2**100 (float32's largest value less a margin of 2**28 for sums)"
-            )
-
-
 def chunks(parts: Parts) -> Iterator[tuple[int, int, np.ndarray]]:
     """Yield ``(lo, hi, values)``: ``values`` covers ``w[lo:hi]``, at most CHUNK long."""
     chunk = CHUNK
@@ -256,7 +133,7 @@ def chunks(parts: Parts) -> Iterator[tuple[int, int, np.ndarray]]:
 
 
 # ------------------------------------------------------------------------ the base
-class ServerOptimizer(abc.ABC):
+class ServerOptimizer(RangeGuard, abc.ABC):
     """Base class of the server optimizers (GSGM and the asynchronous baselines).
 
     Args:
@@ -351,12 +228,6 @@ class ServerOptimizer(abc.ABC):
         "slots_dropped",
         "range_checks",
     )
-    #: How the result check names an array attribute (a subclass adds its own).
-    _LABELS: ClassVar[dict[str, str]] = {"_w": "weights", "_backups": "weights sent to node"}
-    #: Attributes that hold ``w`` or copies of it (bounded by ``_bound_w``).
-    _W_LIKE: ClassVar[tuple[str, ...]] = ("_w", "_backups")
-    #: Array attributes recomputed from the state (not part of it, never checked).
-    _DERIVED: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -364,8 +235,6 @@ class ServerOptimizer(abc.ABC):
             # The documented defaults are the declared ones: generated, not written.
             cls.__doc__ = cls.__doc__.rstrip() + "\n" + describe(cls.declared_params())
         if cls.__dict__.get("name"):
-            from .registry import register  # registry imports this module: import late
-
             register(cls)
 
     @classmethod
@@ -430,9 +299,13 @@ class ServerOptimizer(abc.ABC):
         scratch = max(1, min(CHUNK, self._size))
         self._scr_a = np.empty(scratch, dtype=_F32)
         self._scr_b = np.empty(scratch, dtype=_F32)
+        # Model-sized buffers a rule released (a GSGM slot applied at a close), kept
+        # for the next one it needs: a fresh one faults in a page per 4 KiB on its
+        # first write, which costs a third of a plain step at 10M parameters.
+        self._scr_pool: list[np.ndarray] = []
 
         for i, view in enumerate(self._w_views):
-            if _max_abs(view) <= STATE_LIMIT:  # no temporary array: also catches NaN
+            if max_abs(view) <= STATE_LIMIT:  # no temporary array: also catches NaN
                 continue
             flat = view.reshape(-1)
             j = int(np.argmax(~(np.abs(flat) <= STATE_LIMIT)))
@@ -451,7 +324,7 @@ class ServerOptimizer(abc.ABC):
         self._counters: dict[str, int] = {k: 0 for k in self._counter_names}
         self._last_staleness: int | None = None
         # Bounds of the result check (see _checked_step): |w| and the updates so far.
-        self._bound_w: float | None = _max_abs(self._w)
+        self._bound_w: float | None = max_abs(self._w)
         self._bound_u = 0.0
 
     # ------------------------------------------------------------------ read-only API
@@ -506,7 +379,8 @@ class ServerOptimizer(abc.ABC):
         return {}
 
     def model_copies(self, nodes: int | None = None) -> int:
-        """Most model copies the rule keeps at once (README "Memory per rule").
+        """Most model copies the rule keeps at once (the memory per rule the engine
+        checks against the memory available at start).
 
         A model copy is ``size(w)`` float32 (4 bytes per trainable value); the bound
         includes the transients of a step (``tests/core/test_core_memory.py``), not
@@ -545,8 +419,9 @@ class ServerOptimizer(abc.ABC):
                 ``weights``, say) is copied before the rule runs, so the rule's
                 writes do not change it.
             base_version: the ``version`` of the weights the node computed on.
-            now: the engine's clock in seconds (virtual seconds in simulation), used
-                only by GSGM's cycle time budget.
+            now: the engine's clock in seconds (virtual seconds in simulation),
+                passed to the rule's hooks; no shipped rule reads it (GSGM's cycle time
+                budget, which did, was deleted: docs/GSGM.md).
 
         Returns:
             The :class:`Outcome` of the update.
@@ -580,128 +455,6 @@ class ServerOptimizer(abc.ABC):
             outcome = self._on_valid(partition_id, parts, base_version, staleness, now)
         self._counters[outcome.value] += 1
         return outcome
-
-    # ------------------------------------------------------- the result of a step
-    # Every value of the state stays within +-STATE_LIMIT. Checking the result of
-    # every step exactly would cost a pass over the state (or a copy to roll back);
-    # instead each rule bounds what one call can compute (``_step_bound``) from two
-    # tracked numbers: ``_bound_w`` >= |w| and every copy of w, and ``_bound_u`` >=
-    # every update folded into the state (an L2 norm bounds every value). A step
-    # whose bound stays below _FAST_LIMIT runs as is; only one near the limit (an
-    # absurd update, or a state grown huge) is run on the state with a copy to roll
-    # back to, and its result checked value by value.
-    def _checked_step(self, partition_id: int, norm: float, step: Any) -> Outcome:
-        """Run ``step()`` (the rule on a validated update of L2 norm ``norm``) so that
-        its result stays within :data:`STATE_LIMIT`; else roll back and reject."""
-        if self._bound_w is None:  # a join or a loss may have stepped: measure again
-            self._measure_bounds()
-        total, w_after = self._step_bound(norm)
-        if not total <= _FAST_LIMIT:
-            self._measure_bounds()  # the tracked bounds only grow: measure them
-            total, w_after = self._step_bound(norm)
-        if total <= _FAST_LIMIT:
-            with np.errstate(over="raise", invalid="raise"):
-                try:
-                    outcome = step()
-                except FloatingPointError as err:  # the bound is a proof: a bug
-                    raise RuntimeError(
-                        f"{self.name}: a step bounded by {total:.6g} overflowed ({err}); "
-                        "the state is left changed: this is a bug of _step_bound"
-                    ) from err
-            self._bound_w = w_after
-            self._bound_u = max(self._bound_u, norm)
-            return outcome
-        return self._checked_exactly(partition_id, norm, step)
-
-    def _checked_exactly(self, partition_id: int, norm: float, step: Any) -> Outcome:
-        """Run ``step()`` with a copy of the state to roll back to; check every value."""
-        snapshot = self.state_dict()
-        last_staleness = self._last_staleness
-        try:
-            with np.errstate(over="raise", invalid="raise", divide="raise"):
-                outcome = step()
-        except FloatingPointError:
-            outcome = None
-        bad = self._out_of_range()
-        if bad is None and outcome is None:
-            bad = ("state", math.inf, 0)  # an intermediate overflowed, nothing stored yet
-        if bad is not None:
-            self._load(snapshot)
-            self._last_staleness = last_staleness
-            self._counters["range_checks"] += 1
-            label, value, index = bad
-            raise self._reject(
-                "step-range",
-                f"the update of partition-id {partition_id} (L2 norm {norm:.6g}) would take "
-                f"the {label} to {value:.6g} at flat index {index}, beyond the state range "
-                f"+-2**100 (float32's largest value less a margin of 2**28 for sums); "
-                "the state is unchanged",
-            )
-        self._counters["range_checks"] += 1
-        self._measure_bounds()
-        return outcome
-
-    def _step_bound(self, norm: float) -> tuple[float, float]:
-        """Bounds of one call with an update of L2 norm ``norm``: ``(total, w_after)``.
-
-        ``total`` bounds the magnitude of every value the call may compute or store
-        (intermediates included), ``w_after`` that of ``w`` after it, given
-        ``|w|, |copies of w| <= self._bound_w`` and ``|every update folded so far|
-        <= self._bound_u``. The default, infinity, checks every step exactly (correct
-        but slow): each rule overrides it.
-        """
-        return math.inf, math.inf
-
-    def _measure_bounds(self) -> None:
-        """Set ``_bound_w`` and ``_bound_u`` to the state's exact largest magnitudes.
-
-        ``_bound_u`` then bounds every stored update-derived value (slots, rows,
-        caches, sums, momentum), which each rule's ``_step_bound`` accepts in place
-        of the largest update folded so far.
-        """
-        bound_w = bound_u = 0.0
-        for attr, _label, arr in self._named_arrays():
-            m = _max_abs(arr)
-            if attr in self._W_LIKE:
-                bound_w = max(bound_w, m)
-            else:
-                bound_u = max(bound_u, m)
-        self._bound_w, self._bound_u = bound_w, bound_u
-
-    def _out_of_range(self) -> tuple[str, float, int] | None:
-        """The first value of the state beyond :data:`STATE_LIMIT` (or NaN), as
-        ``(what, value, flat index)``; None if there is none."""
-        for _attr, label, arr in self._named_arrays():
-            for lo, _hi, values in chunks([(0, arr)]):
-                m = _max_abs(values)
-                if not m <= STATE_LIMIT:
-                    bad = ~(np.abs(values) <= STATE_LIMIT)
-                    j = int(np.argmax(bad))
-                    return label, float(values[j]), lo + j
-        return None
-
-    def _named_arrays(self) -> Iterator[tuple[str, str, np.ndarray]]:
-        """``(attribute, label, flat array)`` of every array of the state.
-
-        Scratch buffers (``_scr*``) and those in ``_DERIVED`` (recomputed from the
-        state) are left out; arrays held in dicts (per-node slots, rows, caches,
-        copies of w) are labelled with their node.
-        """
-        labels: dict[str, str] = {}
-        for klass in reversed(type(self).__mro__):
-            labels.update(klass.__dict__.get("_LABELS", {}))
-        for attr, value in vars(self).items():
-            if attr.startswith("_scr") or attr in self._DERIVED:
-                continue
-            label = labels.get(attr, attr.lstrip("_"))
-            if isinstance(value, np.ndarray):
-                yield attr, label, value
-            elif isinstance(value, dict):
-                for key, item in value.items():
-                    if isinstance(item, list) and item and isinstance(item[0], np.ndarray):
-                        item = item[0]
-                    if isinstance(item, np.ndarray):
-                        yield attr, f"{label} {key}", item
 
     def on_node_joined(self, partition_id: int, now: float = 0.0) -> None:
         """``partition_id`` becomes active (no-op if it already is)."""
@@ -752,7 +505,7 @@ class ServerOptimizer(abc.ABC):
         """Restore a ``state_dict()`` (of an optimizer of the same class and shapes).
 
         Hyperparameters are restored too, as in PyTorch optimizers, except those of
-        :attr:`STATE_LAYOUT` (GSGM's ``averaging``, ``apply`` and ``scheduling``),
+        :attr:`STATE_LAYOUT` (GSGM's ``averaging`` and ``scheduling``),
         which must already be equal: a state never switches the optimizer's mode.
         The arrays of ``weights`` keep their identity (values are copied into the
         buffer).
@@ -766,22 +519,8 @@ class ServerOptimizer(abc.ABC):
                 :meth:`_check_state`); the message names the field. The optimizer is
                 then left unchanged.
         """
-        if not isinstance(state, dict):
-            raise ValueError(f"state must be a dict, got {type(state).__name__}")
-        if state.get("format") != STATE_FORMAT:
-            raise ValueError(
-                f"state format {state.get('format')!r} is not supported (expected {STATE_FORMAT})"
-            )
-        if state.get("name") != self.name:
-            raise ValueError(
-                f"state of optimizer {state.get('name')!r} cannot be loaded into {self.name!r}"
-            )
-        shapes = tuple(tuple(int(d) for d in s) for s in state.get("shapes", ()))
-        if shapes != self._shapes:
-            raise ValueError(
-                f"state shapes {list(shapes)} differ from the optimizer's "
-                f"{[list(s) for s in self._shapes]}"
-            )
+        state_checks.check_header(state, STATE_FORMAT, self.name, self._shapes)
+        state = self._upgrade_state(state)
         self._check_layout(state)
         self._check_state(state)
         backup = self.state_dict()
@@ -816,6 +555,11 @@ class ServerOptimizer(abc.ABC):
         """Hook: rule-specific validation; return ``(reason, message)`` to reject."""
         return None
 
+    def _upgrade_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        """Hook: ``state`` (written by an earlier version of the rule) in today's
+        layout, before it is checked; raise ValueError if it cannot be. As is here."""
+        return state
+
     def _extra_state(self) -> dict[str, Any]:
         return {}
 
@@ -829,32 +573,12 @@ class ServerOptimizer(abc.ABC):
         ]
 
     def _flat_array(self, value: Any, what: str) -> np.ndarray:
-        """Validate a flat float32 array of a state dict and return a copy."""
-        arr = np.asarray(value)
-        if arr.dtype != _F32 or arr.shape != (self._size,):
-            raise ValueError(
-                f"state[{what!r}] must be a float32 array of shape ({self._size},), "
-                f"got {arr.dtype} {arr.shape}"
-            )
-        return arr.copy()
+        """A copy of ``state[what]``, which must be a flat float32 array of ``w``'s size."""
+        return state_checks.flat_array(value, self._size, what)
 
     def _check_layout(self, state: dict[str, Any]) -> None:
         """Raise ValueError naming each :attr:`STATE_LAYOUT` parameter the state differs in."""
-        params = state.get("params")
-        if not isinstance(params, dict):
-            raise ValueError(f"state['params'] is {params!r}, expected a dict of parameters")
-        mine = self.params
-        diff = [
-            f"{k}={params.get(k)!r} (the optimizer's: {mine[k]!r})"
-            for k in self.STATE_LAYOUT
-            if params.get(k) != mine[k]
-        ]
-        if diff:
-            raise ValueError(
-                f"state of a {self.name!r} optimizer with {', '.join(diff)} cannot be loaded: "
-                f"the state's buffers belong to that mode; build the optimizer with the "
-                f"state's {', '.join(k for k in self.STATE_LAYOUT if params.get(k) != mine[k])}"
-            )
+        state_checks.check_layout(state, self.name, self.STATE_LAYOUT, self.params)
 
     def _check_state(self, state: dict[str, Any]) -> None:
         """Raise ValueError, naming the field, if ``state`` is not consistent.
@@ -864,14 +588,11 @@ class ServerOptimizer(abc.ABC):
         rule's own fields (:meth:`_check_state_extra`).
         """
         try:
-            version = _state_int(state.get("version"), "version")
-            for key, value in dict(state.get("counters", {})).items():
-                _state_int(value, "counters", key)
-            active = _state_nodes(state.get("active_nodes"), "active_nodes")
+            version, active = state_checks.check_common(state)
             self._check_state_extra(state, version, active)
         except (TypeError, KeyError) as err:
             raise ValueError(f"state is malformed: {err!r}") from None
-        _check_state_values(state)
+        state_checks.check_state_values(state)
 
     def _check_state_extra(self, state: dict[str, Any], version: int, active: set[int]) -> None:
         """Hook: validate the rule's fields of ``state`` (raise ValueError naming one)."""
@@ -1015,8 +736,19 @@ class ServerOptimizer(abc.ABC):
             np.subtract(ws, t, out=ws)
 
     def _copy_new(self, parts: Parts) -> np.ndarray:
-        """A new flat float32 buffer holding ``parts``."""
-        buf = np.empty(self._size, dtype=_F32)
+        """A flat float32 buffer of ``w``'s size holding ``parts`` (which cover it)."""
+        buf = self._new_buffer()
         for off, flat in parts:
             buf[off : off + flat.shape[0]] = flat
         return buf
+
+    def _new_buffer(self) -> np.ndarray:
+        """A flat float32 buffer of ``w``'s size, contents undefined: a released one
+        (:meth:`_release`) if there is one, else a new one."""
+        return self._scr_pool.pop() if self._scr_pool else np.empty(self._size, dtype=_F32)
+
+    def _release(self, buf: np.ndarray) -> None:
+        """Keep ``buf``, a model-sized buffer the rule no longer uses, for
+        :meth:`_new_buffer`. The pool never holds more buffers than the rule once used
+        at the same time, so the memory bound (:meth:`model_copies`) still holds."""
+        self._scr_pool.append(buf)

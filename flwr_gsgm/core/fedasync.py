@@ -81,7 +81,7 @@ class FedAsyncRule(DispatchBackups):
     def _on_valid(
         self, partition_id: int, parts: Parts, base_version: int, staleness: int, now: float
     ) -> Outcome:
-        w, a, b = self._w, self._scr_a, self._scr_b
+        w, a = self._w, self._scr_a
         backup = self._backups[partition_id][0]
         lr = self._lr
         mix = self.mixing_weight(staleness)
@@ -92,8 +92,7 @@ class FedAsyncRule(DispatchBackups):
             np.subtract(backup[lo:hi], t, out=t)  # w_i = w_tau - lr * g
             np.multiply(t, mix, out=t)
             ws = w[lo:hi]
-            u = b[: hi - lo]
-            np.multiply(ws, keep, out=u)
-            np.add(u, t, out=ws)  # (1 - a_s) w + a_s w_i
+            np.multiply(ws, keep, out=ws)  # in place: one chunk buffer less in cache
+            np.add(ws, t, out=ws)  # (1 - a_s) w + a_s w_i
         self._version += 1
         return Outcome.APPLIED

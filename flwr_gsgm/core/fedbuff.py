@@ -89,20 +89,22 @@ class FedBuffRule(ServerOptimizer):
         self, partition_id: int, parts: Parts, base_version: int, staleness: int, now: float
     ) -> Outcome:
         buf = self._buf
+        self._count += 1
+        flush = self._count >= self._buffer_size
+        w, a, k, lr = self._w, self._scr_a, self._count, self._lr
         for lo, hi, g in chunks(parts):
             bs = buf[lo:hi]
             np.add(bs, g, out=bs)
-        self._count += 1
-        if self._count < self._buffer_size:
+            if flush:
+                # The step of a full buffer, chunk by chunk while the chunk is in cache.
+                t = a[: hi - lo]
+                np.divide(bs, k, out=t)
+                np.multiply(t, lr, out=t)
+                ws = w[lo:hi]
+                np.subtract(ws, t, out=ws)
+                bs.fill(0.0)
+        if not flush:
             return Outcome.DEFERRED
-        w, a, k, lr = self._w, self._scr_a, self._count, self._lr
-        for lo, hi, s in chunks([(0, buf)]):
-            t = a[: hi - lo]
-            np.divide(s, k, out=t)
-            np.multiply(t, lr, out=t)
-            ws = w[lo:hi]
-            np.subtract(ws, t, out=ws)
-        buf.fill(0.0)
         self._count = 0
         self._version += 1
         return Outcome.APPLIED

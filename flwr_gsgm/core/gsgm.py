@@ -16,21 +16,20 @@ algorithm.
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
 
-from .base import Outcome, Parts, ServerOptimizer, _state_int, _state_nodes, chunks
+from .base import Outcome, Parts, ServerOptimizer, chunks
 from .params import BETA, Param, server_learning_rate
+from .state_checks import state_int, state_nodes
 
 __all__ = ["GSGMRule"]
 
 _F32 = np.dtype(np.float32)
 _FORMS = ("heavy-ball", "ema")
 _AVERAGING = ("auto", "slot", "table")
-_APPLY = ("arrival", "cycle")
 _LR_SCALING = ("step", "cycle")
 
 
@@ -51,63 +50,32 @@ class GSGMRule(ServerOptimizer):
     - apply ``u_i``: heavy-ball ``w <- w - lr * (u_i + beta * M)``, or ema
       ``w <- w - lr * ((1 - beta) * u_i + beta * M)`` (with ``u_i`` alone before the
       first cycle has closed); then ``t += 1; S += u_i; k += 1``;
-    - the cycle closes when ``W`` is empty, when ``ceil(cycle_quorum * m)`` of its
-      ``m`` active members have contributed, when it has seen ``cycle_max_updates``
-      arrivals, or when ``cycle_max_seconds`` have passed since it started. Close:
-      heavy-ball ``M <- S / k + beta * M``; ema ``M <- beta * M + (1 - beta) * S / k``
-      (``M <- S / k`` at the first close); ``S, k <- 0``; ``W <-`` all active
-      nodes; then every pending slot is applied, oldest first, as its node's
-      contribution to the new cycle (the node leaves ``W``); a cycle complete again
-      right away closes again.
+    - the cycle closes when ``W`` is empty or when ``ceil(cycle_quorum * m)`` of its
+      ``m`` members have contributed. Close: heavy-ball ``M <- S / k + beta * M``;
+      ema ``M <- beta * M + (1 - beta) * S / k`` (``M <- S / k`` at the first
+      close); ``S, k <- 0``; ``W <-`` all active nodes; then every pending slot is
+      applied, oldest first, as its node's contribution to the new cycle (the node
+      leaves ``W``); a cycle complete again right away closes again.
 
     Memory (model copies, ``size(w)`` float32 each): ``w``, ``M``, ``S`` and one
     slot per node that has a pending update (``s < |A|`` of them): ``3 + s``, at most
     ``2 + |A|``; the ``"table"`` variant adds one row per active node that has
     contributed and their running sum, ``|A| + 1`` more: at most ``3 + 2 * |A|``.
     Besides, chunk-sized scratch (at most ``CHUNK`` float32 each); a new slot or row
-    is allocated while the step runs. Steps are computed as
+    takes the buffer of a slot applied or dropped before when there is one (no page
+    faults), else is allocated while the step runs. Steps are computed as
     ``w - (c * u + lr * beta * M)`` with ``c = lr`` or ``lr * (1 - beta)``: the
     formulas above up to float32 rounding order; the momentum term is computed chunk
     by chunk, not kept.
 
-    Options (defaults give the rule above):
-
-    - ``apply = "cycle"``: a contribution (a scheduled ``u_i``, or a slot applied at
-      a cycle start, which joins the new cycle) only accumulates
-      ``S += u_i; k += 1`` and leaves ``w`` alone (:attr:`Outcome.DEFERRED`). When
-      the cycle closes with ``k > 0`` the model steps once along the balanced
-      cycle mean with the global momentum: heavy-ball ``M <- S / k + beta * M``,
-      ema ``M <- beta * M + (1 - beta) * S / k`` (``M <- S / k`` at the first
-      close); then ``w <- w - lr * M`` and ``version += 1``: versions count cycles,
-      so staleness (and ``max_staleness``) is measured in cycles. The update whose
-      call took that step, with its contribution in it, is :attr:`Outcome.APPLIED`
-      (a close that only moves its slot into the next cycle leaves it DEFERRED).
-      With ``averaging = "table"`` the contributions only update the table (``S``
-      stays 0) and the close uses the table mean ``sum_j T_j / |T|`` in place of
-      ``S / k``.
-    - ``table_max_age`` (table averaging only): each row keeps the base version of
-      its contribution (for a slot, that of the newest update folded into it).
-      An update with staleness above ``table_max_age`` can never enter a mean: it
-      is dropped (:attr:`Outcome.STALE`) before scheduling. Before each table
-      step (every contribution with ``apply = "arrival"``, every close with
-      ``"cycle"``), the rows with ``version - base > table_max_age`` leave the
-      table (counted in ``table_rows_expired``); with ``"arrival"`` the row just
-      written always stays for its own step (it is the fresh term ``u_i``). If no
-      row is left at a close (``"cycle"``), there is no step and ``M`` is kept
-      (counted in ``table_empty``). Cost: the running sum loses each expired row
-      by one subtraction pass, or is recomputed from the remaining rows when that
-      takes fewer passes; the expiry scan is over |table| ints only.
-    - ``lr_scaling = "cycle"``: ``lr`` is the step per
-      cycle, divided over the contributions that close a cycle. Each per-arrival
-      step is ``w <- w - (lr / c) * (u_i + beta * M)`` (heavy-ball) or
-      ``w <- w - (lr / c) * ((1 - beta) * u_i + beta * M)`` (ema), with
-      ``c = max(1, ceil(cycle_quorum * |A|))`` (``|A|`` the active nodes at the
-      step, or ``concurrency`` when fewer nodes train at once; ``c = max(1, |A|)``
-      with ``scheduling = False``). A cycle of ``c``
-      contributions thus moves ``w`` by about ``lr * (mean u + beta * M)``
-      whatever the number of nodes. With ``apply = "cycle"`` the one step of a
-      cycle is ``lr`` already, so both values of ``lr_scaling`` give the same rule
-      (a grid may cross the two options).
+    Learning rate per cycle (``lr_scaling = "cycle"``, the default): ``lr`` is the
+    step per cycle, divided over the contributions that close a cycle. Each
+    per-arrival step is ``w <- w - (lr / c) * (u_i + beta * M)`` (heavy-ball) or
+    ``w <- w - (lr / c) * ((1 - beta) * u_i + beta * M)`` (ema), with
+    ``c = max(1, ceil(cycle_quorum * |A|))`` (``|A|`` the active nodes at the step,
+    or ``concurrency`` when fewer nodes train at once; ``c = max(1, |A|)`` with
+    ``scheduling = False``). A cycle of ``c`` contributions thus moves ``w`` by
+    about ``lr * (mean u + beta * M)`` whatever the number of nodes.
 
     Args:
         weights: initial weights, a sequence of numpy arrays (copied to float32).
@@ -120,15 +88,10 @@ class GSGMRule(ServerOptimizer):
         cycle_quorum: fraction in (0, 1] of the cycle's active members (white list at
             the cycle start, less nodes lost since) whose contribution closes the
             cycle; 1.0 = strictly even.
-        cycle_max_updates: optional budget, >= 1: the cycle closes once it has seen
-            that many arrivals (every valid update, stale ones included).
-        cycle_max_seconds: optional budget, > 0 seconds of the engine's clock (the
-            ``now`` arguments): the cycle closes at the first event at or after
-            ``start + cycle_max_seconds``, before that event is handled.
         scheduling: ``False`` is the momentum-only ablation: every arrival is applied
             as ``u_i`` and ``M`` is refreshed from the mean of each consecutive window
             of ``|A|`` applied updates (the window is the cycle; the white list stays
-            empty, no slot is used; quorum and budgets are ignored).
+            empty, no slot is used; the quorum is ignored).
         averaging: ``"auto"`` (default: :meth:`auto_averaging` picks ``"table"``, or
             ``"slot"`` when ``concurrency`` is below the number of active nodes; the
             :attr:`averaging_in_use` tells which; a checkpoint loads only into the
@@ -139,29 +102,22 @@ class GSGMRule(ServerOptimizer):
             ``d = mean_j T_j`` in place of ``u_i`` (each node weighs ``1/|table|``
             whatever its speed); ``S`` sums ``d`` so ``M`` is momentum on that mean.
             Memory grows by ``|A| * size(w)``.
-        start_time: clock value at which the first cycle starts; ``None`` (default)
-            starts it at the ``now`` of the first event (update, join, loss), so
-            that an engine on a wall clock does not need to pass its start time.
-        apply: ``"arrival"`` (default: a step per contribution) or ``"cycle"``
-            (one step per closed cycle, see Options).
-        table_max_age: ``None`` (default, off) or an int >= 0, the largest row age
-            in versions kept in the table mean; needs ``averaging = "table"``.
         lr_scaling: ``"step"`` (``lr`` per step) or ``"cycle"`` (``lr`` per cycle,
-            ``lr / c`` per step; the same as ``"step"`` with ``apply = "cycle"``).
+            ``lr / c`` per step, see above).
+        concurrency: nodes training at once (set by the strategy from the engine's
+            max-in-flight; None = every active node).
         max_staleness: optional staleness bound (see :class:`ServerOptimizer`).
         max_norm: optional L2-norm bound (see :class:`ServerOptimizer`).
 
     Defaults are declared once, in ``PARAMS`` (listed at the end of this docstring):
-    the tuned choice of docs/GSGM.md's protocol.
+    the tuned choice of docs/GSGM.md's protocol, which also says why each option is
+    kept and which options were deleted.
 
     Raises:
-        ValueError: a parameter is not declared or out of range, or two options do not
-            go together (``table_max_age`` without table averaging); the message
-            names it.
+        ValueError: a parameter is not declared or out of range; the message names it.
 
-    Extra counters: ``cycles`` (closes), ``cycles_quorum``, ``cycles_update_budget``,
-    ``cycles_time_budget`` (closes for those reasons), ``slots_applied``,
-    ``table_rows_expired`` and ``table_empty`` (``table_max_age``).
+    Extra counters: ``cycles`` (closes), ``cycles_quorum`` (closes by the quorum
+    before the white list emptied), ``slots_applied``.
 
     Node churn: a lost node leaves ``A``, ``W`` and the cycle's members, its slot is
     dropped (counted in ``slots_dropped``) and, in table mode, its row; the cycle may
@@ -194,24 +150,6 @@ class GSGMRule(ServerOptimizer):
             run_config_key="cycle-quorum",
         ),
         Param(
-            "cycle_max_updates",
-            None,
-            "cycle budget in updates",
-            kind=int,
-            low=1,
-            optional=True,
-            run_config_key="cycle-max-updates",
-        ),
-        Param(
-            "cycle_max_seconds",
-            None,
-            "cycle budget in seconds",
-            low=0.0,
-            low_open=True,
-            optional=True,
-            run_config_key="cycle-max-seconds",
-        ),
-        Param(
             "scheduling",
             True,
             "white-list scheduling (false = momentum only)",
@@ -228,36 +166,16 @@ class GSGMRule(ServerOptimizer):
             choices=_AVERAGING,
             run_config_key="averaging",
         ),
-        # The engine's clock start; not a run config key (the engine passes ``now``).
-        Param("start_time", None, "clock value at which the first cycle starts", optional=True),
-        Param(
-            "apply",
-            "arrival",
-            "when contributions step the model: every arrival, or "
-            "once per cycle along the cycle mean",
-            kind=str,
-            choices=_APPLY,
-            run_config_key="apply",
-        ),
-        Param(
-            "table_max_age",
-            None,
-            "table averaging: rows older than this many versions leave the mean",
-            kind=int,
-            low=0,
-            optional=True,
-            run_config_key="table-max-age",
-        ),
         # The tuned choice (docs/results/fashion_mnist_scale/tuned.toml): lr 0.1 per
         # cycle, which at 10 nodes and quorum 0.5 is the earlier default of 0.02 per step.
-        # Displacement modes: a cycle of quorum 0.5 is half the nodes' contributions, so
-        # 0.5 per cycle moves w per client training about as far as FedAvg (each round's
-        # mean displacement); 1.0 was unstable in a sanity check (docs/GSGM.md).
+        # Displacement modes: 0.25 of the displacement per cycle, the best of 0.1, 0.25,
+        # 0.5 and 1.0 at 80 virtual seconds with one local epoch at 10 nodes
+        # (docs/results/fashion_mnist_realtime/tune.csv; docs/GSGM.md "Client modes").
         server_learning_rate(0.1, displacement=0.25),
         Param(
             "lr_scaling",
             "cycle",
-            "apply = arrival: lr per step, or per cycle divided over the cycle's contributions",
+            "server learning rate per step, or per cycle divided over the cycle's contributions",
             kind=str,
             choices=_LR_SCALING,
             run_config_key="lr-scaling",
@@ -274,7 +192,7 @@ class GSGMRule(ServerOptimizer):
             optional=True,
         ),
     )
-    STATE_LAYOUT: ClassVar[tuple[str, ...]] = ("averaging", "apply", "scheduling")
+    STATE_LAYOUT: ClassVar[tuple[str, ...]] = ("averaging", "scheduling")
     _LABELS: ClassVar[dict[str, str]] = {
         "_M": "momentum",
         "_S": "cycle sum",
@@ -285,12 +203,18 @@ class GSGMRule(ServerOptimizer):
     _counter_names: ClassVar[tuple[str, ...]] = ServerOptimizer._counter_names + (
         "cycles",
         "cycles_quorum",
-        "cycles_update_budget",
-        "cycles_time_budget",
         "slots_applied",
-        "table_rows_expired",
-        "table_empty",
     )
+    #: Parameters of earlier versions (docs/GSGM.md, "Deleted options") and the value
+    #: a state written then must hold for them to load: the behaviour every run has
+    #: now (``start_time`` only set the clock of the deleted time budget: any value).
+    _RETIRED: ClassVar[dict[str, Any]] = {
+        "apply": "arrival",
+        "table_max_age": None,
+        "cycle_max_updates": None,
+        "cycle_max_seconds": None,
+    }
+    _RETIRED_ANY: ClassVar[tuple[str, ...]] = ("start_time",)
 
     def __init__(
         self, weights: Sequence[np.ndarray], partition_ids: Iterable[int], **params: Any
@@ -301,17 +225,6 @@ class GSGMRule(ServerOptimizer):
         self._variant = (
             self.auto_averaging(len(self._active), self._concurrency) if auto else self._averaging
         )
-        if self._table_max_age is not None and self._variant != "table":
-            why = (
-                f" (auto chose 'slot': concurrency {self._concurrency} < {len(self._active)} nodes)"
-                if auto
-                else ""
-            )
-            raise ValueError(
-                f"table_max_age={self._table_max_age!r} needs averaging='table', got "
-                f"averaging={self._averaging!r}{why}"
-            )
-
         self._M = np.zeros(self._size, dtype=_F32)
         self._S = np.zeros(self._size, dtype=_F32)
         self._k = 0
@@ -322,20 +235,12 @@ class GSGMRule(ServerOptimizer):
         # A node that (re)joins mid-cycle is not one (docs/GSGM.md, "Node churn").
         self._members: set[int] = set(self._white)
         self._contributed: set[int] = set()
-        # node -> [flat slot buffer, count, base version of its newest update];
-        # insertion order = oldest first.
+        # node -> [flat slot buffer, count]; insertion order = oldest first.
         self._slots: dict[int, list[Any]] = {}
-        self._cycle_start: float | None = self._start_time
-        self._cycle_arrivals = 0
-        # table variant: node -> latest contribution, its base version, the rows' sum.
+        # table variant: node -> latest contribution, and the rows' sum.
         self._table: dict[int, np.ndarray] = {}
-        self._table_base: dict[int, int] = {}
         self._table_sum = np.zeros(self._size, dtype=_F32) if self._variant == "table" else None
         self._scr_c = np.empty_like(self._scr_a)
-        # apply = "cycle": the cycle index in which the update being handled joined
-        # S (None: not yet), to tell APPLIED from DEFERRED.
-        self._arrival: int | None = None
-        self._arrival_cycle: int | None = None
 
     @staticmethod
     def auto_averaging(nodes: int, concurrency: int | None) -> str:
@@ -390,16 +295,6 @@ class GSGMRule(ServerOptimizer):
         return self._cycle_index
 
     @property
-    def cycle_arrivals(self) -> int:
-        """Valid arrivals (stale ones included) since the current cycle started."""
-        return self._cycle_arrivals
-
-    @property
-    def cycle_start(self) -> float | None:
-        """Clock value at which the current cycle started (None: not started yet)."""
-        return self._cycle_start
-
-    @property
     def white_list(self) -> frozenset[int]:
         """Active nodes that may still contribute in the current cycle (``W``)."""
         return frozenset(self._white)
@@ -434,11 +329,6 @@ class GSGMRule(ServerOptimizer):
         return {n: row.copy() for n, row in self._table.items()}
 
     @property
-    def table_versions(self) -> dict[int, int]:
-        """Table variant: node -> base version of its row (see ``table_max_age``)."""
-        return dict(self._table_base)
-
-    @property
     def momentum_ready(self) -> bool:
         """Whether a cycle with contributions has closed (``M`` was set)."""
         return self._momentum_ready
@@ -460,56 +350,36 @@ class GSGMRule(ServerOptimizer):
     def _on_valid(
         self, partition_id: int, parts: Parts, base_version: int, staleness: int, now: float
     ) -> Outcome:
-        self._cycle_arrivals += 1
-        if self._table_max_age is not None and staleness > self._table_max_age:
-            # Too old for the table: it could never enter a mean (rows only age).
-            self._advance(now)
-            return Outcome.STALE
-        self._arrival, self._arrival_cycle = partition_id, None
-        try:
-            if not self._scheduling or partition_id in self._white:
-                self._contribute(partition_id, parts, base_version)
-                outcome = Outcome.APPLIED
-            else:
-                self._fold(partition_id, parts, base_version)
-                outcome = Outcome.DEFERRED
-            self._advance(now)
-        finally:
-            self._arrival = None
-        if self._apply == "cycle":
-            # Stepped iff the cycle it joined (directly or through its slot) closed.
-            joined = self._arrival_cycle
-            stepped = joined is not None and self._cycle_index > joined
-            return Outcome.APPLIED if stepped else Outcome.DEFERRED
+        if not self._scheduling or partition_id in self._white:
+            self._contribute(partition_id, parts)
+            outcome = Outcome.APPLIED
+        else:
+            self._fold(partition_id, parts)
+            outcome = Outcome.DEFERRED
+        self._advance()
         if outcome is Outcome.DEFERRED and partition_id not in self._slots:
             outcome = Outcome.APPLIED  # its slot was applied when the cycle closed
         return outcome
 
-    def _tick(self, now: float) -> None:
-        # A cycle whose time ran out before this event closes before it is handled.
-        self._advance(now)
-
-    def _on_stale(self, partition_id: int, now: float) -> Outcome:
-        self._cycle_arrivals += 1
-        self._advance(now)
-        return Outcome.STALE
-
     def _joined(self, partition_id: int, now: float) -> None:
         # Enters W at the next cycle; a cycle without members restarts at once.
-        self._advance(now)
+        self._advance()
 
     def _lost(self, partition_id: int, now: float) -> None:
         self._white.discard(partition_id)
         self._members.discard(partition_id)
-        if self._slots.pop(partition_id, None) is not None:
+        slot = self._slots.pop(partition_id, None)
+        if slot is not None:
             self._counters["slots_dropped"] += 1
-        if self._table_sum is not None and self._table.pop(partition_id, None) is not None:
-            self._table_base.pop(partition_id, None)
+            self._release(slot[0])
+        row = self._table.pop(partition_id, None) if self._table_sum is not None else None
+        if row is not None:
+            self._release(row)
             self._recompute_table_sum()
-        self._advance(now)
+        self._advance()
 
     # -------------------------------------------------------------------- cycles
-    def _close_reason(self, now: float) -> str | None:
+    def _close_reason(self) -> str | None:
         if not self._scheduling:
             if self._k > 0 and self._k >= len(self._active):
                 return "window"
@@ -526,41 +396,26 @@ class GSGMRule(ServerOptimizer):
             needed = max(1, math.ceil(self._cycle_quorum * len(self._members) - 1e-9))
             if done >= needed:
                 return "quorum"
-        if self._cycle_max_updates is not None and self._cycle_arrivals >= self._cycle_max_updates:
-            return "update_budget"
-        if (
-            self._cycle_max_seconds is not None
-            and self._cycle_start is not None
-            and now - self._cycle_start >= self._cycle_max_seconds
-        ):
-            return "time_budget"
         return None
 
-    def _advance(self, now: float) -> None:
-        """Start the clock if needed, then close cycles while one is due."""
-        if self._cycle_start is None:
-            self._cycle_start = now
+    def _advance(self) -> None:
+        """Close cycles while one is due."""
         while True:
-            reason = self._close_reason(now)
+            reason = self._close_reason()
             if reason is None:
                 return
-            self._close(reason, now)
+            self._close(reason)
 
-    def _close(self, reason: str, now: float) -> None:
+    def _close(self, reason: str) -> None:
         if self._k > 0:
-            if self._apply == "cycle":
-                self._cycle_step()
-            else:
-                self._refresh_momentum(self._S, self._k)
+            self._refresh_momentum(self._S, self._k)
             self._S.fill(0.0)
         self._k = 0
         self._cycle_index += 1
         self._counters["cycles"] += 1
-        if reason in ("quorum", "update_budget", "time_budget"):
-            self._counters["cycles_" + reason] += 1
+        if reason == "quorum":
+            self._counters["cycles_quorum"] += 1
         self._contributed = set()
-        self._cycle_start = now
-        self._cycle_arrivals = 0
         if self._table_sum is not None:
             self._recompute_table_sum()  # bounds the drift of the running sum
         if not self._scheduling:
@@ -569,26 +424,10 @@ class GSGMRule(ServerOptimizer):
         self._members = set(self._white)
         while self._slots:
             partition_id = next(iter(self._slots))
-            buf, _count, base = self._slots.pop(partition_id)
-            self._contribute(partition_id, [(0, buf)], base)
+            buf, _count = self._slots.pop(partition_id)
+            self._contribute(partition_id, [(0, buf)])
+            self._release(buf)
             self._counters["slots_applied"] += 1
-
-    def _cycle_step(self) -> None:
-        """apply = "cycle": refresh ``M`` from the cycle mean, then ``w -= lr * M``.
-
-        The cycle mean is ``S / k``, or in table mode the table mean over the rows
-        young enough at the close (no step, counted in ``table_empty``, if none is).
-        """
-        if self._table_sum is not None:
-            self._expire_rows(keep=None)
-            if not self._table:
-                self._counters["table_empty"] += 1
-                return
-            self._refresh_momentum(self._table_sum, len(self._table))
-        else:
-            self._refresh_momentum(self._S, self._k)
-        self._sgd_step([(0, self._M)], self._lr)
-        self._version += 1
 
     def _refresh_momentum(self, src: np.ndarray, count: int) -> None:
         """Fold the cycle mean ``src / count`` into ``M`` (heavy-ball or ema)."""
@@ -613,32 +452,16 @@ class GSGMRule(ServerOptimizer):
         self._momentum_ready = True
 
     # ------------------------------------------------------------------ the steps
-    def _contribute(self, partition_id: int, parts: Parts, base: int) -> None:
-        """Apply ``u`` (``parts``) as ``partition_id``'s contribution to the current cycle.
-
-        ``base`` is the base version of the contribution (of the newest update
-        folded into it, for a slot): the age of its table row counts from it.
-        """
-        tsum = self._table_sum
-        if tsum is not None:
-            self._table_put(partition_id, parts, base)
-        if self._apply == "arrival":
-            if tsum is not None:
-                self._expire_rows(keep=partition_id)
-                self._step([(0, tsum)], divisor=len(self._table))
-            else:
-                self._step(parts, divisor=None)
-            self._version += 1
-        elif tsum is None:  # apply = "cycle": S <- S + u, no step
-            S = self._S
-            for lo, hi, u in chunks(parts):
-                ss = S[lo:hi]
-                np.add(ss, u, out=ss)
+    def _contribute(self, partition_id: int, parts: Parts) -> None:
+        """Apply ``u`` (``parts``) as ``partition_id``'s contribution to the current cycle."""
+        if self._table_sum is not None:
+            self._table_step(partition_id, parts)
+        else:
+            self._step(parts)
+        self._version += 1
         self._k += 1
         self._white.discard(partition_id)
         self._contributed.add(partition_id)
-        if partition_id == self._arrival:
-            self._arrival_cycle = self._cycle_index
 
     def _step_lr(self) -> float:
         """Learning rate of one per-arrival step: ``lr``, or ``lr / c`` (lr_scaling)."""
@@ -653,8 +476,17 @@ class GSGMRule(ServerOptimizer):
             c = max(1, n)
         return self._lr / c
 
-    def _step(self, parts: Parts, divisor: int | None) -> None:
-        """``w <- w - (coef * u + lr' * beta * M)``; ``S <- S + u``; ``u = parts / divisor``.
+    def _coefficients(self) -> tuple[float, float, bool]:
+        """``(coef, m_coef, use_m)`` of a per-arrival step (see :meth:`_step`)."""
+        lr = self._step_lr()
+        if self._momentum_form == "ema" and self._momentum_ready:
+            coef = lr * (1.0 - self._beta)
+        else:
+            coef = lr
+        return coef, lr * self._beta, self._beta != 0.0 and self._momentum_ready
+
+    def _step(self, parts: Parts) -> None:
+        """``w <- w - (coef * u + lr' * beta * M)``; ``S <- S + u``; ``u = parts``.
 
         ``lr'`` is the per-step learning rate (``lr``, or ``lr / c`` with
         ``lr_scaling = "cycle"``); ``coef`` is ``lr'`` (heavy-ball, and ema before
@@ -662,40 +494,61 @@ class GSGMRule(ServerOptimizer):
         ``lr' * beta * M`` is computed chunk by chunk in cache (a model-sized copy of
         it would cost memory and save no memory traffic: M is read either way).
         """
-        lr = self._step_lr()
-        w, S, M = self._w, self._S, self._M
-        a, b, c = self._scr_a, self._scr_b, self._scr_c
-        m_coef = lr * self._beta
-        if self._momentum_form == "ema" and self._momentum_ready:
-            coef = lr * (1.0 - self._beta)
-        else:
-            coef = lr
-        use_m = self._beta != 0.0 and self._momentum_ready
+        coefs = self._coefficients()
         for lo, hi, u in chunks(parts):
-            n = hi - lo
-            if divisor is not None:
-                uu = c[:n]
-                np.divide(u, divisor, out=uu)
-                u = uu
-            d = a[:n]
-            np.multiply(u, coef, out=d)
-            if use_m:
-                t = b[:n]
-                np.multiply(M[lo:hi], m_coef, out=t)
-                np.add(d, t, out=d)
-            ws = w[lo:hi]
-            np.subtract(ws, d, out=ws)
-            ss = S[lo:hi]
-            np.add(ss, u, out=ss)
+            self._step_chunk(lo, hi, u, coefs)
 
-    def _fold(self, partition_id: int, parts: Parts, base: int) -> None:
+    def _step_chunk(
+        self, lo: int, hi: int, u: np.ndarray, coefs: tuple[float, float, bool]
+    ) -> None:
+        """One chunk of :meth:`_step`: ``w[lo:hi]`` and ``S[lo:hi]`` along ``u``."""
+        coef, m_coef, use_m = coefs
+        n = hi - lo
+        d = self._scr_a[:n]
+        np.multiply(u, coef, out=d)
+        if use_m:
+            t = self._scr_b[:n]
+            np.multiply(self._M[lo:hi], m_coef, out=t)
+            np.add(d, t, out=d)
+        ws = self._w[lo:hi]
+        np.subtract(ws, d, out=ws)
+        ss = self._S[lo:hi]
+        np.add(ss, u, out=ss)
+
+    def _table_step(self, partition_id: int, parts: Parts) -> None:
+        """Table averaging: ``u`` replaces the node's row (the running sum follows:
+        ``+ u - row``, or ``+ u`` for a new row), then :meth:`_step` along the table
+        mean ``sum / |table|``. One pass over the chunks: a chunk's row and sum are
+        updated, then stepped along, while in cache (the same float32 operations, in
+        the same order, as a pass for the table and a pass for the step)."""
+        row = self._table.get(partition_id)
+        new = row is None
+        if new:
+            row = self._table[partition_id] = self._new_buffer()
+        count = len(self._table)
+        tsum, a, c = self._table_sum, self._scr_a, self._scr_c
+        coefs = self._coefficients()
+        for lo, hi, u in chunks(parts):
+            r, ts = row[lo:hi], tsum[lo:hi]
+            if new:
+                np.copyto(r, u)
+                np.add(ts, u, out=ts)
+            else:
+                t = a[: hi - lo]
+                np.subtract(u, r, out=t)
+                np.add(ts, t, out=ts)
+                np.copyto(r, u)
+            mean = c[: hi - lo]
+            np.divide(ts, count, out=mean)
+            self._step_chunk(lo, hi, mean, coefs)
+
+    def _fold(self, partition_id: int, parts: Parts) -> None:
         """Fold ``g`` into the node's slot: ``P <- P + (g - P) / n``."""
         slot = self._slots.get(partition_id)
         if slot is None:
-            self._slots[partition_id] = [self._copy_new(parts), 1, base]
+            self._slots[partition_id] = [self._copy_new(parts), 1]
             return
         slot[1] += 1
-        slot[2] = max(slot[2], base)
         buf, count = slot[0], slot[1]
         a = self._scr_a
         for lo, hi, g in chunks(parts):
@@ -704,50 +557,6 @@ class GSGMRule(ServerOptimizer):
             np.subtract(g, p, out=t)
             np.divide(t, count, out=t)
             np.add(p, t, out=p)
-
-    def _table_put(self, partition_id: int, parts: Parts, base: int) -> None:
-        row = self._table.get(partition_id)
-        tsum = self._table_sum
-        self._table_base[partition_id] = base
-        if row is None:
-            self._table[partition_id] = self._copy_new(parts)
-            for lo, hi, u in chunks(parts):
-                ts = tsum[lo:hi]
-                np.add(ts, u, out=ts)
-            return
-        a = self._scr_a
-        for lo, hi, u in chunks(parts):
-            t = a[: hi - lo]
-            r = row[lo:hi]
-            np.subtract(u, r, out=t)
-            ts = tsum[lo:hi]
-            np.add(ts, t, out=ts)
-            np.copyto(r, u)
-
-    def _expire_rows(self, keep: int | None) -> None:
-        """Drop the rows older than ``table_max_age`` versions (but ``keep``'s).
-
-        Age of a row = ``version - base``, measured before the step it would join.
-        The sum loses the expired rows by subtraction, or is recomputed from the
-        remaining rows when that takes fewer passes.
-        """
-        if self._table_max_age is None:
-            return
-        limit = self._version - self._table_max_age  # base < limit: too old
-        old = [n for n, b in self._table_base.items() if b < limit and n != keep]
-        if not old:
-            return
-        self._counters["table_rows_expired"] += len(old)
-        gone = []
-        for n in old:
-            gone.append(self._table.pop(n))
-            del self._table_base[n]
-        if len(gone) > len(self._table):
-            self._recompute_table_sum()
-            return
-        tsum = self._table_sum
-        for row in gone:
-            np.subtract(tsum, row, out=tsum)
 
     def _recompute_table_sum(self) -> None:
         tsum = self._table_sum
@@ -769,51 +578,60 @@ class GSGMRule(ServerOptimizer):
             "slot_nodes": list(self._slots),
             "slot_counts": [int(s[1]) for s in self._slots.values()],
             "slot_values": [s[0].copy() for s in self._slots.values()],
-            "slot_versions": [int(s[2]) for s in self._slots.values()],
-            "cycle_start": self._cycle_start,
-            "cycle_arrivals": self._cycle_arrivals,
             "table_nodes": list(self._table),
             "table_values": [row.copy() for row in self._table.values()],
-            "table_versions": [int(self._table_base[n]) for n in self._table],
             "table_sum": None if self._table_sum is None else self._table_sum.copy(),
             "averaging_in_use": self._variant,
         }
+
+    def _upgrade_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        """A state written before the options of ``_RETIRED`` were deleted loads if it
+        holds, for each, the behaviour every run has now; else ValueError naming it."""
+        params = state.get("params")
+        gone = set(self._RETIRED) | set(self._RETIRED_ANY)
+        if not isinstance(params, dict) or not gone & set(params):
+            return state
+        for key, value in self._RETIRED.items():
+            if key in params and params[key] != value:
+                raise ValueError(
+                    f"state of a 'gsgm' optimizer with {key}={params[key]!r} cannot be loaded: "
+                    f'the option was deleted (docs/GSGM.md, "Deleted options"); only a '
+                    f"state with {key}={value!r} loads"
+                )
+        return {**state, "params": {k: v for k, v in params.items() if k not in gone}}
 
     def _check_state_extra(self, state: dict[str, Any], version: int, active: set[int]) -> None:
         """GSGM's invariants (the params are the state's, which the load restores).
 
         Counts and indices are integers >= 0 (slot counts >= 1); the white list and
         the nodes with a slot or a table row are active and listed once; the white
-        list holds no node that contributed in this cycle; a slot's or row's base
-        version is in ``[0, version]``; a state with ``averaging = "slot"`` has no
-        table (rows or sum) and one with ``"table"`` has its sum; without scheduling
-        there is no white list and no slot.
+        list holds no node that contributed in this cycle; a state with
+        ``averaging = "slot"`` has no table (rows or sum) and one with ``"table"`` has
+        its sum; without scheduling there is no white list and no slot. Fields of
+        deleted options (slot and row versions, the cycle's start and arrivals) in a
+        state written before are ignored.
         """
         params = dict(state["params"])
-        for key in ("cycle_count", "cycle_index", "cycle_arrivals"):
-            _state_int(state[key], key)
-        white = _state_nodes(state["white_list"], "white_list", within=active)
-        contributed = _state_nodes(state["contributed"], "contributed")
+        for key in ("cycle_count", "cycle_index"):
+            state_int(state[key], key)
+        white = state_nodes(state["white_list"], "white_list", within=active)
+        contributed = state_nodes(state["contributed"], "contributed")
         if white & contributed:
             raise ValueError(
                 f"state['white_list'] holds node(s) {sorted(white & contributed)} that "
                 "contributed in this cycle (state['contributed'])"
             )
         if "members" in state:  # states written before the members rule derive them
-            members = _state_nodes(state["members"], "members", within=active)
+            members = state_nodes(state["members"], "members", within=active)
             if not white <= members:
                 raise ValueError(
                     f"state['white_list'] holds node(s) {sorted(white - members)} that are "
                     "not members of the cycle (state['members'])"
                 )
-        slots = _state_nodes(state["slot_nodes"], "slot_nodes", within=active)
+        slots = state_nodes(state["slot_nodes"], "slot_nodes", within=active)
         for i, count in enumerate(state["slot_counts"]):
-            _state_int(count, "slot_counts", i, low=1)
-        for i, base in enumerate(state["slot_versions"]):
-            _state_int(base, "slot_versions", i, high=version)
-        rows = _state_nodes(state["table_nodes"], "table_nodes", within=active)
-        for i, base in enumerate(state["table_versions"]):
-            _state_int(base, "table_versions", i, high=version)
+            state_int(count, "slot_counts", i, low=1)
+        rows = state_nodes(state["table_nodes"], "table_nodes", within=active)
         variant = self._state_variant(state)
         if variant not in ("slot", "table"):
             raise ValueError(
@@ -832,13 +650,6 @@ class GSGMRule(ServerOptimizer):
                 "state['white_list'] / state['slot_nodes'] are not empty, but the state's "
                 "params have scheduling=False"
             )
-        start = state["cycle_start"]
-        if start is not None and (
-            isinstance(start, bool)
-            or not isinstance(start, numbers.Real)
-            or not math.isfinite(start)
-        ):
-            raise ValueError(f"state['cycle_start'] is {start!r}, expected None or a finite number")
 
     @staticmethod
     def _state_variant(state: dict[str, Any]) -> Any:
@@ -862,16 +673,12 @@ class GSGMRule(ServerOptimizer):
         partition_ids = [int(n) for n in state["slot_nodes"]]
         counts = [int(c) for c in state["slot_counts"]]
         values = [self._flat_array(v, "slot_values") for v in state["slot_values"]]
-        sversions = [int(v) for v in state["slot_versions"]]
-        if not len(partition_ids) == len(counts) == len(values) == len(sversions):
-            raise ValueError(
-                "state slot_nodes, slot_counts, slot_values, slot_versions differ in length"
-            )
+        if not len(partition_ids) == len(counts) == len(values):
+            raise ValueError("state slot_nodes, slot_counts, slot_values differ in length")
         tnodes = [int(n) for n in state["table_nodes"]]
         tvalues = [self._flat_array(v, "table_values") for v in state["table_values"]]
-        tversions = [int(v) for v in state["table_versions"]]
-        if not len(tnodes) == len(tvalues) == len(tversions):
-            raise ValueError("state table_nodes, table_values, table_versions differ in length")
+        if not len(tnodes) == len(tvalues):
+            raise ValueError("state table_nodes, table_values differ in length")
         tsum = state["table_sum"]
         # With averaging = "auto" the state's variant is the one chosen when the run
         # started, with its nodes; this optimizer's may have been resolved without them.
@@ -884,10 +691,6 @@ class GSGMRule(ServerOptimizer):
         self._white = {int(n) for n in state["white_list"]}
         self._members = self._state_members(state)
         self._contributed = {int(n) for n in state["contributed"]}
-        self._slots = {n: [v, c, b] for n, c, v, b in zip(partition_ids, counts, values, sversions)}
-        start = state["cycle_start"]
-        self._cycle_start = None if start is None else float(start)
-        self._cycle_arrivals = int(state["cycle_arrivals"])
+        self._slots = {n: [v, c] for n, c, v in zip(partition_ids, counts, values)}
         self._table = dict(zip(tnodes, tvalues))
-        self._table_base = dict(zip(tnodes, tversions))
         self._table_sum = None if tsum is None else self._flat_array(tsum, "table_sum")

@@ -5,8 +5,8 @@ A rule class lists its own parameters in ``PARAMS`` (the common ones, ``lr``,
 :class:`~flwr_gsgm.core.base.ServerOptimizer`). Everything else is derived from
 these declarations: the constructor's defaults and checks, the registry's list of
 accepted names, the strategies' keyword arguments, the run config keys and their
-checks, the sweep presets' validation and the README table. A default written
-anywhere else is a bug.
+checks, the sweep presets' validation and the generated reference of the run config
+(docs/REFERENCE.md). A default written anywhere else is a bug.
 
 This module imports numpy only (never flwr, never torch).
 """
@@ -162,7 +162,8 @@ class Param:
     def expected(self) -> str:
         """What the check accepts, in words: ``in [0, 1)``, ``an integer >= 1``, ...
 
-        Used by the run config's error messages and the README table.
+        Used by the run config's error messages and the generated run config
+        reference (docs/REFERENCE.md).
         """
         if self.kind is bool:
             return "true or false"

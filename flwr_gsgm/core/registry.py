@@ -2,31 +2,33 @@
 
 Rule classes register themselves: a subclass of
 :class:`~flwr_gsgm.core.base.ServerOptimizer` that sets ``name`` is added to
-:data:`OPTIMIZERS` when its module is imported, and ``flwr_gsgm.core`` imports every
-module of the package. Adding a rule is therefore one new file in
-``flwr_gsgm/core/``; its ``PARAMS`` declaration feeds everything else.
+:data:`OPTIMIZERS` when its module is imported (``ServerOptimizer.__init_subclass__``
+calls :func:`register`), and ``flwr_gsgm.core`` imports every module of the package.
+Adding a rule is therefore one new file in ``flwr_gsgm/core/``; its ``PARAMS``
+declaration feeds everything else.
+
+This module imports nothing from :mod:`~flwr_gsgm.core.base` (base imports it), so
+there is no import cycle; it treats a rule class as any class with ``name``,
+``declared_params()`` and the optimizer constructor.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from .params import Param
 
-if TYPE_CHECKING:  # base imports this module when a rule class is defined
-    from .base import ServerOptimizer
-
 __all__ = ["OPTIMIZERS", "make_optimizer", "optimizer_params", "declared_params", "register"]
 
 #: name -> class, for the run config key selecting the server optimizer. Filled by
 #: :func:`register` in import order (``flwr_gsgm.core`` imports GSGM first).
-OPTIMIZERS: dict[str, type[ServerOptimizer]] = {}
+OPTIMIZERS: dict[str, type[Any]] = {}
 
 
-def register(cls: type[ServerOptimizer]) -> type[ServerOptimizer]:
+def register(cls: type[Any]) -> type[Any]:
     """Add ``cls`` under ``cls.name`` (called by ``ServerOptimizer.__init_subclass__``).
 
     Raises:
@@ -65,8 +67,8 @@ def make_optimizer(
     weights: Sequence[np.ndarray],
     partition_ids: Iterable[int],
     **params: Any,
-) -> ServerOptimizer:
-    """Build the server optimizer registered as ``name``.
+) -> Any:
+    """Build the server optimizer registered as ``name`` (a ``ServerOptimizer``).
 
     Parameter names may be given in run config style too (``cycle-quorum`` for
     ``cycle_quorum``). ``lr`` must be given: the engine, not a declared default,
@@ -90,7 +92,7 @@ def make_optimizer(
     return cls(weights, partition_ids, **kwargs)
 
 
-def _lookup(name: str) -> type[ServerOptimizer]:
+def _lookup(name: str) -> type[Any]:
     key = name.strip().lower() if isinstance(name, str) else name
     try:
         return OPTIMIZERS[key]

@@ -235,9 +235,9 @@ def test_registry_builds_aced_and_run_config_keys():
         ("ace", dict()),
         ("ace", dict(max_row_age=2)),
         ("daasgd", dict()),
-        ("gsgm", dict(apply="cycle", momentum_form="ema")),
-        ("gsgm", dict(averaging="table", table_max_age=2, cycle_quorum=0.5)),
-        ("gsgm", dict(apply="cycle", averaging="table", table_max_age=1)),
+        ("gsgm", dict(momentum_form="ema")),
+        ("gsgm", dict(averaging="table", cycle_quorum=0.5)),
+        ("gsgm", dict(averaging="table", momentum_form="heavy-ball")),
         ("gsgm", dict(lr_scaling="cycle", beta=0.9)),
     ],
 )

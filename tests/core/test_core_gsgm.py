@@ -113,74 +113,6 @@ def test_arrival_sequence_1_1_2_1_3_2(form, expected):
     assert opt.momentum_ready
 
 
-def test_cycle_closed_by_update_budget():
-    opt = make(cycle_max_updates=3)
-    # a1 node 1 [2,4]: w = [-1,-2]; S = [2,4], k = 1; cycle arrivals 1.
-    assert opt.on_update(1, [f32(2, 4)], 0) is Outcome.APPLIED
-    # a2 node 1 [4,0]: slot [4,0]; arrivals 2.
-    assert opt.on_update(1, [f32(4, 0)], 1) is Outcome.DEFERRED
-    # a3 node 1 [0,4]: fold: [4,0] + ([0,4] - [4,0]) / 2 = [2,2]; arrivals 3 = budget
-    # -> close with k = 1: M = [2,4]; W = {1,2,3}; slot: d = [2,2] + [1,2] = [3,4]:
-    # w = [-1,-2] - [1.5,2] = [-2.5,-4]; S = [2,2], k = 1, W = {2,3}. The update sat
-    # in the slot that was applied in this call: APPLIED.
-    assert opt.on_update(1, [f32(0, 4)], 1) is Outcome.APPLIED
-    check(
-        opt,
-        w=(-2.5, -4),
-        white={2, 3},
-        slots={},
-        momentum=(2, 4),
-        k=1,
-        S=(2, 2),
-        version=2,
-        cycle=1,
-    )
-    assert opt.cycle_arrivals == 0
-    assert opt.counters["cycles_update_budget"] == 1
-    # a4 node 2 [2,2]: d = [2,2] + [1,2] = [3,4]: w = [-4,-6].
-    assert opt.on_update(2, [f32(2, 2)], 2) is Outcome.APPLIED
-    check(opt, w=(-4, -6), white={3}, slots={}, momentum=(2, 4), k=2, S=(4, 4))
-    assert opt.cycle_arrivals == 1
-
-
-def test_cycle_closed_by_time_budget():
-    opt = make(cycle_max_seconds=10.0, start_time=0.0)
-    # t=1 node 1 [2,4]: w = [-1,-2]; S = [2,4], k = 1.
-    assert opt.on_update(1, [f32(2, 4)], 0, now=1.0) is Outcome.APPLIED
-    # t=5 node 1 [4,0]: slot.
-    assert opt.on_update(1, [f32(4, 0)], 1, now=5.0) is Outcome.DEFERRED
-    check(opt, w=(-1, -2), white={2, 3}, slots={1: ([4, 0], 1)}, momentum=(0, 0))
-    # t=12 >= 0 + 10: the cycle closes before the arrival is handled: M = [2,4];
-    # W = {1,2,3}; slot 1: d = [4,0] + [1,2] = [5,2]: w = [-3.5,-3]; S = [4,0], k = 1;
-    # then node 2 (in W) [2,2]: d = [3,4]: w = [-5,-5]; S = [6,2], k = 2, W = {3}.
-    assert opt.on_update(2, [f32(2, 2)], 1, now=12.0) is Outcome.APPLIED
-    check(opt, w=(-5, -5), white={3}, slots={}, momentum=(2, 4), k=2, S=(6, 2), version=3, cycle=1)
-    assert opt.cycle_start == 12.0
-    assert opt.counters["cycles_time_budget"] == 1
-    # t=21 (9 s into the cycle) node 3 [3,1]: d = [3,1] + [1,2] = [4,3]:
-    # w = [-7,-6.5]; S = [9,3], k = 3: W empty -> M = [3,1] + 0.5 [2,4] = [4,3].
-    assert opt.on_update(3, [f32(3, 1)], 3, now=21.0) is Outcome.APPLIED
-    check(opt, w=(-7, -6.5), white={1, 2, 3}, slots={}, momentum=(4, 3), k=0, version=4, cycle=2)
-    assert opt.counters["cycles_time_budget"] == 1
-    # A join at t=35 (14 s into the cycle, nothing contributed): the time budget
-    # closes the empty cycle first (M unchanged), then node 4 joins, outside W.
-    opt.on_node_joined(4, now=35.0)
-    check(opt, w=(-7, -6.5), white={1, 2, 3}, slots={}, momentum=(4, 3), k=0, version=4, cycle=3)
-    assert opt.active_nodes == {1, 2, 3, 4}
-    assert opt.cycle_start == 35.0
-
-
-def test_time_budget_clock_starts_at_first_event_by_default():
-    opt = make(cycle_max_seconds=10.0)
-    assert opt.cycle_start is None
-    opt.on_update(1, [f32(2, 4)], 0, now=100.0)
-    assert opt.cycle_start == 100.0
-    opt.on_update(1, [f32(2, 4)], 1, now=109.0)  # 9 s: still cycle 0
-    assert opt.cycle_index == 0
-    opt.on_update(2, [f32(2, 4)], 1, now=110.0)  # 10 s: closes before handling
-    assert opt.cycle_index == 1
-
-
 def test_cycle_closed_by_quorum():
     opt = make(cycle_quorum=0.5)  # ceil(0.5 * 3) = 2 contributions close a cycle
     # node 1 [2,4]: w = [-1,-2]; node 2 [4,2]: w = [-1,-2] - [2,1] = [-3,-3];
@@ -474,8 +406,6 @@ def test_memory_bound_is_documented():
         dict(momentum_form="nesterov"),
         dict(cycle_quorum=0.0),
         dict(cycle_quorum=1.5),
-        dict(cycle_max_updates=0),
-        dict(cycle_max_seconds=0.0),
         dict(averaging="mean"),
         dict(scheduling="yes"),
         dict(max_staleness=-1),

@@ -1,4 +1,4 @@
-"""GSGM options apply, table_max_age and lr_scaling with hand-computed numbers.
+"""GSGM options lr_scaling and averaging with hand-computed numbers; the deleted options.
 
 Unless stated otherwise: lr = 0.5, beta = 0.5, w0 = [0, 0], nodes {1, 2, 3}, the
 arrival sequence of test_core_gsgm.py. Every number is a small dyadic fraction,
@@ -13,7 +13,7 @@ import pytest
 import test_core_gsgm
 from core_testutil import GSGM_STRICT, assert_bits_equal, assert_state_equal, f32
 
-from flwr_gsgm.core import GSGMRule, Outcome
+from flwr_gsgm.core import GSGMRule
 
 
 def make(nodes=(1, 2, 3), **kw):
@@ -38,160 +38,7 @@ def check(opt, *, w, M, S, k, version, white=None, slots=None):
 # the arrival sequence of test_core_gsgm.py
 ARRIVALS = test_core_gsgm.ARRIVALS
 
-# --------------------------------------------------------------- a. apply=cycle
-# Contributions only accumulate S, k; the close steps once: w <- w - 0.5 M.
-# a1: 1 in W: S = [2,0], k = 1, W = {2,3}; w unchanged.            DEFERRED
-# a2: slot P1 = [4,2].                                              DEFERRED
-# a3: 2 in W: S = [2,2], k = 2, W = {3}.                            DEFERRED
-# a4: fold P1 = [4,2] + ([8,6] - [4,2]) / 2 = [6,4], n = 2.         DEFERRED
-# a5: 3 in W: S = [3,6], k = 3 -> close: M = S/3 (+ 0.5 * 0) = [1,2];
-#     w = -0.5 [1,2] = [-0.5,-1]; version 1; slot P1 joins the new cycle:
-#     S = [6,4], k = 1, W = {2,3}.                                  APPLIED
-# a6: 2 in W: S = [10,8], k = 2, W = {3}.                           DEFERRED
-# a7: 3 in W: S = [12,9], k = 3 -> close:
-#     heavy-ball M = [4,3] + 0.5 [1,2] = [4.5,4]; w = [-0.5,-1] - [2.25,2]
-#     = [-2.75,-3];
-#     ema (first close M = S/k = [1,2], same w after a5): M = 0.5 [1,2] +
-#     0.5 [4,3] = [2.5,2.5]; w = [-0.5,-1] - [1.25,1.25] = [-1.75,-2.25].
-#     version 2.                                                    APPLIED
-CYCLE_COMMON = [
-    # outcome, w, M, S, k, version, white list, slots
-    ("deferred", (0, 0), (0, 0), (2, 0), 1, 0, {2, 3}, {}),
-    ("deferred", (0, 0), (0, 0), (2, 0), 1, 0, {2, 3}, {1: ([4, 2], 1)}),
-    ("deferred", (0, 0), (0, 0), (2, 2), 2, 0, {3}, {1: ([4, 2], 1)}),
-    ("deferred", (0, 0), (0, 0), (2, 2), 2, 0, {3}, {1: ([6, 4], 2)}),
-    ("applied", (-0.5, -1), (1, 2), (6, 4), 1, 1, {2, 3}, {}),
-    ("deferred", (-0.5, -1), (1, 2), (10, 8), 2, 1, {3}, {}),
-]
-CYCLE_LAST = {
-    "heavy-ball": ("applied", (-2.75, -3), (4.5, 4), (0, 0), 0, 2, {1, 2, 3}, {}),
-    "ema": ("applied", (-1.75, -2.25), (2.5, 2.5), (0, 0), 0, 2, {1, 2, 3}, {}),
-}
-
-
-@pytest.mark.parametrize("form", ["heavy-ball", "ema"])
-def test_apply_cycle_sequence(form):
-    opt = make(momentum_form=form, apply="cycle")
-    for (node, g), exp in zip(ARRIVALS, CYCLE_COMMON + [CYCLE_LAST[form]]):
-        outcome = opt.on_update(node, [f32(*g)], opt.version)
-        out, w, m, s, k, version, white, slots = exp
-        assert outcome is Outcome(out)
-        check(opt, w=w, M=m, S=s, k=k, version=version, white=white, slots=slots)
-    c = opt.counters
-    assert (c["arrivals"], c["applied"], c["deferred"]) == (7, 2, 5)
-    assert (c["cycles"], c["slots_applied"]) == (2, 1)
-
-
-def test_apply_cycle_staleness_counts_cycles():
-    # version moves once per cycle: an update sent at version 0 and arriving in
-    # the second cycle has staleness 1, whatever the number of contributions.
-    opt = make(apply="cycle", max_staleness=0)
-    for node in (1, 2, 3):
-        opt.on_update(node, [f32(2, 2)], 0)  # close: M = [2,2]; w = [-1,-1]; v1
-    assert opt.version == 1
-    assert opt.on_update(1, [f32(2, 2)], 0) is Outcome.STALE
-    assert opt.on_update(1, [f32(2, 2)], 1) is Outcome.DEFERRED
-
-
-def test_apply_cycle_with_table_and_table_max_age():
-    # nodes {1,2}, table averaging, table_max_age 0: at a close the step uses the
-    # mean of the rows whose age (version - base) is 0.
-    def start():
-        opt = make(nodes=(1, 2), apply="cycle", averaging="table", table_max_age=0)
-        # a1 node 1 [2,0] base 0: row 1 (b0); k = 1; no step.
-        assert opt.on_update(1, [f32(2, 0)], 0) is Outcome.DEFERRED
-        # a2 node 1 [4,4] base 0: slot P1 = [4,4] (b0).
-        assert opt.on_update(1, [f32(4, 4)], 0) is Outcome.DEFERRED
-        # a3 node 2 [0,2] base 0: row 2 (b0); k = 2 -> close at version 0: both
-        # rows age 0; table mean [1,1]: M = [1,1]; w = [-0.5,-0.5]; version 1.
-        # The slot joins the new cycle: row 1 <- [4,4] (b0); k = 1; W = {2}.
-        assert opt.on_update(2, [f32(0, 2)], 0) is Outcome.APPLIED
-        check(opt, w=(-0.5, -0.5), M=(1, 1), S=(0, 0), k=1, version=1, white={2})
-        assert opt.table_versions == {1: 0, 2: 0}
-        return opt
-
-    opt = start()
-    # a4 node 2 [2,2] base 1: row 2 (b1); k = 2 -> close at version 1: row 1
-    # (b0, age 1 > 0) leaves; mean = [2,2]: M = [2,2] + 0.5 [1,1] = [2.5,2.5];
-    # w = [-0.5,-0.5] - [1.25,1.25] = [-1.75,-1.75]; version 2.
-    assert opt.on_update(2, [f32(2, 2)], 1) is Outcome.APPLIED
-    check(opt, w=(-1.75, -1.75), M=(2.5, 2.5), S=(0, 0), k=0, version=2)
-    assert {n: r.tolist() for n, r in opt.table.items()} == {2: [2, 2]}
-    assert opt.counters["table_rows_expired"] == 1
-    # a5 node 1 [8,8] base 0: staleness 2 > table_max_age 0: dropped.
-    assert opt.on_update(1, [f32(8, 8)], 0) is Outcome.STALE
-    check(opt, w=(-1.75, -1.75), M=(2.5, 2.5), S=(0, 0), k=0, version=2)
-
-    # Other branch after a3: node 2 is lost, the cycle ({1} contributed) closes
-    # at version 1; row 1 (b0, age 1) expires, row 2 left with its node: no row
-    # is young enough, so no step: w, M, version unchanged (table_empty).
-    opt = start()
-    opt.on_node_lost(2)
-    check(opt, w=(-0.5, -0.5), M=(1, 1), S=(0, 0), k=0, version=1, white={1})
-    assert opt.table == {}
-    c = opt.counters
-    assert (c["table_empty"], c["table_rows_expired"], c["cycles"]) == (1, 1, 2)
-
-
-# ------------------------------------------------------------ b. table_max_age
-def test_table_max_age_arrival_mode():
-    # heavy-ball, table averaging, table_max_age 1; base versions given explicitly.
-    opt = make(averaging="table", table_max_age=1)
-    # a1 node 1 [2,0] b0: row 1; d = [2,0]; w = [-1,0]; S = [2,0], k = 1; v1.
-    assert opt.on_update(1, [f32(2, 0)], 0) is Outcome.APPLIED
-    # a2 node 2 [0,2] b0 (staleness 1): rows 1, 2 (age 1 <= 1); d = [1,1];
-    # w = [-1.5,-0.5]; S = [3,1], k = 2; v2.
-    assert opt.on_update(2, [f32(0, 2)], 0) is Outcome.APPLIED
-    check(opt, w=(-1.5, -0.5), M=(0, 0), S=(3, 1), k=2, version=2)
-    # a3 node 1 [4,4] b1: slot P1 = [4,4] (b1).
-    assert opt.on_update(1, [f32(4, 4)], 1) is Outcome.DEFERRED
-    # a4 node 3 [8,8] b0: staleness 2 > 1: dropped; node 3 stays in W.
-    assert opt.on_update(3, [f32(8, 8)], 0) is Outcome.STALE
-    assert opt.white_list == {3}
-    # a5 node 3 [3,5] b2: row 3 (b2); at version 2 rows 1, 2 (b0, age 2) expire:
-    # d = [3,5]; w = [-1.5,-0.5] - [1.5,2.5] = [-3,-3]; S = [6,6], k = 3; v3 ->
-    # close: M = [6,6] / 3 = [2,2]. Slot P1 (b1) becomes row 1: at version 3 row 3
-    # (b2, age 1) stays; mean ([3,5] + [4,4]) / 2 = [3.5,4.5];
-    # w = [-3,-3] - (0.5 [3.5,4.5] + 0.25 [2,2]) = [-3,-3] - [2.25,2.75]
-    # = [-5.25,-5.75]; S = [3.5,4.5], k = 1; v4.
-    assert opt.on_update(3, [f32(3, 5)], 2) is Outcome.APPLIED
-    check(opt, w=(-5.25, -5.75), M=(2, 2), S=(3.5, 4.5), k=1, version=4, white={2, 3}, slots={})
-    assert opt.table_versions == {3: 2, 1: 1}
-    assert opt.counters["table_rows_expired"] == 2
-    # a6 node 2 [0,2] b2: staleness 2 > 1: dropped.
-    assert opt.on_update(2, [f32(0, 2)], 2) is Outcome.STALE
-    # a7 node 2 [2,0] b4: row 2 (b4); at version 4, rows 3 (b2) and 1 (b1) are
-    # older than 1: they leave; d = [2,0]; w = [-5.25,-5.75] - ([1,0] + [0.5,0.5])
-    # = [-6.75,-6.25]; S = [5.5,4.5], k = 2; v5.
-    assert opt.on_update(2, [f32(2, 0)], 4) is Outcome.APPLIED
-    check(opt, w=(-6.75, -6.25), M=(2, 2), S=(5.5, 4.5), k=2, version=5)
-    assert opt.table_versions == {2: 4}
-    c = opt.counters
-    assert (c["arrivals"], c["applied"], c["deferred"], c["stale"]) == (7, 4, 1, 2)
-    assert c["table_rows_expired"] == 4
-
-    # state_dict round trip of the new state (row and slot versions) is exact.
-    state = opt.state_dict()
-    assert state["table_versions"] == [4] and state["slot_versions"] == []
-    fresh = make(lr=0.25, averaging="table")  # other params, the same mode
-    fresh.load_state_dict(pickle.loads(pickle.dumps(state)))
-    assert_state_equal(state, fresh.state_dict())
-    for o in (opt, fresh):
-        o.on_update(1, [f32(2, 2)], 5)
-    assert_state_equal(opt.state_dict(), fresh.state_dict())
-
-
-def test_slot_version_is_its_newest_update():
-    opt = make(averaging="table", table_max_age=5)
-    opt.on_update(1, [f32(2, 0)], 0)  # v1
-    opt.on_update(1, [f32(2, 0)], 1)  # slot (b1)
-    opt.on_update(2, [f32(2, 0)], 1)  # v2
-    opt.on_update(1, [f32(2, 0)], 0)  # fold (b0): the slot keeps b1
-    state = opt.state_dict()
-    assert state["slot_nodes"] == [1] and state["slot_versions"] == [1]
-
-
-# --------------------------------------------------------------- c. lr_scaling
+# --------------------------------------------------------------- a. lr_scaling
 # lr_scaling = "cycle", lr = 0.75, quorum 1, |A| = 3: c = 3, each step uses
 # lr' = 0.25 (m_step = lr' * beta * M). Heavy-ball, same arrivals:
 # a1: w = -0.25 [2,0] = [-0.5,0]; S = [2,0]; v1.      a2: slot P1 = [4,2].
@@ -241,11 +88,14 @@ def test_lr_scaling_cycle_uses_the_quorum_count():
 @pytest.mark.parametrize(
     "kw,name",
     [
-        (dict(apply="batch"), "apply"),
         (dict(lr_scaling="node"), "lr_scaling"),
-        (dict(table_max_age=3), "table_max_age"),  # slot averaging
-        (dict(averaging="table", table_max_age=-1), "table_max_age"),
-        (dict(averaging="table", table_max_age=1.5), "table_max_age"),
+        (dict(averaging="row"), "averaging"),
+        # deleted options (docs/GSGM.md, "Deleted options"): unknown parameters now
+        (dict(apply="arrival"), "apply"),
+        (dict(table_max_age=3), "table_max_age"),
+        (dict(cycle_max_updates=4), "cycle_max_updates"),
+        (dict(cycle_max_seconds=2.0), "cycle_max_seconds"),
+        (dict(start_time=0.0), "start_time"),
     ],
 )
 def test_constructor_rejects_bad_options_naming_them(kw, name):
@@ -257,17 +107,8 @@ def test_constructor_rejects_bad_options_naming_them(kw, name):
 def test_defaults_are_the_tuned_choice():
     p = GSGMRule([f32(0, 0)], [1]).params
     assert (p["lr"], p["momentum_form"], p["beta"], p["cycle_quorum"]) == (0.1, "ema", 0.5, 0.5)
-    # the tuned defaults: a step per arrival, lr per cycle, no table age bound
-    assert (p["apply"], p["table_max_age"], p["lr_scaling"]) == ("arrival", None, "cycle")
-
-
-def test_lr_scaling_is_moot_with_cycle_application():
-    # apply = "cycle" steps once per cycle with lr: both lr_scalings are that rule.
-    a, b = make(apply="cycle"), make(apply="cycle", lr_scaling="cycle")
-    for node, g in ((1, (1, 2)), (2, (3, 4)), (1, (5, 6)), (3, (-1, 0)), (2, (2, 2))):
-        assert a.on_update(node, [f32(*g)], 0) == b.on_update(node, [f32(*g)], 0)
-    assert_bits_equal(a.weights[0], b.weights[0], "w")
-    assert a.version == b.version == 1
+    assert (p["lr_scaling"], p["averaging"], p["scheduling"]) == ("cycle", "auto", True)
+    assert not {"apply", "table_max_age", "cycle_max_updates", "cycle_max_seconds"} & set(p)
 
 
 def test_lr_per_cycle_counts_the_nodes_in_flight_when_concurrency_is_bounded():
@@ -282,7 +123,7 @@ def test_lr_per_cycle_counts_the_nodes_in_flight_when_concurrency_is_bounded():
     assert_bits_equal(narrow.weights[0], f32(-0.5, 1.0), "w (c = 1)")
 
 
-# ------------------------------------------------------------ d. averaging = "auto"
+# ------------------------------------------------------------ b. averaging = "auto"
 @pytest.mark.parametrize(
     "nodes,concurrency,expected",
     [(10, None, "table"), (10, 10, "table"), (10, 20, "table"), (100, 20, "slot"), (3, 2, "slot")],
@@ -335,10 +176,42 @@ def test_auto_slot_state_resumes_as_slot_whatever_the_rebuild_resolves():
     check(fresh, w=(-3.25, -3.25), M=(1, 1), S=(4, 4), k=1, version=3)
 
 
-def test_auto_slot_with_a_table_age_bound_is_refused_naming_the_choice():
-    with pytest.raises(
-        ValueError,
-        match=r"table_max_age=4 needs averaging='table', got "
-        r"averaging='auto' \(auto chose 'slot': concurrency 1 < 2 nodes\)",
-    ):
-        make((1, 2), averaging="auto", concurrency=1, table_max_age=4)
+# ------------------------------------------------------- c. states of deleted options
+def old_state(opt, **retired):
+    """``opt``'s state as the code before the deletions wrote it: the retired params
+    and the fields of the deleted options."""
+    state = opt.state_dict()
+    state["params"] = dict(state["params"], start_time=None, **retired)
+    state["slot_versions"] = [0] * len(state["slot_nodes"])
+    state["table_versions"] = [0] * len(state["table_nodes"])
+    state.update(cycle_start=3.0, cycle_arrivals=1)
+    return state
+
+
+def test_a_state_written_before_the_deletions_loads_when_it_ran_todays_rule():
+    opt = make()
+    for node, g in ARRIVALS[:4]:  # a slot pending, k = 2
+        opt.on_update(node, [f32(*g)], opt.version)
+    retired = dict(apply="arrival", table_max_age=None, cycle_max_updates=None)
+    fresh = make()
+    fresh.load_state_dict(old_state(opt, cycle_max_seconds=None, **retired))
+    assert_state_equal(opt.state_dict(), fresh.state_dict())
+
+
+@pytest.mark.parametrize(
+    "retired,named",
+    [
+        (dict(apply="cycle"), "apply='cycle'"),
+        (dict(table_max_age=2), "table_max_age=2"),
+        (dict(cycle_max_updates=5), "cycle_max_updates=5"),
+        (dict(cycle_max_seconds=1.5), "cycle_max_seconds=1.5"),
+    ],
+)
+def test_a_state_of_a_deleted_option_is_refused_naming_it(retired, named):
+    opt = make()
+    opt.on_update(1, [f32(2, 0)], 0)
+    fresh = make()
+    before = fresh.state_dict()
+    with pytest.raises(ValueError, match=rf"{named}.*deleted"):
+        fresh.load_state_dict(old_state(opt, **retired))
+    assert_state_equal(before, fresh.state_dict())

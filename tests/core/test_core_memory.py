@@ -34,7 +34,6 @@ BOUNDS = [
     ("gsgm", {"averaging": "slot", "cycle_quorum": 1.0}, 2 + A),
     ("gsgm", {"averaging": "table", "cycle_quorum": 1.0}, 3 + 2 * A),
     ("gsgm", {}, 3 + 2 * A),  # the shipped defaults (table, quorum 0.5)
-    ("gsgm", {"apply": "cycle", "averaging": "table"}, 3 + 2 * A),
 ]
 
 

@@ -120,11 +120,10 @@ def test_shipped_defaults_are_the_tuned_run_config_ones():
     assert {
         k: v
         for k, v in OPTIMIZERS["gsgm"].defaults().items()
-        if k in ("lr", "beta", "momentum_form", "cycle_quorum", "averaging", "lr_scaling", "apply")
+        if k in ("lr", "beta", "momentum_form", "cycle_quorum", "averaging", "lr_scaling")
     } == {
         "lr": 0.1,
         "lr_scaling": "cycle",
-        "apply": "arrival",
         "beta": 0.5,
         "momentum_form": "ema",
         "cycle_quorum": 0.5,

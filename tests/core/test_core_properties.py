@@ -34,23 +34,11 @@ gsgm_params = st.fixed_dictionaries(
         "beta": st.sampled_from([0.0, 0.5, 0.9]),
         "momentum_form": st.sampled_from(["heavy-ball", "ema"]),
         "cycle_quorum": st.sampled_from([1.0, 1.0, 0.5, 0.75]),
-        "cycle_max_updates": st.sampled_from([None, None, None, 1, 2, 5, 8]),
-        "cycle_max_seconds": st.sampled_from([None, None, 1.5, 6.0]),
         "scheduling": st.sampled_from([True, True, True, False]),
         "averaging": st.sampled_from(["slot", "slot", "table"]),
-        "start_time": st.sampled_from([None, 0.0]),
         "max_staleness": st.one_of(st.none(), st.integers(0, 3)),
-        "apply": st.sampled_from(["arrival", "arrival", "cycle"]),
-        "table_max_age": st.sampled_from([None, None, 0, 1, 3]),
         "lr_scaling": st.sampled_from(["step", "step", "cycle"]),
     }
-).map(
-    # table_max_age needs table averaging; lr_scaling is moot with apply="cycle".
-    lambda p: dict(
-        p,
-        table_max_age=p["table_max_age"] if p["averaging"] == "table" else None,
-        lr_scaling=p["lr_scaling"] if p["apply"] == "arrival" else "step",
-    )
 )
 other_params = {
     "asgd": st.fixed_dictionaries({"max_staleness": st.one_of(st.none(), st.integers(0, 3))}),
@@ -169,15 +157,9 @@ def gsgm_invariants(opt):
     assert all(c >= 1 for _, c in opt.slots.values())
     assert opt.cycle_count == len(opt.contributed)
     assert set(opt.table) <= active
-    assert set(opt.table_versions) == set(opt.table)
-    if opt.table:  # the running sum follows the rows (expiry, losses, closes)
+    if opt.table:  # the running sum follows the rows (losses, closes)
         rows = sum(r.astype(np.float64) for r in opt.table.values())
         np.testing.assert_allclose(opt._table_sum, rows, rtol=1e-4, atol=1e-4)
-    age = opt.params["table_max_age"]
-    if age is not None and opt.params["apply"] == "arrival" and opt.table:
-        # after a step, every row but the newest contribution's is young enough
-        young = [b for b in opt.table_versions.values() if opt.version - 1 - b <= age]
-        assert len(young) >= len(opt.table) - 1
     c = opt.counters
     assert c["arrivals"] == c["applied"] + c["deferred"] + c["stale"]
 
@@ -194,7 +176,7 @@ def test_gsgm_no_node_contributes_twice_per_cycle(params, evs):
 def pending(opt):
     """How much in-flight state the optimizer holds (slots, buffered updates)."""
     if isinstance(opt, GSGMRule):
-        return len(opt.slots) + opt.cycle_count + opt.cycle_arrivals
+        return len(opt.slots) + opt.cycle_count
     return getattr(opt, "buffer_count", 0)
 
 

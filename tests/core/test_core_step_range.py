@@ -161,13 +161,13 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from test_core_properties import configs  # noqa: E402
 
-from flwr_gsgm.core.base import _max_abs  # noqa: E402
+from flwr_gsgm.core.range_guard import max_abs  # noqa: E402
 
 magnitudes = st.sampled_from([1.0, 1e3, 1e10, 1e20, 1e26, 1e28, 1e29, 1e30, 1e31, 1e34, 3e38])
 
 
 def in_range(opt) -> bool:
-    return all(_max_abs(a) <= STATE_LIMIT for _, _, a in opt._named_arrays())
+    return all(max_abs(a) <= STATE_LIMIT for _, _, a in opt._named_arrays())
 
 
 @settings(

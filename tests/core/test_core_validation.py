@@ -129,14 +129,11 @@ def test_bad_now_is_a_caller_error_and_not_counted():
 GSGM_CONFIGS = [
     dict(),
     dict(momentum_form="ema", cycle_quorum=0.5),
-    dict(averaging="table", cycle_max_updates=4),
+    dict(averaging="table"),
     dict(scheduling=False),
-    dict(cycle_max_seconds=2.5, start_time=0.0),
-    dict(apply="cycle"),
-    dict(apply="cycle", momentum_form="ema", averaging="table", table_max_age=2),
-    dict(averaging="table", table_max_age=1, cycle_quorum=0.5),
+    dict(momentum_form="ema", averaging="table", cycle_quorum=0.5),
     dict(lr_scaling="cycle", cycle_quorum=0.5),
-    dict(apply="cycle", scheduling=False),
+    dict(averaging="table", scheduling=False),
 ]
 
 
@@ -166,9 +163,7 @@ def test_restored_mid_cycle_continues_bit_identically(name, kw):
     continue_run(opt, eng)
 
     # Other params (the state's are restored), but the same mode (STATE_LAYOUT).
-    layout = {
-        k: v for k, v in with_strict(name, kw).items() if k in ("averaging", "apply", "scheduling")
-    }
+    layout = {k: v for k, v in with_strict(name, kw).items() if k in ("averaging", "scheduling")}
     fresh = make_optimizer(name, arrays(0, 0, 0, 0, 0, 0), [9], lr=0.25, **layout)
     views = fresh.weights
     fresh.load_state_dict(pickle.loads(blob))
@@ -277,11 +272,11 @@ def test_registry_accepts_run_config_keys():
         "gsgm",
         [f32(0, 0)],
         [1, 2],
-        **{"lr": 0.1, "momentum-form": "ema", "cycle-quorum": 0.5, "cycle-max-updates": 10},
+        **{"lr": 0.1, "momentum-form": "ema", "cycle-quorum": 0.5, "lr-scaling": "step"},
     )
     assert opt.params["momentum_form"] == "ema"
     assert opt.params["cycle_quorum"] == 0.5
-    assert opt.params["cycle_max_updates"] == 10
+    assert opt.params["lr_scaling"] == "step"
 
 
 # ------------------------------------------------ float32 input checks (issue 12 C)
@@ -366,7 +361,7 @@ def _set(key, value):
 def _table_rows_in_a_slot_state(state):
     table, _ = busy("gsgm", averaging="table")
     t = table.state_dict()
-    for key in ("table_nodes", "table_values", "table_versions", "table_sum"):
+    for key in ("table_nodes", "table_values", "table_sum"):
         state[key] = t[key]
 
 
@@ -379,7 +374,6 @@ INCONSISTENT = [
     (_set("cycle_index", 1.5), "state['cycle_index'] is 1.5, expected an integer >= 0"),
     (_set("version", -4), "state['version'] is -4, expected an integer >= 0"),
     (_set("slot_counts", [0]), "state['slot_counts'][0] is 0, expected an integer >= 1"),
-    (_set("slot_versions", [5]), "state['slot_versions'][0] is 5, expected an integer in [0, 4]"),
     (
         lambda s: s["counters"].update(applied=-3),
         "state['counters']['applied'] is -3, expected an integer >= 0",
@@ -388,7 +382,6 @@ INCONSISTENT = [
         _table_rows_in_a_slot_state,
         "hold table-averaging data, but the state's averaging is 'slot'",
     ),
-    (_set("cycle_start", float("nan")), "state['cycle_start'] is nan"),
 ]
 
 
@@ -420,9 +413,12 @@ def test_a_state_of_another_mode_is_refused_by_name_and_changes_nothing():
         "state's averaging"
     )
     assert_state_equal(before, slot.state_dict())
-    once, _ = busy("gsgm", apply="cycle", scheduling=False)
+    once, _ = busy("gsgm", averaging="table", scheduling=False)
     with pytest.raises(ValueError) as info:
         slot.load_state_dict(once.state_dict())
-    assert "apply='cycle' (the optimizer's: 'arrival'), scheduling=False" in str(info.value)
-    assert str(info.value).endswith("build the optimizer with the state's apply, scheduling")
+    assert (
+        "averaging='table' (the optimizer's: 'slot'), scheduling=False (the optimizer's: True)"
+        in str(info.value)
+    )
+    assert str(info.value).endswith("build the optimizer with the state's averaging, scheduling")
     assert_state_equal(before, slot.state_dict())

@@ -107,21 +107,17 @@ def test_run_config_zero_means_none_and_values_reach_the_rule():
     cfg = parse_run_config(
         {
             "strategy": "gsgm",
-            "cycle-max-updates": 7,
+            "max-staleness": 7,
             "max-norm": 0.0,
             "momentum-form": "heavy-ball",
             "server-learning-rate": 0.1,
         }
     )
     params = optimizer_params_from(cfg, "gsgm")
-    assert (params["cycle_max_updates"], params["max_norm"], params["cycle_max_seconds"]) == (
-        7,
-        None,
-        None,
-    )
+    assert (params["max_staleness"], params["max_norm"]) == (7, None)
     assert build_strategy(cfg).optimizer_params == {
         **declared_defaults("gsgm"),
-        "cycle_max_updates": 7,
+        "max_staleness": 7,
         "momentum_form": "heavy-ball",
         "lr": 0.1,
     }

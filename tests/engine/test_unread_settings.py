@@ -40,13 +40,11 @@ from serverapp.experiment import run_experiment
             {"strategy": "gsgm", "fedbuff-k": 3, "dc-lambda": 0.1},
             [
                 "run config dc-lambda=0.1 does nothing: strategy 'gsgm' does not read "
-                "'dc-lambda' (it reads apply, averaging, beta, cycle-max-seconds, "
-                "cycle-max-updates, cycle-quorum, lr-scaling, max-norm, max-staleness, "
-                "momentum-form, scheduling, server-learning-rate, table-max-age)",
+                "'dc-lambda' (it reads averaging, beta, cycle-quorum, lr-scaling, max-norm, "
+                "max-staleness, momentum-form, scheduling, server-learning-rate)",
                 "run config fedbuff-k=3 does nothing: strategy 'gsgm' does not read "
-                "'fedbuff-k' (it reads apply, averaging, beta, cycle-max-seconds, "
-                "cycle-max-updates, cycle-quorum, lr-scaling, max-norm, max-staleness, "
-                "momentum-form, scheduling, server-learning-rate, table-max-age)",
+                "'fedbuff-k' (it reads averaging, beta, cycle-quorum, lr-scaling, max-norm, "
+                "max-staleness, momentum-form, scheduling, server-learning-rate)",
             ],
         ),
         (
