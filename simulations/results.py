@@ -68,6 +68,8 @@ __all__ = [
     "read_csv",
     "RENAMED",
     "current_names",
+    "RETIRED",
+    "without_retired",
     "accuracy_at_budget",
     "series_label",
     "setting_key",
@@ -358,6 +360,39 @@ RENAMED = {"server_lr": "server_learning_rate", "server-lr": "server-learning-ra
 def current_names(record: Mapping[str, Any]) -> dict[str, Any]:
     """``record`` with every old key of :data:`RENAMED` under its current name."""
     return {RENAMED.get(k, k): v for k, v in record.items()}
+
+
+#: Run config keys of options deleted since (issue 25, docs/GSGM.md "Deleted options"),
+#: with the value that is the behaviour every run has now. A tuned.toml or a run record
+#: of an older sweep that holds that value is the same run without the key.
+RETIRED = {
+    "apply": "arrival",
+    "table-max-age": 0,
+    "cycle-max-updates": 0,
+    "cycle-max-seconds": 0.0,
+}
+
+
+def without_retired(config: Mapping[str, Any]) -> dict[str, Any]:
+    """``config`` without the keys of :data:`RETIRED` that hold today's behaviour.
+
+    Raises
+    ------
+    ValueError
+        A retired key with another value: that run used a deleted option, which no
+        current run can repeat.
+    """
+    out = dict(config)
+    for key, kept in RETIRED.items():
+        if key not in out:
+            continue
+        if out[key] != kept:
+            raise ValueError(
+                f"{key} = {out[key]!r} is a deleted GSGM option (only {kept!r}, today's "
+                "behaviour, can be read; docs/GSGM.md, Deleted options)"
+            )
+        del out[key]
+    return out
 
 
 def read_csv(path: Path) -> list[dict[str, Any]]:

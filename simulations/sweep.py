@@ -96,6 +96,7 @@ from simulations.results import (
     fill_times_to_reference,
     read_csv,
     run_row,
+    without_retired,
     write_csv,
 )
 from simulations.worker import DIVERGED_EXIT
@@ -217,7 +218,7 @@ def read_tuned(path: Path) -> dict[str, dict[str, Any]]:
     if not path.is_file():
         raise SweepError(f"{path} not found: run the tune stage first (--stage tune or all)")
     methods = tomllib.loads(path.read_text()).get("methods", {})
-    return {k: current_names(v) for k, v in methods.items()}
+    return {k: without_retired(current_names(v)) for k, v in methods.items()}
 
 
 # ----------------------------------------------------------------- execution
@@ -236,6 +237,17 @@ def _spec_json(spec: RunSpec) -> dict[str, Any]:
     }
 
 
+def _recorded_config(config: dict[str, Any]) -> dict[str, Any]:
+    """A run record's config under today's names; a deleted option's key at today's
+    behaviour dropped (a record of a run that used a deleted option: kept as it is,
+    so that it differs from every spec)."""
+    config = current_names(config)
+    try:
+        return without_retired(config)
+    except ValueError:
+        return config
+
+
 def _needs_run(run_dir: Path, spec: RunSpec) -> bool:
     """False if ``run_dir`` holds this run's results; True (folder cleaned) otherwise."""
     spec_path = run_dir / "spec.json"
@@ -244,7 +256,7 @@ def _needs_run(run_dir: Path, spec: RunSpec) -> bool:
             old = json.loads(spec_path.read_text())
             # A key recorded under its old name (server-lr) is the same setting.
             if (
-                current_names(old.get("run_config") or {})
+                _recorded_config(old.get("run_config") or {})
                 != json.loads(json.dumps(spec.run_config))
                 or old.get("nodes") != spec.nodes
             ):

@@ -304,3 +304,17 @@ def test_write_tuned_writes_the_header_and_the_tables_with_tomli_w(tmp_path):
         "all-diverged = false\n"
     )
     assert read_tuned(path) == tuned
+
+
+def test_a_tuned_toml_with_a_deleted_option_at_todays_behaviour_reads_without_it(tmp_path):
+    from simulations.sweep import read_tuned
+
+    path = tmp_path / "tuned.toml"
+    path.write_text(
+        '[methods.gsgm]\n"server-lr" = 0.1\napply = "arrival"\n"cycle-max-updates" = 0\n'
+        'averaging = "auto"\n'
+    )
+    assert read_tuned(path) == {"gsgm": {"server-learning-rate": 0.1, "averaging": "auto"}}
+    path.write_text('[methods.gsgm]\napply = "cycle"\n')
+    with pytest.raises(ValueError, match="apply = 'cycle' is a deleted GSGM option"):
+        read_tuned(path)
