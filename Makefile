@@ -19,7 +19,7 @@ setup: data $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e ".[test]"
+	$(BIN)/pip install --quiet -e ".[app,test]"
 	touch $(STAMP)
 
 # Fashion-MNIST from Debian's package dataset-fashion-mnist (gzipped IDX files).
