@@ -3,8 +3,8 @@
 Usage: ``python scripts/readme_run_config.py`` (prints both tables), or
 ``python scripts/readme_run_config.py --write README.md`` (replaces, in place, the
 table under each header line below). The run config rows come from
-:data:`flwr_gsgm.config.run_config.RUN_CONFIG`, whose server optimizer rows come from the
-rules' declarations, so after adding a rule or a parameter, run it with
+:data:`serverapp.app_config.RUN_CONFIG` (the library's keys and the app's), whose server
+optimizer rows come from the rules' declarations, so after adding a rule or a parameter, run it with
 ``--write``, and add the new keys to ``pyproject.toml``
 (``tests/engine/test_run_config.py`` checks both). The strategy rows come from the
 signature and docstring of :class:`flwr_gsgm.strategy.async_strategy.AsyncStrategy`, the
@@ -24,10 +24,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from flwr_gsgm.config.run_config import RUN_CONFIG  # noqa: E402
 from flwr_gsgm.core import declared_params  # noqa: E402
 from flwr_gsgm.engine.settings import EngineSettings  # noqa: E402
 from flwr_gsgm.strategy.async_strategy import AsyncStrategy  # noqa: E402
+from serverapp.app_config import RUN_CONFIG  # noqa: E402
 
 HEADER = ["| key | default | accepted values | meaning |", "|---|---|---|---|"]
 STRATEGY_HEADER = [

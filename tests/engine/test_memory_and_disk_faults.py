@@ -22,7 +22,6 @@ import pytest
 from clients.client_app import app as client_app
 from flwr_gsgm.checkpoint import atomic
 from flwr_gsgm.checkpoint import files as checkpoint
-from flwr_gsgm.config.run_config import parse_run_config
 from flwr_gsgm.engine import async_engine
 from flwr_gsgm.engine.memory import MemoryEstimate, size_text
 from flwr_gsgm.engine.run_end import RunFailed
@@ -31,6 +30,7 @@ from flwr_gsgm.model.optimizer import ModelOptimizer
 from flwr_gsgm.simulation.inprocess_grid import InProcessGrid
 from flwr_gsgm.simulation.virtual_clock import VirtualClock
 from flwr_gsgm.strategy.strategies import ASGD, GSGM
+from serverapp.app_config import parse_app_config
 from serverapp.experiment import run_experiment
 from tests.engine.quadratic_app import initial_arrays, make_app
 
@@ -48,7 +48,7 @@ ADVICE = (
 
 
 def small_run(**overrides):
-    return parse_run_config(
+    return parse_app_config(
         {
             "strategy": "asgd",
             "partitioner": "iid",
