@@ -5,7 +5,7 @@ it), as multiples of one model copy (``size(w)`` float32):
 
 1. core: each rule (``flwr_gsgm.core``) from its construction through a run of
    updates in which node 0 is 3x faster than the others, so GSGM keeps pending slots
-   and table rows; printed with the bound of the README ("Memory per rule") and
+   and table rows; printed with the bound of docs/USER_GUIDE.md ("Memory per rule") and
    measured / bound;
 2. server: a whole asynchronous run on the in-process grid (engine + rule + the
    in-process ClientApp's replies, workers=0) for GSGM (defaults) and ASGD, printing

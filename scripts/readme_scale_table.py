@@ -1,8 +1,8 @@
-"""Print (or write into README.md) the "At scale" table from the scale sweep's runs.csv.
+"""Print (or write into docs/results/README.md) the "At scale" table from the scale runs.csv.
 
 Usage::
 
-    python scripts/readme_scale_table.py [RUNS_CSV] [--write README.md]
+    python scripts/readme_scale_table.py [RUNS_CSV] [--write docs/results/README.md]
 
 ``RUNS_CSV`` defaults to ``docs/results/fashion_mnist_scale/runs.csv`` (the rows
 ``python -m simulations.report`` writes beside the results page). One row per
@@ -10,8 +10,9 @@ Usage::
 sample std of the final accuracy (%) over the runs that finished ``ok``, then how many
 of the setting's runs diverged or failed; ``–`` where the method did not run. The
 highest mean among the asynchronous columns (all but FedAvg) is bold. With
-``--write``, the table under the header line in README.md is replaced in place, so the
-README cannot drift from the committed runs (``tests/simulations/test_readme_scale_table.py``).
+``--write``, the table under the header line in the results index (docs/results/README.md)
+is replaced in place, so the index cannot drift from the committed runs
+(``tests/simulations/test_readme_scale_table.py``).
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ def replace_table(text: str, new: list[str]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs_csv", nargs="?", default=str(RUNS_CSV))
-    parser.add_argument("--write", metavar="README", help="replace the table in this file")
+    parser.add_argument("--write", metavar="PAGE", help="replace the table in this file")
     args = parser.parse_args(argv)
     lines = table(read_csv(Path(args.runs_csv)))
     if args.write:

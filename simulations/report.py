@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from flwr_gsgm.evaluation.stability import stability_improvement
 from simulations.preset import effective_limit, human_seconds, partition_label, setting_label
@@ -59,7 +60,9 @@ from simulations.results import (
     best_work,
     current_names,
     fill_times_to_reference,
+    frame,
     load_curve,
+    numbers,
     read_csv,
     series_label,
     setting_key,
@@ -72,7 +75,9 @@ __all__ = [
     "stat",
     "question_rows",
     "settings_of",
+    "summaries",
     "method_summary",
+    "markdown_table",
     "improvements",
     "times_to_reference",
     "write_report",
@@ -135,9 +140,18 @@ def stat(values: Iterable[Any]) -> Stat:
     )
 
 
-def question_rows(rows: Sequence[Mapping[str, Any]], question: str) -> list[Mapping[str, Any]]:
+def question_rows(
+    rows: Sequence[Mapping[str, Any]] | pd.DataFrame, question: str
+) -> list[dict[str, Any]]:
     """Rows of the reporting runs that answer ``question``."""
-    return [r for r in rows if question in str(r.get("questions", "")).split(";")]
+    return _answering(frame(rows), question).to_dict("records")
+
+
+def _answering(df: pd.DataFrame, question: str) -> pd.DataFrame:
+    """:func:`question_rows` of a :func:`~simulations.results.frame`, as a DataFrame."""
+    if "questions" not in df:
+        return df.iloc[:0]
+    return df[df["questions"].map(lambda qs: question in str(qs).split(";"))]
 
 
 # (nodes, partition label, max-in-flight limit (0 = all nodes), device profile ("" = default))
@@ -155,13 +169,17 @@ def setting_of(row: Mapping[str, Any]) -> tuple[int, str, int]:
 
 def settings_of(rows: Sequence[Mapping[str, Any]]) -> list[tuple[int, str, int]]:
     """Distinct :func:`setting_of` settings, in order of first appearance."""
-    return list(dict.fromkeys(setting_of(r) for r in rows))
+    return list(dict.fromkeys(setting[:3] for setting in frame(rows)["setting"]))
 
 
-def _settings(rows: Sequence[Mapping[str, Any]]) -> list[Setting]:
+def _settings(df: pd.DataFrame) -> list[Setting]:
     """Distinct settings with the device profile (:func:`~simulations.results.setting_key`),
     in order of first appearance."""
-    return list(dict.fromkeys(setting_key(r) for r in rows))
+    return list(dict.fromkeys(df["setting"]))
+
+
+def _in_setting(df: pd.DataFrame, setting: Setting) -> pd.DataFrame:
+    return df[df["setting"].map(setting.__eq__)]
 
 
 def _label(setting: Setting) -> str:
@@ -170,95 +188,111 @@ def _label(setting: Setting) -> str:
     return setting_label(nodes, part, limit, profile=profile)
 
 
-def series_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Copies of ``rows`` with ``method`` the row's series, ``method/work`` for a named
-    client work (:func:`~simulations.results.series_label`; unchanged without works),
-    so that the per-method tables and curves show one row per method and work."""
-    return [
-        {**r, "method": series_label(r["method"], str(r.get("client_work") or ""))} for r in rows
-    ]
+def series_rows(rows: Sequence[Mapping[str, Any]] | pd.DataFrame) -> pd.DataFrame:
+    """``rows`` with ``method`` the row's series, ``method/work`` for a named client work
+    (:func:`~simulations.results.series_label`; unchanged without works), so that the
+    per-method tables and curves show one row per method and work."""
+    df = frame(rows)
+    return df.assign(method=list(map(series_label, df["method"], df["client_work"])))
 
 
-def best_work_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def best_work_rows(rows: Sequence[Mapping[str, Any]] | pd.DataFrame) -> pd.DataFrame:
     """Each method's rows of its best client work in each setting (the headline's
     comparison: :func:`~simulations.results.best_work`), ``client_work`` cleared so
     that they read as the method's; rows without client works are kept as they are."""
+    df = frame(rows)
     best = {}
-    for setting in _settings(rows):
-        srows = _in_setting(rows, setting)
-        for m in dict.fromkeys(r["method"] for r in srows):
-            works = {str(r.get("client_work") or "") for r in srows if r["method"] == m}
-            chosen = best_work(srows, m)
-            best[(setting, m)] = chosen if chosen is not None else min(works)
-    return [
-        {**r, "client_work": ""}
-        for r in rows
-        if str(r.get("client_work") or "") == best[(setting_key(r), r["method"])]
-    ]
+    for (setting, method), mine in df.groupby(["setting", "method"], sort=False):
+        chosen = best_work(mine, method)
+        best[(setting, method)] = chosen if chosen is not None else min(mine["client_work"])
+    keep = [best[key] == w for key, w in zip(zip(df["setting"], df["method"]), df["client_work"])]
+    return df[keep].assign(client_work="")
 
 
-def _in_setting(rows, setting: Setting):
-    return [r for r in rows if setting_key(r) == setting]
+#: Figures of :func:`summaries` over a group's ok runs (``time_to_target``: over those
+#: that reached the target).
+_STAT_COLUMNS = (
+    "final_accuracy",
+    "masd",
+    "accuracy_std",
+    "time_to_target",
+    "accuracy_at_budget",
+    "virtual_seconds",
+    "staleness_mean",
+    "staleness_max",
+)
+_EMPTY_SUMMARY = {
+    **dict.fromkeys(("runs", "ok", "diverged", "failed", "pending", "reached"), 0),
+    **dict.fromkeys(_STAT_COLUMNS, Stat(math.nan, math.nan, 0)),
+}
 
 
-def _ok(r: Mapping[str, Any]) -> bool:
-    return r.get("status") == "ok"
+def summaries(rows: Sequence[Mapping[str, Any]] | pd.DataFrame, by: str = "method") -> pd.DataFrame:
+    """Counts and :class:`Stat` figures of the runs per value of ``by`` (one setting's rows).
 
-
-def method_summary(rows: Sequence[Mapping[str, Any]], method: str) -> dict[str, Any]:
-    """Counts and :class:`Stat` figures of one method's runs (one setting).
-
-    Columns the page's ``runs.csv`` (:data:`PAGE_COLUMNS`) leaves out, such as
-    ``staleness_max``, give empty :class:`Stat` figures.
+    One row per value of ``by`` in order of first appearance: ``runs``, ``ok``,
+    ``diverged``, ``failed``, ``pending``, ``reached`` (ok runs with a finite
+    ``time_to_target``), then a :class:`Stat` per :data:`_STAT_COLUMNS` over the ok runs.
+    Columns ``rows`` lack (the page's ``runs.csv`` has no ``staleness_max``) give empty
+    :class:`Stat` figures.
     """
-    mine = [r for r in rows if r["method"] == method]
-    ok = [r for r in mine if _ok(r)]
-    reached = [r for r in ok if math.isfinite(float(r.get("time_to_target", math.nan)))]
-    return {
-        "method": method,
-        "runs": len(mine),
-        "ok": len(ok),
-        "diverged": sum(r.get("status") == "diverged" for r in mine),
-        "failed": sum(r.get("status") == "failed" for r in mine),
-        "pending": sum(r.get("status") == "pending" for r in mine),
-        "final_accuracy": stat(r["final_accuracy"] for r in ok),
-        "masd": stat(r["masd"] for r in ok),
-        "accuracy_std": stat(r.get("accuracy_std") for r in ok),
-        "time_to_target": stat(r["time_to_target"] for r in reached),
-        "reached": len(reached),
-        "accuracy_at_budget": stat(r.get("accuracy_at_budget") for r in ok),
-        "virtual_seconds": stat(r.get("virtual_seconds") for r in ok),
-        "staleness_mean": stat(r.get("staleness_mean") for r in ok),
-        "staleness_max": stat(r.get("staleness_max") for r in ok),
-    }
+    df = frame(rows)
+    status = df["status"]
+    ok = status.eq("ok")
+    reached = ok & np.isfinite(numbers(df, "time_to_target"))
+    counts = pd.DataFrame(
+        {
+            "runs": True,
+            "ok": ok,
+            **{s: status.eq(s) for s in ("diverged", "failed", "pending")},
+            "reached": reached,
+        },
+        index=df.index,
+    )
+    table = counts.groupby(df[by], sort=False).sum()
+    for column in _STAT_COLUMNS:
+        counted = reached if column == "time_to_target" else ok
+        values = numbers(df, column).where(counted)
+        table[column] = values.groupby(df[by], sort=False).agg(stat)
+    return table
+
+
+def method_summary(rows: Sequence[Mapping[str, Any]] | pd.DataFrame, method: str) -> dict[str, Any]:
+    """Counts and :class:`Stat` figures of one method's runs (one setting): a row of
+    :func:`summaries` as a dict with ``method``; zero counts for a method without runs."""
+    table = summaries(rows)
+    row = table.loc[method].to_dict() if method in table.index else _EMPTY_SUMMARY
+    return {"method": method, **row}
 
 
 def improvements(
-    rows: Sequence[Mapping[str, Any]], reference: str, methods: Sequence[str]
+    rows: Sequence[Mapping[str, Any]] | pd.DataFrame, reference: str, methods: Sequence[str]
 ) -> list[dict[str, Any]]:
     """Per other method: stability improvement of ``reference`` over it, paired by seed.
 
     For each seed where both runs are ``ok``: ``1 - MASD_ref / MASD_b`` and the
     difference of final accuracy ``acc_ref - acc_b``; returned as :class:`Stat`
-    over those seeds (one setting's rows).
+    over those seeds (one setting's rows). Methods without runs are left out.
     """
-    ref = {r["seed"]: r for r in rows if r["method"] == reference and _ok(r)}
+    df = frame(rows)
+    ok = df[df["status"].eq("ok")]
+    ref = ok[ok["method"].eq(reference)].drop_duplicates("seed", keep="last")
+    ref = ref[["seed", "masd", "final_accuracy"]]
     out = []
     for m in methods:
-        if m == reference:
+        if m == reference or not df["method"].eq(m).any():
             continue
-        imp, dacc, seeds = [], [], []
-        for r in rows:
-            if r["method"] != m or not _ok(r) or r["seed"] not in ref:
-                continue
-            a, b = float(ref[r["seed"]]["masd"]), float(r["masd"])
-            imp.append(stability_improvement(a, b))
-            dacc.append(float(ref[r["seed"]]["final_accuracy"]) - float(r["final_accuracy"]))
-            seeds.append(r["seed"])
-        if not seeds and not any(r["method"] == m for r in rows):
-            continue
+        # an inner merge keeps the baseline's order of seeds
+        pairs = ok[ok["method"].eq(m)].merge(ref, on="seed", suffixes=("", "_ref"))
+        masd, masd_ref = numbers(pairs, "masd"), numbers(pairs, "masd_ref")
+        delta = numbers(pairs, "final_accuracy_ref") - numbers(pairs, "final_accuracy")
         out.append(
-            {"baseline": m, "improvement": stat(imp), "delta_accuracy": stat(dacc), "seeds": seeds}
+            {
+                "baseline": m,
+                "improvement": stat(map(stability_improvement, masd_ref, masd)),
+                "delta_accuracy": stat(delta),
+                "seeds": pairs["seed"].tolist(),
+            }
         )
     return out
 
@@ -290,7 +324,7 @@ def _setting_name(setting: Setting) -> str:
 
 
 def _methods_in(rows, order: Sequence[str]) -> list[str]:
-    present = {r["method"] for r in rows}
+    present = set(frame(rows)["method"])
     ordered = [m for m in order if m in present]
     return ordered + sorted(present - set(ordered))
 
@@ -355,15 +389,16 @@ def plot_curves(
     method named ``method/work`` (:func:`series_rows`) gets its method's colour and a
     line style per client work.
     """
+    rows = frame(rows)
     plt = _plt()
     styles = _series_styles(methods)
     colors = {m: c for m, (c, _) in styles.items()}
     fig, ax = plt.subplots(figsize=(8, 4.8))
     drawn = False
     for m in methods:
-        curves = [
-            c for r in rows if r["method"] == m and _ok(r) for c in [_load_curve(r, out)] if c
-        ]
+        mine = rows[rows["method"].eq(m)]
+        ok = mine[mine["status"].eq("ok")].to_dict("records")
+        curves = [c for c in map(_load_curve, ok, [out] * len(ok)) if c]
         if not curves:
             continue
         if x == "updates":
@@ -387,9 +422,7 @@ def plot_curves(
                 ]
             )
         ys = 100.0 * ys
-        n_bad = sum(
-            1 for r in rows if r["method"] == m and r.get("status") in ("diverged", "failed")
-        )
+        n_bad = int(mine["status"].isin(("diverged", "failed")).sum())
         label = f"{m} ({len(curves)} seed{'s' if len(curves) > 1 else ''}"
         label += (f", {n_bad} diverged/failed" if n_bad else "") + ")"
         ax.plot(grid, ys.mean(axis=0), color=colors[m], ls=styles[m][1], label=label, lw=1.6)
@@ -449,15 +482,16 @@ def plot_improvement(
 
 def plot_scale(rows, methods, path: Path, title: str) -> Path | None:
     """Final accuracy and MASD against the number of nodes, mean ± std per method."""
+    rows = frame(rows)
     plt = _plt()
     colors = _colors(methods)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    nodes = sorted({int(r["nodes"]) for r in rows})
+    nodes = sorted(set(rows["nodes"].map(int)))
     drawn = False
     for m in methods:
         pts = []
         for n in nodes:
-            s = method_summary([r for r in rows if int(r["nodes"]) == n], m)
+            s = method_summary(rows[rows["nodes"].map(int).eq(n)], m)
             if s["ok"]:
                 pts.append((n, s["final_accuracy"], s["masd"]))
         if not pts:
@@ -491,6 +525,7 @@ def plot_scale(rows, methods, path: Path, title: str) -> Path | None:
 
 def plot_grouped(rows, methods, settings, path: Path, title: str) -> Path | None:
     """Final accuracy and MASD per setting (grouped bars), mean ± std per method."""
+    rows = frame(rows)
     plt = _plt()
     colors = _colors(methods)
     fig, axes = plt.subplots(2, 1, figsize=(max(7, 1.3 * len(settings) + 3), 7), sharex=True)
@@ -528,82 +563,74 @@ def plot_grouped(rows, methods, settings, path: Path, title: str) -> Path | None
 
 
 # ------------------------------------------------------------------ markdown
+def markdown_table(table: pd.DataFrame) -> list[str]:
+    """The lines of a Markdown table: ``table``'s columns as the header, a line per row.
+
+    Cells are written as ``str`` of the values, unpadded (``| a | b |``), so that the
+    page's text is the same whatever the widths (``DataFrame.to_markdown`` pads).
+    """
+    lines = ["| " + " | ".join(map(str, table.columns)) + " |", "|" + "---|" * table.shape[1]]
+    return lines + ["| " + " | ".join(map(str, row)) + " |" for row in table.itertuples(False)]
+
+
+def _counts(s: Mapping[str, Any]) -> str:
+    """``ok/runs``, with the pending runs when there are some (a summary's row)."""
+    return f"{s['ok']}/{s['runs']}" + (f" ({s['pending']} pending)" if s["pending"] else "")
+
+
 def _method_table(
     rows, methods, show_target: bool, target: float, speed: tuple[str, dict] | None = None
 ) -> list[str]:
     """One row per method (or ``method/work``) of one setting's rows; a column "accuracy
     at budget" when some run has a time budget."""
-    budget = any(math.isfinite(float(r.get("accuracy_at_budget", math.nan))) for r in rows)
-    head = [
-        "method",
-        "ok / runs",
-        "diverged",
-        "failed",
-        "final accuracy (%)",
-        "MASD (pp)",
-        "std of accuracy (pp)",
-    ]
-    if budget:
-        head.append("accuracy at the time budget (%)")
+    rows = frame(rows)
+    s = summaries(rows).loc[list(methods)]
+    pm = lambda column, *args: s[column].map(lambda x: _pm(x, *args))  # noqa: E731
+    table = pd.DataFrame({"method": s.index, "ok / runs": s.apply(_counts, axis=1)})
+    table["diverged"], table["failed"] = s["diverged"], s["failed"]
+    table["final accuracy (%)"] = pm("final_accuracy", 100)
+    table["MASD (pp)"] = pm("masd", 100, 2)
+    table["std of accuracy (pp)"] = pm("accuracy_std", 100, 2)
+    if np.isfinite(numbers(rows, "accuracy_at_budget")).any():
+        table["accuracy at the time budget (%)"] = pm("accuracy_at_budget", 100)
     if show_target:
-        head.append(f"time to {100 * target:.0f}% (virtual s; seeds that reached it)")
+        reached = pm("time_to_target", 1, 0) + " (" + s["reached"].astype(str) + "/"
+        table[f"time to {100 * target:.0f}% (virtual s; seeds that reached it)"] = (
+            reached + s["ok"].astype(str) + ")"
+        ).where(s["ok"] > 0, "–")
     if speed:
-        head.append(f"time to {speed[0]}'s accuracy (virtual s; seeds that reached it)")
-    head += ["virtual time of the run (s)", "staleness mean", "staleness max"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for m in methods:
-        s = method_summary(rows, m)
-        cells = [
-            m,
-            f"{s['ok']}/{s['runs']}" + (f" ({s['pending']} pending)" if s["pending"] else ""),
-            str(s["diverged"]),
-            str(s["failed"]),
-            _pm(s["final_accuracy"], 100),
-            _pm(s["masd"], 100, 2),
-            _pm(s["accuracy_std"], 100, 2),
+        times = pd.Series(list(speed[1].values()), [m for m, _ in speed[1]], dtype=float)
+        timed = times.groupby(level=0, sort=False).agg(stat).reindex(s.index)
+        counts = times.index.value_counts()
+        table[f"time to {speed[0]}'s accuracy (virtual s; seeds that reached it)"] = [
+            f"{_pm(t, 1, 0)} ({t.n}/{counts[m]})" if m in counts else "–" for m, t in timed.items()
         ]
-        if budget:
-            cells.append(_pm(s["accuracy_at_budget"], 100))
-        if show_target:
-            cells.append(
-                f"{_pm(s['time_to_target'], 1, 0)} ({s['reached']}/{s['ok']})" if s["ok"] else "–"
-            )
-        if speed:
-            timed = [t for (method, _), t in speed[1].items() if method == m]
-            reached = stat(timed)
-            cells.append(f"{_pm(reached, 1, 0)} ({reached.n}/{len(timed)})" if timed else "–")
-        cells += [
-            _pm(s["virtual_seconds"], 1, 0),
-            _pm(s["staleness_mean"], 1, 2),
-            _pm(s["staleness_max"], 1, 1),
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
-    bad = [r for r in rows if r.get("status") in ("diverged", "failed")]
-    if bad:
-        lines.append("")
-        lines.append(
-            "Not in the means: "
-            + "; ".join(
-                f"{r['method']} seed {r['seed']} "
-                f"({r.get('diverged_reason') or r.get('error') or r['status']})"
-                for r in bad
-            )
-            + "."
-        )
+    table["virtual time of the run (s)"] = pm("virtual_seconds", 1, 0)
+    table["staleness mean"] = pm("staleness_mean", 1, 2)
+    table["staleness max"] = pm("staleness_max", 1, 1)
+    lines = markdown_table(table)
+    bad = rows[rows["status"].isin(("diverged", "failed"))]
+    if len(bad):
+        why = _texts(bad, "diverged_reason")
+        why = why.where(why != "", _texts(bad, "error")).where(lambda w: w != "", bad["status"])
+        runs = bad["method"] + " seed " + bad["seed"].astype(str) + " (" + why + ")"
+        lines += ["", "Not in the means: " + "; ".join(runs) + "."]
     return lines
+
+
+def _texts(df: pd.DataFrame, column: str) -> pd.Series:
+    """``df[column]``'s text, ``""`` where a row has none (None, NaN, a missing column)."""
+    values = df[column] if column in df else pd.Series("", index=df.index)
+    return values.map(lambda v: v if isinstance(v, str) else "")
 
 
 def _improvement_table(imps, reference) -> list[str]:
-    lines = [
-        f"| {reference} vs | stability improvement (%) | Δ final accuracy (pp) | seeds paired |",
-        "|---|---|---|---|",
-    ]
-    for i in imps:
-        lines.append(
-            f"| {i['baseline']} | {_pm(i['improvement'], 100, 0, signed=True)} | "
-            f"{_pm(i['delta_accuracy'], 100, 1, signed=True)} | {len(i['seeds'])} |"
-        )
-    return lines
+    imps = pd.DataFrame(imps, columns=["baseline", "improvement", "delta_accuracy", "seeds"])
+    table = pd.DataFrame({f"{reference} vs": imps["baseline"]})
+    table["stability improvement (%)"] = imps["improvement"].map(lambda i: _pm(i, 100, 0, True))
+    table["Δ final accuracy (pp)"] = imps["delta_accuracy"].map(lambda d: _pm(d, 100, 1, True))
+    table["seeds paired"] = imps["seeds"].map(len)
+    return markdown_table(table)
 
 
 def _headline_section(sweep: _Sweep) -> list[str]:
@@ -622,7 +649,7 @@ def _headline_section(sweep: _Sweep) -> list[str]:
         return []
     md = ["## Headline", ""]
     rows = best_work_rows(sweep.rows)
-    if any(r.get("client_work") for r in sweep.rows):
+    if sweep.rows["client_work"].astype(bool).any():
         md += ["Each method with its best client work in each setting.", ""]
     md += _stability_target(rows, headline, sweep.reference)
     if headline.get("accuracy_baselines"):
@@ -641,46 +668,53 @@ def _stability_target(rows, headline: Mapping[str, Any], reference: str) -> list
         if tolerance
         else "final accuracy no lower"
     )
-    lines = [
-        f"Stability improvement of {reference} (1 - MASD_{reference} / MASD_B, paired by seed, "
-        f"mean ± sample std) and its final accuracy minus B's; the target is at least "
-        f"{100 * target:.0f}% with {accuracy_clause}.",
-        "",
-        f"| setting | {reference} vs | stability improvement (%) | Δ final accuracy (pp) | "
-        f"seeds paired | target met |",
-        "|---|---|---|---|---|---|",
-    ]
+    cells = []
     for setting in _named_settings(rows, headline["settings"]):
         for imp in improvements(_in_setting(rows, setting), reference, headline["baselines"]):
             i, d = imp["improvement"], imp["delta_accuracy"]
             met = "–" if not i.n else ("yes" if i.mean >= target and d.mean >= -tolerance else "no")
-            lines.append(
-                f"| {_setting_name(setting)} | {imp['baseline']} | "
-                f"{_pm(i, 100, 0, signed=True)} | {_pm(d, 100, 1, signed=True)} | "
-                f"{len(imp['seeds'])} | {met} |"
+            cells.append(
+                (
+                    _setting_name(setting),
+                    imp["baseline"],
+                    _pm(i, 100, 0, signed=True),
+                    _pm(d, 100, 1, signed=True),
+                    len(imp["seeds"]),
+                    met,
+                )
             )
-    return lines + [""]
+    head = ["setting", f"{reference} vs", "stability improvement (%)", "Δ final accuracy (pp)"]
+    table = pd.DataFrame(cells, columns=[*head, "seeds paired", "target met"])
+    return [
+        f"Stability improvement of {reference} (1 - MASD_{reference} / MASD_B, paired by seed, "
+        f"mean ± sample std) and its final accuracy minus B's; the target is at least "
+        f"{100 * target:.0f}% with {accuracy_clause}.",
+        "",
+        *markdown_table(table),
+        "",
+    ]
 
 
 def _divergence_target(rows, reference: str) -> list[str]:
     """Per setting: the reference's runs that diverged or failed (target: none)."""
-    lines = [
+    rows = frame(rows)
+    mine = summaries(rows[rows["method"].eq(reference)], by="setting")
+    mine = mine.loc[sorted(mine.index)]
+    table = pd.DataFrame(
+        {
+            "setting": mine.index.map(_setting_name),
+            "ok / runs": mine.apply(_counts, axis=1),
+            "diverged": mine["diverged"],
+            "failed": mine["failed"],
+            "target met": (mine["diverged"] + mine["failed"]).eq(0).map({True: "yes", False: "no"}),
+        }
+    )
+    return [
         f"Runs of {reference} per setting; the target is that none diverges or fails.",
         "",
-        "| setting | ok / runs | diverged | failed | target met |",
-        "|---|---|---|---|---|",
+        *markdown_table(table),
+        "",
     ]
-    for setting in _sorted_settings(rows):
-        s = method_summary(_in_setting(rows, setting), reference)
-        if not s["runs"]:
-            continue
-        pending = f" ({s['pending']} pending)" if s["pending"] else ""
-        met = "yes" if s["diverged"] + s["failed"] == 0 else "no"
-        lines.append(
-            f"| {_setting_name(setting)} | {s['ok']}/{s['runs']}{pending} | {s['diverged']} | "
-            f"{s['failed']} | {met} |"
-        )
-    return lines + [""]
 
 
 def _accuracy_target(rows, headline: Mapping[str, Any], reference: str) -> list[str]:
@@ -691,15 +725,7 @@ def _accuracy_target(rows, headline: Mapping[str, Any], reference: str) -> list[
     others, as in the method tables). Met: the difference is at least ``-tolerance``.
     """
     tolerance = float(headline.get("accuracy_tolerance", 0.0))
-    lines = [
-        f"Final accuracy of {reference} against the best of "
-        f"{', '.join(headline['accuracy_baselines'])} in each setting (mean over the ok runs); "
-        f"the target is at most {100 * tolerance:g} pp lower.",
-        "",
-        f"| setting | {reference} (%) | best baseline | its final accuracy (%) | ok / runs | "
-        f"Δ final accuracy (pp) | target met |",
-        "|---|---|---|---|---|---|---|",
-    ]
+    cells = []
     for setting in _sorted_settings(rows):
         srows = _in_setting(rows, setting)
         ref = method_summary(srows, reference)["final_accuracy"]
@@ -709,19 +735,33 @@ def _accuracy_target(rows, headline: Mapping[str, Any], reference: str) -> list[
         if not ref.n or not ran:
             continue
         if not scored:  # every run of every baseline diverged or failed
-            lines.append(
-                f"| {_setting_name(setting)} | {_pm(ref, 100)} | – (every run diverged) | – | "
-                f"0/{sum(s['runs'] - s['pending'] for s in ran)} | – | yes |"
+            finished = sum(s["runs"] - s["pending"] for s in ran)
+            cells.append(
+                (_setting_name(setting), _pm(ref, 100), "– (every run diverged)", "–")
+                + (f"0/{finished}", "–", "yes")
             )
             continue
         best = max(scored, key=lambda s: s["final_accuracy"].mean)
         delta = ref.mean - best["final_accuracy"].mean
-        lines.append(
-            f"| {_setting_name(setting)} | {_pm(ref, 100)} | {best['method']} | "
-            f"{_pm(best['final_accuracy'], 100)} | {best['ok']}/{best['runs']} | "
-            f"{100 * delta:+.2f} | {'yes' if delta >= -tolerance else 'no'} |"
+        cells.append(
+            (_setting_name(setting), _pm(ref, 100), best["method"])
+            + (
+                _pm(best["final_accuracy"], 100),
+                f"{best['ok']}/{best['runs']}",
+                f"{100 * delta:+.2f}",
+            )
+            + ("yes" if delta >= -tolerance else "no",)
         )
-    return lines + [""]
+    head = ["setting", f"{reference} (%)", "best baseline", "its final accuracy (%)"]
+    head += ["ok / runs", "Δ final accuracy (pp)", "target met"]
+    return [
+        f"Final accuracy of {reference} against the best of "
+        f"{', '.join(headline['accuracy_baselines'])} in each setting (mean over the ok runs); "
+        f"the target is at most {100 * tolerance:g} pp lower.",
+        "",
+        *markdown_table(pd.DataFrame(cells, columns=head)),
+        "",
+    ]
 
 
 def _speed_target(sweep: _Sweep, rows, labels: Sequence[str]) -> list[str]:
@@ -731,42 +771,48 @@ def _speed_target(sweep: _Sweep, rows, labels: Sequence[str]) -> list[str]:
     accuracy (:func:`times_to_reference`) strictly earlier than the speed reference.
     """
     reference, speed = sweep.reference, sweep.plan["speed_reference"]
-    lines = [
-        f"Virtual time {reference} takes to reach {speed}'s final accuracy (paired by seed) "
-        f"against {speed}'s own; the target is less time on every seed.",
-        "",
-        f"| setting | {reference} (virtual s) | {speed} (virtual s) | seeds {reference} is faster "
-        f"| Δ final accuracy (pp) | target met |",
-        "|---|---|---|---|---|---|",
-    ]
+    cells = []
     for setting in _named_settings(rows, labels):
         srows = _in_setting(rows, setting)
         times = times_to_reference(srows, speed, sweep.out)
-        seeds = sorted(s for (m, s) in times if m == speed and (reference, s) in times)
-        mine = [times[(reference, s)] for s in seeds]
-        theirs = [times[(speed, s)] for s in seeds]
-        faster = sum(a < b for a, b in zip(mine, theirs, strict=True))  # NaN: never reached
+        mine, theirs = _times_by_seed(times, reference), _times_by_seed(times, speed)
+        seeds = sorted(set(mine.index) & set(theirs.index))
+        mine, theirs = mine[seeds], theirs[seeds]
+        faster = int((mine < theirs).sum())  # NaN: never reached
         reached = stat(mine)
         paired = improvements(srows, reference, [speed])
         delta = paired[0]["delta_accuracy"] if paired else stat([])
         met = "–" if not seeds else ("yes" if faster == len(seeds) else "no")
-        lines.append(
-            f"| {_setting_name(setting)} | {_pm(reached, 1, 0)} ({reached.n}/{len(seeds)}) | "
-            f"{_pm(stat(theirs), 1, 0)} | {faster}/{len(seeds)} | "
-            f"{_pm(delta, 100, 1, signed=True)} | {met} |"
+        cells.append(
+            (_setting_name(setting), f"{_pm(reached, 1, 0)} ({reached.n}/{len(seeds)})")
+            + (_pm(stat(theirs), 1, 0), f"{faster}/{len(seeds)}")
+            + (_pm(delta, 100, 1, signed=True), met)
         )
-    return lines + [""]
+    head = ["setting", f"{reference} (virtual s)", f"{speed} (virtual s)"]
+    head += [f"seeds {reference} is faster", "Δ final accuracy (pp)", "target met"]
+    return [
+        f"Virtual time {reference} takes to reach {speed}'s final accuracy (paired by seed) "
+        f"against {speed}'s own; the target is less time on every seed.",
+        "",
+        *markdown_table(pd.DataFrame(cells, columns=head)),
+        "",
+    ]
+
+
+def _times_by_seed(times: Mapping[tuple[str, Any], float], label: str) -> pd.Series:
+    """The times of one series of :func:`times_to_reference`'s result, by seed."""
+    return pd.Series({seed: t for (m, seed), t in times.items() if m == label}, dtype=float)
 
 
 def _named_settings(rows, labels: Sequence[str]) -> list[Setting]:
     """The settings of ``rows`` whose label (``n30-k2-f20``) is in ``labels``, in that order."""
-    by_label = {_label(s): s for s in _settings(rows)}
+    by_label = {_label(s): s for s in _settings(frame(rows))}
     return [by_label[label] for label in labels if label in by_label]
 
 
 def _sorted_settings(rows) -> list[Setting]:
     """Settings by nodes, then partition, then limit (0, every node in flight, first)."""
-    return sorted(_settings(rows))
+    return sorted(_settings(frame(rows)))
 
 
 def _notes_section(out: Path) -> list[str]:
@@ -785,27 +831,23 @@ def _tuned_section(out: Path) -> list[str]:
     import tomllib
 
     data = tomllib.loads(path.read_text())
-    lines = [
-        "## Tuned choices (seed 0 only)",
-        "",
-        "| method | choice (run config) | seed-0 final accuracy (%) | seed-0 MASD (pp) | grid "
-        "points | "
-        "grid points diverged |",
-        "|---|---|---|---|---|---|",
-    ]
+    cells = []
     for m, cfg in data.get("methods", {}).items():
         cfg = current_names(cfg)  # a tuned.toml written before a key was renamed
         sel = data.get("selection", {}).get(m, {})
         choice = ", ".join(f"`{k}={json.dumps(v)}`" for k, v in cfg.items())
         fa, ms = sel.get("final-accuracy", math.nan), sel.get("masd", math.nan)
         flag = " (all diverged)" if sel.get("all-diverged") else ""
-        lines.append(
-            f"| {m} | {choice} | {100 * fa:.1f} | {100 * ms:.2f} | {sel.get('candidates', 0)} | "
-            f"{sel.get('diverged', 0)}{flag} |"
+        cells.append(
+            (m, choice, f"{100 * fa:.1f}", f"{100 * ms:.2f}", sel["candidates"])
+            + (f"{sel.get('diverged', 0)}{flag}",)
             if sel.get("candidates")
-            else f"| {m} | {choice} | – | – | 0 | – |"
+            else (m, choice, "–", "–", 0, "–")
         )
-    return lines + [""]
+    head = ["method", "choice (run config)", "seed-0 final accuracy (%)", "seed-0 MASD (pp)"]
+    head += ["grid points", "grid points diverged"]
+    table = pd.DataFrame(cells, columns=head)
+    return ["## Tuned choices (seed 0 only)", "", *markdown_table(table), ""]
 
 
 def _sweep_log(out: Path) -> list[dict[str, Any]] | None:
@@ -834,7 +876,7 @@ class _Sweep:
     """What a sweep's output folder holds (the files the report reads)."""
 
     out: Path
-    rows: list[dict[str, Any]]  # runs.csv
+    rows: pd.DataFrame  # runs.csv (:func:`~simulations.results.frame`)
     plan: dict[str, Any]  # plan.json, {} if absent
     tune_rows: list[dict[str, Any]]  # tune.csv, [] if absent
     log: list[dict[str, Any]] | None  # sweep_log.json
@@ -856,7 +898,7 @@ class _Sweep:
         return self.plan.get("questions") or {
             q: {"title": q, "kind": "stability"}
             for q in dict.fromkeys(
-                x for r in self.rows for x in str(r["questions"]).split(";") if x
+                x for qs in self.rows["questions"] for x in str(qs).split(";") if x
             )
         }
 
@@ -866,17 +908,16 @@ def read_sweep(out: Path) -> _Sweep:
     plan_path, tune_path = out / "plan.json", out / "tune.csv"
     return _Sweep(
         out=out,
-        rows=read_csv(out / "runs.csv"),
+        rows=frame(read_csv(out / "runs.csv")),
         plan=json.loads(plan_path.read_text()) if plan_path.is_file() else {},
         tune_rows=read_csv(tune_path) if tune_path.is_file() else [],
         log=_sweep_log(out),
     )
 
 
-def _run_seconds(rows: Sequence[Mapping[str, Any]]) -> float:
-    """Sum of the finite ``run_seconds`` of ``rows``."""
-    values = (float(r.get("run_seconds", math.nan)) for r in rows)
-    return sum(v for v in values if math.isfinite(v))
+def _run_seconds(rows: Sequence[Mapping[str, Any]] | pd.DataFrame) -> float:
+    """Sum of the finite ``run_seconds`` of ``rows`` (in row order)."""
+    return sum(v for v in numbers(frame(rows), "run_seconds") if math.isfinite(v))
 
 
 def _overview(sweep: _Sweep) -> list[str]:
@@ -884,9 +925,8 @@ def _overview(sweep: _Sweep) -> list[str]:
     plan, rows = sweep.plan, sweep.rows
     wall, executed, invocations = _wall_time(sweep.log)
     jobs = _jobs_used(sweep.log)
-    status = {
-        s: sum(r["status"] == s for r in rows) for s in ("ok", "diverged", "failed", "pending")
-    }
+    counts = rows["status"].value_counts()
+    status = {s: int(counts.get(s, 0)) for s in ("ok", "diverged", "failed", "pending")}
     md = [f"# Results: {sweep.name}", ""]
     md.append(
         f"Produced by `python -m simulations.sweep {plan.get('preset', 'PRESET.toml')}` then "
@@ -979,7 +1019,7 @@ def _ordered_settings(qrows, q: Mapping[str, Any]) -> list[Setting]:
 def _series_in(rows, methods: Sequence[str], works: Sequence[str]) -> list[str]:
     """The ``method/work`` series of ``rows`` (:func:`series_rows`): methods in the
     plan's order, each with its works in the preset's order (the base config's first)."""
-    present = {series_label(r["method"], str(r.get("client_work") or "")) for r in rows}
+    present = set(series_rows(rows)["method"])
     ordered = [
         series_label(m, w)
         for m in _methods_in(rows, methods)
@@ -1010,7 +1050,7 @@ def _question_figures(qname, q, qrows, methods, settings, figures: Path, md_dir:
     kind, title = q.get("kind", "stability"), q.get("title", qname)
     if kind == "scale" and len(settings) > 1:
         for part, limit, profile in dict.fromkeys(s[1:] for s in settings):
-            prow = [r for r in qrows if setting_key(r)[1:] == (part, limit, profile)]
+            prow = qrows[[s[1:] == (part, limit, profile) for s in qrows["setting"]]]
             group = part + (f"-f{limit}" if limit else "") + (f"-{profile}" if profile else "")
             where = part + (f", {limit} in flight" if limit else "")
             where += f", {profile} devices" if profile else ""
@@ -1041,7 +1081,7 @@ def _setting_section(sweep: _Sweep, qname, q, srows, methods, setting, single, f
     md += _method_table(view, series, True, sweep.target, speed)
     md.append("")
     imps = improvements(view, reference, series)
-    if imps and any(r["method"] == reference for r in view):
+    if imps and view["method"].eq(reference).any():
         md += [f"Stability improvement of {reference} over each method (paired by seed):", ""]
         md += _improvement_table(imps, reference)
         md.append("")
@@ -1070,8 +1110,8 @@ def _setting_section(sweep: _Sweep, qname, q, srows, methods, setting, single, f
 
 def _question_section(sweep: _Sweep, qname: str, q, figures: Path, md_dir: Path) -> list[str]:
     """A question's heading, description, figures and one section per setting."""
-    qrows = question_rows(sweep.rows, qname)
-    if not qrows:
+    qrows = _answering(sweep.rows, qname)
+    if qrows.empty:
         return []
     methods = _methods_in(qrows, sweep.plan.get("methods") or [])
     md = [f"## {q.get('title', qname)}", ""]
@@ -1107,8 +1147,9 @@ def write_report(out: Path, md_path: Path | None = None, figures: Path | None = 
     md_path.parent.mkdir(parents=True, exist_ok=True)
     md_path.write_text("\n".join(md).rstrip() + "\n")
     # from the rows as they are now (also a runs.csv written before the column existed)
-    fill_times_to_reference(sweep.rows, sweep.plan.get("speed_reference", ""), out)
-    write_csv(md_path.parent / "runs.csv", sweep.rows, PAGE_COLUMNS)
+    rows = sweep.rows.to_dict("records")
+    fill_times_to_reference(rows, sweep.plan.get("speed_reference", ""), out)
+    write_csv(md_path.parent / "runs.csv", rows, PAGE_COLUMNS)
     return md_path
 
 

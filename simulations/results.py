@@ -50,6 +50,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pandas as pd
+
 from flwr_gsgm.checkpoint.atomic import atomic_write
 from flwr_gsgm.evaluation import stability
 from simulations.preset import effective_limit
@@ -68,7 +71,10 @@ __all__ = [
     "accuracy_at_budget",
     "series_label",
     "setting_key",
+    "frame",
+    "numbers",
     "load_curve",
+    "best_work",
     "times_to_reference",
     "fill_times_to_reference",
 ]
@@ -394,6 +400,32 @@ def setting_key(row: Mapping[str, Any]) -> tuple[int, str, int, str]:
     return nodes, str(row["partition"]), effective_limit(nodes, limit), profile
 
 
+def frame(rows: Sequence[Mapping[str, Any]] | pd.DataFrame) -> pd.DataFrame:
+    """runs.csv rows as a DataFrame for grouping; a DataFrame made by it is returned as is.
+
+    Every column keeps its Python values (``object`` dtype: an integer column with a NaN
+    stays integers, so the rows written back are the rows read); ``client_work`` is
+    ``""`` where a row has none, and a column ``setting`` holds :func:`setting_key`.
+    """
+    if isinstance(rows, pd.DataFrame) and "setting" in rows:
+        return rows
+    records = rows.to_dict("records") if isinstance(rows, pd.DataFrame) else list(rows)
+    df = pd.DataFrame(records, dtype=object)
+    if not records:
+        return pd.DataFrame(columns=["method", "seed", "status", "client_work", "setting"])
+    work = df["client_work"] if "client_work" in df else pd.Series("", index=df.index)
+    df["client_work"] = [w if isinstance(w, str) else "" for w in work]
+    df["setting"] = [setting_key(r) for r in df.to_dict("records")]
+    return df
+
+
+def numbers(df: pd.DataFrame, column: str) -> pd.Series:
+    """``df[column]`` as floats, NaN for what is not a number (or for a missing column)."""
+    if column not in df:
+        return pd.Series(math.nan, index=df.index, dtype=float)
+    return pd.to_numeric(df[column], errors="coerce").astype(float)
+
+
 def load_curve(row: Mapping[str, Any], out: Path) -> list[dict[str, float]] | None:
     """The ``metrics.csv`` rows of a runs.csv row's run (its ``run_dir``, relative to
     ``out`` if not absolute, else ``out/<run_id>``); None if there is none."""
@@ -408,34 +440,21 @@ def load_curve(row: Mapping[str, Any], out: Path) -> list[dict[str, float]] | No
     return read_metrics(path)
 
 
-def _ok(row: Mapping[str, Any]) -> bool:
-    return row.get("status") == "ok"
-
-
-def _finite(value: Any) -> float:
-    try:
-        f = float(value)
-    except (TypeError, ValueError):
-        return math.nan
-    return f if math.isfinite(f) else math.nan
-
-
-def best_work(rows: Sequence[Mapping[str, Any]], method: str) -> str | None:
+def best_work(rows: Sequence[Mapping[str, Any]] | pd.DataFrame, method: str) -> str | None:
     """The client work of ``method`` with the highest mean final accuracy over its ok
     runs in ``rows`` (one setting's); ties to the first listed; None if no ok run."""
-    finals: dict[str, list[float]] = {}
-    for r in rows:
-        if r["method"] == method:
-            finals.setdefault(str(r.get("client_work") or ""), [])
-            acc = _finite(r.get("final_accuracy"))
-            if _ok(r) and math.isfinite(acc):
-                finals[str(r.get("client_work") or "")].append(acc)
-    scored = [(sum(v) / len(v), -i, w) for i, (w, v) in enumerate(finals.items()) if v]
-    return max(scored)[2] if scored else None
+    df = frame(rows)
+    mine = df[df["method"].eq(method)]
+    final = numbers(mine, "final_accuracy")
+    counted = mine["status"].eq("ok") & np.isfinite(final)
+    # works in order of their first row, ok or not (the tie-break); NaN: no ok run
+    means = final.where(counted).groupby(mine["client_work"], sort=False).mean()
+    means = means.dropna()
+    return str(means.idxmax()) if len(means) else None
 
 
 def times_to_reference(
-    rows: Sequence[Mapping[str, Any]], reference: str, out: Path
+    rows: Sequence[Mapping[str, Any]] | pd.DataFrame, reference: str, out: Path
 ) -> dict[tuple[str, Any], float]:
     """Virtual seconds each ok run takes to reach ``reference``'s final accuracy.
 
@@ -448,19 +467,21 @@ def times_to_reference(
     Returns ``{(series_label(method, client work), seed): seconds}``; without client
     works the label is the method.
     """
-    work = best_work(rows, reference)
-    ref = {
-        r["seed"]: float(r["final_accuracy"])
-        for r in rows
-        if r["method"] == reference and _ok(r) and str(r.get("client_work") or "") == work
-    }
+    df = frame(rows)
+    work = best_work(df, reference)
+    ok = df[df["status"].eq("ok")]
+    ref = ok[ok["method"].eq(reference) & ok["client_work"].eq(work)]
+    target = dict(zip(ref["seed"], numbers(ref, "final_accuracy")))  # the last run of a seed
     times = {}
-    for r in rows:
-        curve = load_curve(r, out) if _ok(r) and r["seed"] in ref else None
+    for r in ok[ok["seed"].isin(list(target))].to_dict("records"):
+        curve = load_curve(r, out)
         if curve:
-            label = series_label(r["method"], str(r.get("client_work") or ""))
-            times[(label, r["seed"])] = stability.time_to_target(
-                [c["virtual_time"] for c in curve], [c["accuracy"] for c in curve], ref[r["seed"]]
+            times[(series_label(r["method"], r["client_work"]), r["seed"])] = (
+                stability.time_to_target(
+                    [c["virtual_time"] for c in curve],
+                    [c["accuracy"] for c in curve],
+                    target[r["seed"]],
+                )
             )
     return times
 
@@ -469,14 +490,12 @@ def fill_times_to_reference(rows: Sequence[dict[str, Any]], reference: str, out:
     """Set every row's ``time_to_fedavg_accuracy`` (:func:`times_to_reference` per
     setting, :func:`setting_key`); NaN for a row that is not timed or without
     ``reference`` (an empty name)."""
-    by_setting: dict[tuple[int, str, int, str], list[dict[str, Any]]] = {}
-    for r in rows:
-        r["time_to_fedavg_accuracy"] = math.nan
-        by_setting.setdefault(setting_key(r), []).append(r)
-    if not reference:
-        return
-    for srows in by_setting.values():
-        times = times_to_reference(srows, reference, out)
-        for r in srows:
-            key = (series_label(r["method"], str(r.get("client_work") or "")), r["seed"])
-            r["time_to_fedavg_accuracy"] = times.get(key, math.nan)
+    df = frame(rows)
+    times = pd.Series(math.nan, index=df.index, dtype=object)
+    if reference and len(df):
+        for _, srows in df.groupby("setting", sort=False):
+            timed = times_to_reference(srows, reference, out)
+            keys = zip(map(series_label, srows["method"], srows["client_work"]), srows["seed"])
+            times[srows.index] = [timed.get(key, math.nan) for key in keys]
+    for r, t in zip(rows, times, strict=True):
+        r["time_to_fedavg_accuracy"] = t

@@ -70,6 +70,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import tomli_w
 from tqdm import tqdm
 
 from flwr_gsgm.checkpoint.atomic import atomic_write_text
@@ -182,16 +183,6 @@ def pick_best(
 
 
 # ------------------------------------------------------------ tuned.toml I/O
-def _toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, float):
-        return "nan" if math.isnan(v) else ("inf" if v == math.inf else repr(v))
-    return json.dumps(str(v))
-
-
 def write_tuned(
     path: Path,
     preset: Preset,
@@ -202,8 +193,9 @@ def write_tuned(
 
     ``X`` is :func:`simulations.preset.tuned_key`: the method, or ``method/work`` for
     a named client work (its selection then names ``method`` and ``client-work``).
+    Values are TOML's: numbers, booleans and strings (``nan`` for a NaN figure).
     """
-    lines = [
+    header = [
         f"# Tuned choices of `python -m simulations.sweep {preset.path}`.",
         f"# Tuning: seed {preset.tune_seed}, {preset.tune_nodes} nodes, partition "
         f"{partition_label(preset.tune_partition)}; rule: best final accuracy among runs that did "
@@ -212,15 +204,9 @@ def write_tuned(
         f"{preset.seeds} use [methods.*].",
         "",
     ]
-    for name, cfg in tuned.items():
-        lines.append(f"[methods.{json.dumps(name)}]")
-        lines += [f"{json.dumps(k)} = {_toml_value(v)}" for k, v in cfg.items()]
-        lines.append("")
-    for name, sel in selection.items():
-        lines.append(f"[selection.{json.dumps(name)}]")
-        lines += [f"{json.dumps(k)} = {_toml_value(v)}" for k, v in sel.items()]
-        lines.append("")
-    return atomic_write_text(path, "\n".join(lines))
+    tables = {"methods": {k: dict(v) for k, v in tuned.items()}}
+    tables["selection"] = {k: dict(v) for k, v in selection.items()}
+    return atomic_write_text(path, "\n".join(header) + "\n" + tomli_w.dumps(tables))
 
 
 def read_tuned(path: Path) -> dict[str, dict[str, Any]]:

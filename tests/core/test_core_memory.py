@@ -1,6 +1,6 @@
 """Each rule's memory stays within its documented bound, in model copies (issue 12 item 7).
 
-The bound of every rule is in its docstring and in the README ("Memory per rule"):
+The bound of every rule is in its docstring and in docs/USER_GUIDE.md ("Memory per rule"):
 a model copy is ``size(w)`` float32. Measured with ``tracemalloc`` (numpy reports its
 array allocations to it) over a run with slots, rows, caches and copies of ``w``
 all in use, from the optimizer's construction on: the peak of everything allocated,

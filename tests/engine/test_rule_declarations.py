@@ -1,4 +1,4 @@
-"""One declaration per rule: registry, strategies, run config, presets and README agree.
+"""One declaration per rule: registry, strategies, run config, presets and REFERENCE agree.
 
 Acceptance test of issue #9 item 1: every registered rule is built through the
 registry, its strategy class, ``AsyncStrategy`` and the run config, and every layer
@@ -177,16 +177,16 @@ def test_engine_and_start_defaults_are_the_run_config_ones():
     assert EngineSettings().eval_every == RUN_CONFIG["eval-every"].default
 
 
-def test_readme_table_is_the_generated_one():
+def test_reference_table_is_the_generated_one():
     spec = importlib.util.spec_from_file_location(
-        "readme_run_config", REPO / "scripts" / "readme_run_config.py"
+        "write_reference", REPO / "scripts" / "write_reference.py"
     )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    readme = (REPO / "README.md").read_text().splitlines()
-    missing = [line for line in module.table() if line not in readme]
+    reference = (REPO / "docs" / "REFERENCE.md").read_text().splitlines()
+    missing = [line for line in module.table() if line not in reference]
     assert not missing, (
-        "run `python scripts/readme_run_config.py --write README.md`:\n" + "\n".join(missing)
+        "run `python scripts/write_reference.py --write docs/REFERENCE.md`:\n" + "\n".join(missing)
     )
 
 

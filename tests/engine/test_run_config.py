@@ -160,8 +160,8 @@ def test_server_app_fails_before_any_message_is_sent(bad, tmp_path):
     assert list(tmp_path.iterdir()) == []  # no run folder either
 
 
-def test_readme_documents_every_key_with_its_default():
-    readme = (PYPROJECT.parent / "README.md").read_text()
+def test_reference_documents_every_key_with_its_default():
+    readme = (PYPROJECT.parent / "docs" / "REFERENCE.md").read_text()
     for key, spec in RUN_CONFIG.items():
         v = spec.default
         shown = (
@@ -172,19 +172,21 @@ def test_readme_documents_every_key_with_its_default():
         assert f"| `{key}` | `{shown}` |" in readme, key
 
 
-def test_readme_tables_are_the_generated_ones():
-    """README's run config and strategy argument tables equal what the script writes."""
+def test_reference_tables_are_the_generated_ones():
+    """docs/REFERENCE.md's run config and strategy argument tables equal what the script writes."""
     import importlib.util
 
-    path = PYPROJECT.parent / "scripts" / "readme_run_config.py"
-    spec = importlib.util.spec_from_file_location("readme_run_config", path)
+    path = PYPROJECT.parent / "scripts" / "write_reference.py"
+    spec = importlib.util.spec_from_file_location("write_reference", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    readme = (PYPROJECT.parent / "README.md").read_text()
+    readme = (PYPROJECT.parent / "docs" / "REFERENCE.md").read_text()
     for header, make in module.TABLES.items():
         lines = make()
         assert lines[0] == header and len(lines) > 10
-        assert "\n".join(lines) + "\n" in readme, f"run: python {path.name} --write README.md"
+        assert "\n".join(lines) + "\n" in readme, (
+            f"run: python scripts/{path.name} --write docs/REFERENCE.md"
+        )
     names = [line.split("`")[1] for line in module.strategy_table()[2:]]
     for argument in ("client_mode", "local_steps", "dispatch_timeout", "max_staleness", "max_norm"):
         assert argument in names

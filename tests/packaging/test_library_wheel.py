@@ -369,7 +369,7 @@ def test_a_hatchling_flower_app_installs_flwr_gsgm_as_the_readme_shows(wheel, tm
         env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
     )
     assert str(tmp_path / "venv") in where  # from the wheel, not this checkout
-    # A direct reference needs hatchling's allow-direct-references (the README says so).
+    # A direct reference needs hatchling's allow-direct-references (docs/USER_GUIDE.md says so).
     direct = f'"flwr-gsgm @ {wheel.as_uri()}"'
     refused = _install_app(python, _app(tmp_path, "direct", direct), wheels)
     assert refused.returncode != 0

@@ -1,4 +1,4 @@
-"""The README's "At scale" table is generated from the committed runs.csv."""
+"""The results index's "At scale" table is generated from the committed runs.csv."""
 
 from __future__ import annotations
 
@@ -60,11 +60,12 @@ def test_replace_table_keeps_the_text_around_it_and_names_a_missing_header():
         scale_table.replace_table("no table here\n", new)
 
 
-def test_readme_shows_the_committed_runs():
+def test_results_index_shows_the_committed_runs():
     rows = read_csv(ROOT / scale_table.RUNS_CSV)
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "results" / "README.md").read_text()
     expected = scale_table.table(rows)
     assert "\n".join(expected) in readme, (
-        "README's 'At scale' table differs from docs/results/fashion_mnist_scale/runs.csv: "
-        "run python scripts/readme_scale_table.py --write README.md"
+        "docs/results/README.md's 'At scale' table differs from "
+        "docs/results/fashion_mnist_scale/runs.csv: "
+        "run python scripts/readme_scale_table.py --write docs/results/README.md"
     )

@@ -6,17 +6,20 @@ import json
 import math
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from simulations.report import (
     improvements,
+    markdown_table,
     method_summary,
     question_rows,
     stat,
+    summaries,
     times_to_reference,
     write_report,
 )
-from simulations.results import read_csv, write_csv
+from simulations.results import best_work, read_csv, write_csv
 
 # (method, seed, status, final accuracy, MASD, time to target)
 RUNS = [
@@ -427,3 +430,89 @@ def test_notes_md_is_shown_under_the_overview_and_nothing_without_it(tmp_path):
     text = write_report(out, tmp_path / "RESULTS.md").read_text()
     notes = text.index("## Notes on this sweep\n\nRuns on abc1234, seeds 1-2 in one session.\n")
     assert text.index("- Diverged:") < notes < text.index("## Stability at 10 nodes")
+
+
+def test_summaries_count_and_average_per_method_in_order_of_first_appearance(rows):
+    table = summaries(rows)
+    assert list(table.index) == ["gsgm", "asgd", "masgd"]
+    assert table[["runs", "ok", "diverged", "failed", "pending", "reached"]].values.tolist() == [
+        [3, 3, 0, 0, 0, 2],
+        [3, 3, 0, 0, 0, 2],
+        [3, 2, 1, 0, 0, 0],
+    ]
+    # asgd: finals 0.75, 0.77, 0.79; times to target 150 and 130 (seed 2 never reached it)
+    assert table.loc["asgd", "final_accuracy"].values == pytest.approx((0.75, 0.77, 0.79))
+    assert table.loc["asgd", "time_to_target"].values == (150.0, 130.0)
+    # masgd: the diverged seed 2 is counted, not averaged
+    assert table.loc["masgd", "masd"].values == pytest.approx((0.05, 0.10))
+    assert table.loc["masgd", "time_to_target"].n == 0
+    # by another column: the three methods' nine runs at 10 nodes
+    by_seed = summaries(rows, by="seed")
+    assert by_seed["ok"].to_dict() == {1: 3, 2: 2, 3: 3}
+    assert by_seed.loc[1, "final_accuracy"].values == pytest.approx((0.80, 0.75, 0.70))
+
+
+def test_method_summary_of_a_method_without_runs_is_zero_and_empty(rows):
+    s = method_summary(rows, "fedavg")
+    assert (s["method"], s["runs"], s["ok"], s["pending"]) == ("fedavg", 0, 0, 0)
+    assert s["final_accuracy"].n == 0 and math.isnan(s["final_accuracy"].mean)
+
+
+def test_markdown_table_writes_the_cells_unpadded():
+    table = pd.DataFrame({"method": ["gsgm", "asgd/epoch"], "ok / runs": ["3/3", "2/3"]})
+    table["diverged"] = [0, 1]
+    assert markdown_table(table) == [
+        "| method | ok / runs | diverged |",
+        "|---|---|---|",
+        "| gsgm | 3/3 | 0 |",
+        "| asgd/epoch | 2/3 | 1 |",
+    ]
+    assert markdown_table(pd.DataFrame(columns=["a", "b"])) == ["| a | b |", "|---|---|"]
+
+
+def test_best_work_ties_to_the_work_listed_first_even_if_its_first_run_failed():
+    def run(work, seed, status, final):
+        return {"method": "gsgm", "nodes": 10, "partition": "k2", "client_work": work}, {
+            "seed": seed,
+            "status": status,
+            "final_accuracy": final,
+        }
+
+    runs = [
+        run("epoch", 1, "failed", math.nan),  # epoch is listed first
+        run("batch", 1, "ok", 0.7),
+        run("batch", 2, "ok", 0.8),
+        run("epoch", 2, "ok", 0.75),
+        run("epoch", 3, "ok", 0.75),
+        run("steps", 1, "diverged", 0.9),  # not ok: not scored
+    ]
+    rows = [{**a, **b} for a, b in runs]
+    assert best_work(rows, "gsgm") == "epoch"  # 0.75 = 0.75: the first listed
+    rows[2]["final_accuracy"] = 0.81
+    assert best_work(rows, "gsgm") == "batch"  # 0.755 > 0.75
+    assert best_work(rows, "asgd") is None
+    assert best_work([{**rows[0]}], "gsgm") is None  # no ok run
+
+
+def test_headline_accuracy_table_counts_the_best_baseline_without_its_pending_runs(tmp_path):
+    out = make_sweep(tmp_path / "sweep")
+    rows = read_csv(out / "runs.csv")
+    _set(rows, "asgd", 10, 2, status="pending", final_accuracy=math.nan)
+    write_csv(out / "runs.csv", rows)
+    plan = json.loads((out / "plan.json").read_text())
+    plan["headline"] = {
+        "baselines": ["asgd"],
+        "settings": ["n10-k2"],
+        "target": 0.2,
+        "accuracy_baselines": ["asgd", "masgd"],
+    }
+    (out / "plan.json").write_text(json.dumps(plan))
+    text = write_report(out, tmp_path / "RESULTS.md").read_text()
+    # 10 nodes: asgd 0.75, 0.79 -> 77.0 ± 2.8 beats masgd's 0.70, 0.72; its pending run
+    # is not among the runs counted there (ok / runs as before pandas)
+    assert (
+        "| 10 nodes, 2 classes per node | 80.0 ± 2.0 | asgd | 77.0 ± 2.8 | 2/3 | +3.00 | yes |"
+        in text
+    )
+    # asgd's own table shows it
+    assert "| asgd | 2/3 (1 pending) | 0 | 0 | 77.0 ± 2.8 |" in text

@@ -10,12 +10,21 @@ import signal
 import time
 import tomllib
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from simulations.preset import load_preset, report_runs, tune_runs
 from simulations.results import read_csv
-from simulations.sweep import ExecOptions, SweepError, execute, pick_best, tune_stage
+from simulations.sweep import (
+    ExecOptions,
+    SweepError,
+    execute,
+    pick_best,
+    read_tuned,
+    tune_stage,
+    write_tuned,
+)
 
 
 def row(acc, masd, status="ok"):
@@ -255,3 +264,43 @@ def test_sigterm_and_a_background_sigint_stop_the_sweep_as_ctrl_c_does(signum):
     finally:
         for s, handler in saved.items():
             signal.signal(s, handler)
+
+
+def test_write_tuned_writes_the_header_and_the_tables_with_tomli_w(tmp_path):
+    preset = SimpleNamespace(
+        path="simulations/presets/x.toml",
+        tune_seed=0,
+        tune_nodes=10,
+        tune_partition={"partitioner": "pathological", "classes-per-node": 2},
+        tie_tolerance=0.0,
+        seeds=[1, 2, 3],
+    )
+    tuned = {"gsgm/epoch": {"client-mode": "weights", "local-epochs": 1, "beta": 0.5}}
+    selection = {
+        "gsgm/epoch": {"method": "gsgm", "final-accuracy": 0.8, "masd": math.nan},
+        "asgd": {"grid-point": "default", "candidates": 0, "all-diverged": False},
+    }
+    path = write_tuned(tmp_path / "tuned.toml", preset, tuned, selection)
+    assert path.read_text() == (
+        "# Tuned choices of `python -m simulations.sweep simulations/presets/x.toml`.\n"
+        "# Tuning: seed 0, 10 nodes, partition k2; rule: best final accuracy among runs that"
+        " did not\n"
+        "# diverge, ties (within 0) to the lower MASD. The reporting seeds [1, 2, 3] use"
+        " [methods.*].\n"
+        "\n"
+        '[methods."gsgm/epoch"]\n'
+        'client-mode = "weights"\n'
+        "local-epochs = 1\n"
+        "beta = 0.5\n"
+        "\n"
+        '[selection."gsgm/epoch"]\n'
+        'method = "gsgm"\n'
+        "final-accuracy = 0.8\n"
+        "masd = nan\n"
+        "\n"
+        "[selection.asgd]\n"
+        'grid-point = "default"\n'
+        "candidates = 0\n"
+        "all-diverged = false\n"
+    )
+    assert read_tuned(path) == tuned
