@@ -27,8 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from clients.client_app import app as client_app  # noqa: E402
-from flwr_gsgm.config.run_config import parse_run_config  # noqa: E402
 from flwr_gsgm.simulation.inprocess_grid import InProcessGrid  # noqa: E402
+from serverapp.app_config import parse_app_config  # noqa: E402
 from serverapp.experiment import run_experiment  # noqa: E402
 
 
@@ -65,7 +65,7 @@ def main() -> None:
         )
         flower_cmd = time.monotonic() - t0
 
-        cfg = parse_run_config({**overrides, "output-dir": str(out / "inprocess")})
+        cfg = parse_app_config({**overrides, "output-dir": str(out / "inprocess")})
         t0 = time.monotonic()
         with InProcessGrid(client_app, args.nodes, run_config=cfg, workers=args.workers) as grid:
             run_experiment(grid, cfg)

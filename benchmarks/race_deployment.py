@@ -409,12 +409,12 @@ def predict(method: str, args: argparse.Namespace, latency: float, base: Path) -
         run with ``--skip-prediction``), naming them.
     """
     from clients.client_app import app as client_app
-    from flwr_gsgm.config.run_config import parse_run_config
     from flwr_gsgm.simulation.inprocess_grid import InProcessGrid
+    from serverapp.app_config import parse_app_config
     from serverapp.experiment import run_experiment
 
     runs = base / "predictions"
-    cfg = parse_run_config(prediction_config(method, args, latency, runs))
+    cfg = parse_app_config(prediction_config(method, args, latency, runs))
     run_dir = runs / cfg["run-name"]
     grid = InProcessGrid(client_app, args.nodes, cfg, workers=2)
     summary = run_experiment(grid, cfg, run_dir)
@@ -424,7 +424,7 @@ def predict(method: str, args: argparse.Namespace, latency: float, base: Path) -
 
 def missing_prediction_keys() -> list[str]:
     """The time model's run config keys the run config does not know (yet)."""
-    from flwr_gsgm.config.run_config import RUN_CONFIG
+    from serverapp.app_config import RUN_CONFIG
 
     return sorted(set(PREDICTION_OVERRIDES) - set(RUN_CONFIG))
 

@@ -86,15 +86,19 @@ def _tree() -> Path:
 def run_config(config: dict[str, Any], nodes: int, name: str) -> str:
     """Run ``config`` on ``nodes`` in-process; metrics.csv (no wall_time) + summary."""
     from clients.client_app import app
-    from flwr_gsgm.config.run_config import parse_run_config
     from flwr_gsgm.simulation.inprocess_grid import InProcessGrid
+
+    try:
+        from serverapp.app_config import parse_app_config
+    except ImportError:  # a tree from before the app declared its own keys (issue 25)
+        from flwr_gsgm.config.run_config import parse_run_config as parse_app_config
 
     try:
         from serverapp.experiment import run_experiment
     except ImportError:  # a tree from before the ServerApp moved out of flwr_gsgm (issue 11)
         from flwr_gsgm.experiment import run_experiment
 
-    cfg = parse_run_config(config)
+    cfg = parse_app_config(config)
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / name
         grid = InProcessGrid(app, nodes, cfg)

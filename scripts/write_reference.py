@@ -11,7 +11,8 @@ and docstring of :class:`flwr_gsgm.AsyncStrategy`, the bounds every rule declare
 the base class and the fields of ``EngineSettings`` (the strategy's ``engine``
 argument); the server rules' parameters from their ``PARAMS`` declarations in
 :mod:`flwr_gsgm.core` (:func:`flwr_gsgm.core.declared_params`); the run config keys
-from ``RUN_CONFIG``, whose server optimizer rows come from the same declarations.
+from ``serverapp.app_config.RUN_CONFIG`` (the library's keys and this app's), whose server
+optimizer rows come from the same declarations.
 After adding a rule, a parameter or a run config key, run it with ``--write`` (and add
 new keys to ``pyproject.toml``); ``tests/packaging/test_reference.py`` fails while the
 committed page differs from what this script writes.
@@ -32,9 +33,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flwr_gsgm import STRATEGIES, AsyncStrategy  # noqa: E402
-from flwr_gsgm.config.run_config import RUN_CONFIG  # noqa: E402
 from flwr_gsgm.core import OPTIMIZERS, Param, declared_params  # noqa: E402
 from flwr_gsgm.engine.settings import EngineSettings  # noqa: E402
+from serverapp.app_config import RUN_CONFIG  # noqa: E402
 
 HEADER = ["| key | default | accepted values | meaning |", "|---|---|---|---|"]
 STRATEGY_HEADER = [

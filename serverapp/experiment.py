@@ -35,8 +35,15 @@ from flwr_gsgm.config.run_config import SYNC_STRATEGIES, unread_settings
 from flwr_gsgm.engine.divergence import evaluation_divergence
 from flwr_gsgm.engine.run_end import DIVERGED, RunDiverged, RunFailed
 from flwr_gsgm.evaluation.federated import column_name
+from serverapp.app_config import parse_app_config
+from serverapp.plot import plot_accuracy
 
-__all__ = ["make_evaluate_fn", "run_experiment"]
+__all__ = ["LAST_FINITE_MODEL", "MODEL", "make_evaluate_fn", "run_experiment"]
+
+#: The app's model files: torch ``state_dict``s (``torch.load``), the model's own format
+#: (the library's default is numpy's ``.npz``, :func:`flwr_gsgm.config.outputs.write_model`).
+MODEL = "model.pt"
+LAST_FINITE_MODEL = "model_last_finite.pt"
 
 
 def _none_if_zero(value: float) -> float | None:
@@ -129,7 +136,9 @@ def run_experiment(
     grid : Grid
         Flower grid (simulation, deployment or in-process).
     cfg : Mapping
-        A run config validated by :func:`flwr_gsgm.config.run_config.parse_run_config`.
+        A run config: checked here first (:func:`serverapp.app_config.parse_app_config`:
+        the library's keys and the app's, defaults filled in), so it may be one the
+        library parsed alone, or ``context.run_config`` itself.
     run_dir : Path, optional
         Output folder; default :func:`run_dir_for`.
 
@@ -144,6 +153,7 @@ def run_experiment(
         "diverged") are written: no ``model.pt``, but ``model_last_finite.pt``, the
         model of the last evaluation before the divergence (asynchronous strategies).
     """
+    cfg = parse_app_config(cfg)  # before anything: a typo fails here
     torch.set_num_threads(cfg["client-threads"])
     warnings = list(check_partitions(grid, cfg))  # an impossible split fails here, at once
     for warning in unread_settings(cfg):  # a setting the strategy ignores: say so
@@ -211,11 +221,11 @@ def run_experiment(
         rows = result.rows
         if isinstance(failed, RunDiverged):
             # Not the diverged model as if it trained: the last finite one, named so.
-            (run_dir / run_outputs.MODEL).unlink(missing_ok=True)
+            (run_dir / MODEL).unlink(missing_ok=True)
             if rep.last_finite is not None:
-                run_outputs.write_model(run_dir, rep.last_finite[1], run_outputs.LAST_FINITE_MODEL)
+                run_outputs.write_model(run_dir, rep.last_finite[1], LAST_FINITE_MODEL)
         else:
-            run_outputs.write_model(run_dir, result.arrays)
+            run_outputs.write_model(run_dir, result.arrays, MODEL)
         summary = run_outputs.summarize(
             rows,
             rep.counters,
@@ -240,7 +250,7 @@ def _write_outputs(run_dir: Path, cfg: Mapping[str, Any], rows, summary, grid: G
     """metrics.csv, summary.json and accuracy.png; the final log line."""
     run_outputs.write_metrics(run_dir, rows)
     run_outputs.write_summary(run_dir, summary)
-    run_outputs.plot_accuracy(run_dir, rows, _title(cfg, summary, len(list(grid.get_node_ids()))))
+    plot_accuracy(run_dir, rows, _title(cfg, summary, len(list(grid.get_node_ids()))))
     log(
         INFO,
         "[flwr-gsgm] final accuracy %.4f, MASD %.4f -> %s",
@@ -253,7 +263,7 @@ def _write_outputs(run_dir: Path, cfg: Mapping[str, Any], rows, summary, grid: G
 def _log_diverged(run_dir: Path, reason: str, last_finite: tuple[int, Any] | None) -> None:
     """The log line of a diverged run: why, and which model was kept."""
     kept = (
-        f"{run_outputs.LAST_FINITE_MODEL} holds the model evaluated at {last_finite[0]} updates"
+        f"{LAST_FINITE_MODEL} holds the model evaluated at {last_finite[0]} updates"
         if last_finite is not None
         else "no model written"
     )

@@ -2,8 +2,9 @@
 
 ``flwr run .`` starts it (``[tool.flwr.app.components] serverapp =
 "serverapp.server_app:app"``). It belongs to the app layer, like ``clients/``: the
-``flwr-gsgm`` wheel ships only the library ``flwr_gsgm``. A bad run config
-raises ``ValueError`` naming the key before any message is sent.
+``flwr-gsgm`` wheel ships only the library ``flwr_gsgm``. A bad run config, or a key
+neither the library nor the app declares (:mod:`serverapp.app_config`), raises
+``ValueError`` naming the key before any message is sent.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from flwr.app import Context
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
-from flwr_gsgm.config.run_config import parse_run_config
+from serverapp.app_config import parse_app_config
 from serverapp.experiment import run_experiment
 
 app = ServerApp()
@@ -36,7 +37,7 @@ def main(grid: Grid, context: Context) -> None:
     ``flwr run`` (``scripts/run_simulation.sh``) exits non-zero.
     """
     try:
-        cfg = parse_run_config(context.run_config)
+        cfg = parse_app_config(context.run_config)
         summary = run_experiment(grid, cfg)
     except BaseException as err:
         status = getattr(err, "status", "failed")

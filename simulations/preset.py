@@ -3,7 +3,7 @@
 A preset names *methods* (each a set of run-config overrides plus an optional tuning
 grid) and *questions* (each a set of node counts and partitions, answered on the
 reporting seeds). Layout (every run-config key is a key of
-:data:`flwr_gsgm.config.run_config.RUN_CONFIG`, kebab-case)::
+:data:`serverapp.app_config.RUN_CONFIG`, kebab-case)::
 
     [sweep]
     name = "fashion_mnist"
@@ -97,7 +97,7 @@ is not client work (``strategy``, partition keys, ``max-in-flight``,
 with to another value, or whose grid tunes a key the work sets; an ablation with a
 work its parent does not run with; a question whose config sets a key one of its works
 sets; a (method, work) a question runs but ``[tune] client-works`` leaves out; any run
-config :func:`~flwr_gsgm.config.run_config.parse_run_config` refuses. ``device-profiles``
+config :func:`~serverapp.app_config.parse_app_config` refuses. ``device-profiles``
 needs the run config key ``device-profile`` (the time model). With a time budget
 (``max-seconds`` in ``[tune] config``) tuning picks by the accuracy at the budget.
 """
@@ -112,14 +112,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flwr_gsgm.config.run_config import (
-    DATASET_CLASSES,
-    OPTIMIZER_KEYS,
-    RUN_CONFIG,
-    SYNC_STRATEGIES,
-    parse_run_config,
-    strategy_keys,
-)
+from flwr_gsgm.config.run_config import OPTIMIZER_KEYS, SYNC_STRATEGIES, strategy_keys
+from serverapp.app_config import DATASET_CLASSES, RUN_CONFIG, parse_app_config
 
 __all__ = [
     "Method",
@@ -634,7 +628,7 @@ def _parse_client_works(path: Path, raw: Mapping[str, Any]) -> dict[str, ClientW
                     "partitions, max-in-flight or device-profiles)",
                 )
         try:  # its values on their own, before any run config that holds them
-            parse_run_config(config)
+            parse_app_config(config)
         except ValueError as err:
             _fail(path, f"{where} config: {err}")
         works[name] = ClientWork(name, config, str(spec.get("title", "")))
@@ -835,7 +829,7 @@ def _check_run_configs(path: Path, preset: Preset) -> None:
     Each ancestor's first grid point stands in for its tuned choice. A method and a
     client work that set one key to different values, a grid over a key the work sets,
     an ablation whose parent does not run with its work, and a run config that
-    :func:`~flwr_gsgm.config.run_config.parse_run_config` refuses are refused naming them.
+    :func:`~serverapp.app_config.parse_app_config` refuses are refused naming them.
     """
     for m in preset.methods:
         _check_works_of(path, preset, m)
@@ -849,13 +843,13 @@ def _check_run_configs(path: Path, preset: Preset) -> None:
                     **point,
                 }
                 try:
-                    parse_run_config(cfg)
+                    parse_app_config(cfg)
                 except ValueError as err:
                     _fail(path, f"method {m!r}{with_work} grid point {point}: {err}")
     for q in preset.questions.values():
         for part in q.partitions:
             try:
-                parse_run_config({**preset.base, **q.config, **part})
+                parse_app_config({**preset.base, **q.config, **part})
             except ValueError as err:
                 _fail(path, f"[questions.{q.name}] partition {part}: {err}")
     for m in preset.methods:
@@ -866,7 +860,7 @@ def _check_run_configs(path: Path, preset: Preset) -> None:
         _fail(path, str(err))
     for spec in specs:
         try:
-            parse_run_config(spec.run_config)
+            parse_app_config(spec.run_config)
         except ValueError as err:
             _fail(
                 path,
@@ -1141,7 +1135,7 @@ def estimate_seconds(spec: RunSpec, estimate: Mapping[str, float]) -> float:
     evaluates at 0 and every ``eval-every`` client updates (a synchronous run at the
     same counts, rounded to whole rounds).
     """
-    cfg = parse_run_config(spec.run_config)
+    cfg = parse_app_config(spec.run_config)
     updates = cfg["max-updates"]
     if cfg["strategy"] in SYNC_STRATEGIES:  # whole rounds of the nodes sampled per round
         updates = max(1, updates // spec.in_flight) * spec.in_flight

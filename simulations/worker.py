@@ -39,12 +39,12 @@ DIVERGED_EXIT = 3
 def run_one(run_dir: Path) -> dict:
     """Run the experiment described by ``run_dir/spec.json``; return its summary."""
     from clients.client_app import app
-    from flwr_gsgm.config.run_config import parse_run_config
     from flwr_gsgm.simulation.inprocess_grid import InProcessGrid
+    from serverapp.app_config import parse_app_config
     from serverapp.experiment import run_experiment
 
     spec = json.loads((run_dir / "spec.json").read_text())
-    cfg = parse_run_config(spec["run_config"])
+    cfg = parse_app_config(spec["run_config"])
     grid = InProcessGrid(app, int(spec["nodes"]), cfg)
     return run_experiment(grid, cfg, run_dir)
 

@@ -1,11 +1,22 @@
-"""Checkpoint files of a run (``torch.save`` of plain numpy/python state) and SIGTERM.
+"""Checkpoint files of a run (plain numpy/python state, no pickle) and SIGTERM.
+
+A checkpoint is an ``.npz``-style zip archive, stored uncompressed: ``state.json``,
+the state's tree of python values with every numpy array (or numpy scalar) replaced
+by a reference ``{"__ndarray__": i}``, and the arrays as ``<i>.npy`` members (numpy's
+own format, read with ``allow_pickle=False``). What JSON cannot say by itself is
+tagged: a tuple ``{"__tuple__": [...]}``, a set ``{"__set__": [...]}``, a dict whose
+keys are not all strings (a partition-id) ``{"__dict__": [[key, value], ...]}``; NaN
+and infinities are JSON's ``NaN`` / ``Infinity``; floats are written in shortest
+round-trip form, so a state loads back equal, bit for bit, with its types. Reading
+one runs no code from the file (unlike the ``torch.save`` checkpoints of earlier
+versions, which :func:`load` still reads when torch is installed).
 
 A checkpoint is written atomically (:func:`flwr_gsgm.checkpoint.atomic.atomic_write`), so a
 crash at any moment leaves either the old or the new checkpoint, never a torn one.
 It ends with a checksum line, ``\\nflwr-gsgm-checkpoint sha256=<64 hex> bytes=<n>\\n``,
-over the ``n`` bytes of ``torch.save`` output before it, so that a file damaged
-afterwards (truncated, emptied, overwritten, one byte changed on disk or in a copy)
-is refused with its name and the cause instead of resuming a different run.
+over the ``n`` bytes of the archive before it, so that a file damaged afterwards
+(truncated, emptied, overwritten, one byte changed on disk or in a copy) is refused
+with its name and the cause instead of resuming a different run.
 
 A checkpoint that cannot be written (no space left, no permission) raises
 :class:`CheckpointWriteError`, naming the file and the OS error; the previous
@@ -16,16 +27,18 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import os
 import re
 import signal
 import threading
+import zipfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-import torch
+import numpy as np
 
 from flwr_gsgm.checkpoint.atomic import atomic_write
 
@@ -41,6 +54,11 @@ __all__ = [
 _TRAILER = re.compile(rb"\nflwr-gsgm-checkpoint sha256=([0-9a-f]{64}) bytes=(\d+)\n\Z")
 _TRAILER_MAX = 128  # bytes: the trailer line is about 100
 _BLOCK = 1 << 20
+_STATE = "state.json"
+# Every member is dated 1980-01-01 (zip's epoch): the same state gives the same bytes.
+_EPOCH = (1980, 1, 1, 0, 0, 0)
+_CONTAINERS: dict[type, str] = {tuple: "__tuple__", set: "__set__", frozenset: "__frozenset__"}
+_TAGS = frozenset({"__ndarray__", "__npscalar__", "__dict__", *_CONTAINERS.values()})
 
 
 class CheckpointError(ValueError):
@@ -77,35 +95,102 @@ class CheckpointWriteError(OSError):
 def save(path: Path, state: dict[str, Any]) -> None:
     """Write ``state`` to ``path`` atomically with its checksum; make the folder.
 
-    ``torch.save`` streams into the temporary file through a hash (no copy of the
-    serialized state in memory); the checksum line follows.
+    ``state`` is a tree of dicts, lists, tuples, sets, ``str``, ``int``, ``float``,
+    ``bool``, ``None``, numpy arrays (any dtype but ``object``) and numpy scalars. The
+    archive streams into the temporary file through a hash (no copy of the arrays in
+    memory); the checksum line follows.
 
     Raises
     ------
+    TypeError
+        If ``state`` holds another type (named with its place in the state); nothing
+        is written.
     CheckpointWriteError
         If the folder or the file cannot be written (an ``OSError``: no space left,
         no permission, ...); the previous checkpoint at ``path`` is left as it was.
     """
     path = Path(path)
+    arrays: list[np.ndarray] = []
+    tree = json.dumps(_encode(state, arrays, "state"), separators=(",", ":")).encode()
     previous = path.stat().st_size if path.is_file() else None
     out: _Hashing | None = None
 
     def write(fh: IO[bytes]) -> None:
         nonlocal out
         out = _Hashing(fh)
-        torch.save(state, out)
+        # Not seekable: zipfile streams each member with a data descriptor after it.
+        with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
+            archive.writestr(zipfile.ZipInfo(_STATE, _EPOCH), tree)
+            for i, array in enumerate(arrays):
+                member = archive.open(zipfile.ZipInfo(f"{i}.npy", _EPOCH), "w", force_zip64=True)
+                with member:
+                    np.lib.format.write_array(member, array, allow_pickle=False)
         fh.write(f"\nflwr-gsgm-checkpoint sha256={out.hexdigest()} bytes={out.size}\n".encode())
 
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(path, write, binary=True)
-    except (OSError, RuntimeError) as err:
-        # torch turns an error of the file under it into its own RuntimeError ("[enforce
-        # fail at inline_container.cc] unexpected pos ..."): name the OS error instead.
-        cause = _os_error(err) or (out.error if out is not None else None)
-        if cause is None and not (isinstance(err, RuntimeError) and "inline_container" in str(err)):
+    except Exception as err:
+        # zipfile may fail again while closing the archive after the file's error:
+        # name the file's first OSError.
+        cause = (out.error if out is not None else None) or _os_error(err)
+        if cause is None:
             raise  # not a failed write: a bug to see as it is
-        raise CheckpointWriteError(path, cause or err, previous) from err
+        raise CheckpointWriteError(path, cause, previous) from err
+
+
+def _encode(value: Any, arrays: list[np.ndarray], where: str) -> Any:
+    """``value`` as JSON values; each array (or numpy scalar: a 0-d array) appended to
+    ``arrays`` and referenced by its index. ``where`` names the place for errors."""
+    if isinstance(value, (np.ndarray, np.generic)):  # before float: np.float64 is one
+        array = np.asarray(value)
+        if array.dtype.hasobject:
+            raise TypeError(f"checkpoint state {where}: an object array cannot be saved")
+        arrays.append(array)
+        return {"__npscalar__" if isinstance(value, np.generic) else "__ndarray__": len(arrays) - 1}
+    if value is None or isinstance(value, (str, int, float)):  # bool is an int
+        return value  # json writes a str or int enum as its value, a float round-trip
+    if isinstance(value, dict):
+        if all(type(k) is str and k not in _TAGS for k in value):
+            return {k: _encode(v, arrays, f"{where}[{k!r}]") for k, v in value.items()}
+        pairs = [
+            [_encode(k, arrays, f"{where} key {k!r}"), _encode(v, arrays, f"{where}[{k!r}]")]
+            for k, v in value.items()
+        ]
+        return {"__dict__": pairs}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        items = [_encode(v, arrays, f"{where}[{i}]") for i, v in enumerate(value)]
+        if isinstance(value, list):
+            return items
+        for kind, tag in _CONTAINERS.items():
+            if isinstance(value, kind):
+                return {tag: items}
+    raise TypeError(
+        f"checkpoint state {where}: a {type(value).__name__} cannot be saved (numpy arrays "
+        "and python values only)"
+    )
+
+
+def _decode(value: Any, array: Callable[[int], np.ndarray]) -> Any:
+    """The inverse of :func:`_encode`; ``array(i)`` reads the ``i``-th array.
+
+    A JSON object with a tag key is always a tagged value: :func:`_encode` writes a
+    dict that has such a key in the ``__dict__`` form.
+    """
+    if isinstance(value, list):
+        return [_decode(v, array) for v in value]
+    if not isinstance(value, dict):
+        return value
+    if "__ndarray__" in value:
+        return array(value["__ndarray__"])
+    if "__npscalar__" in value:
+        return array(value["__npscalar__"])[()]
+    if "__dict__" in value:
+        return {_decode(k, array): _decode(v, array) for k, v in value["__dict__"]}
+    for kind, tag in _CONTAINERS.items():
+        if tag in value:
+            return kind(_decode(v, array) for v in value[tag])
+    return {k: _decode(v, array) for k, v in value.items()}
 
 
 def _os_error(err: BaseException) -> OSError | None:
@@ -129,17 +214,17 @@ def _describe(err: BaseException) -> str:
 
 
 class _Hashing:
-    """A write-only file that hashes what ``torch.save`` streams through it.
+    """A write-only file that hashes what is written through it (the archive).
 
-    Only ``write`` and ``flush``: torch 2.x writes its zip archive sequentially; a
-    version that seeks would fail here loudly instead of writing a wrong checksum.
+    Only ``write`` and ``flush``: no ``tell`` or ``seek``, so zipfile writes the archive
+    sequentially, as the hash needs.
     """
 
     def __init__(self, fh: IO[bytes]) -> None:
         self._fh = fh
         self._digest = hashlib.sha256()
         self.size = 0
-        self.error: OSError | None = None  # the file's error, which torch may hide
+        self.error: OSError | None = None  # the file's first error
 
     def write(self, data: bytes) -> int:
         self._digest.update(data)
@@ -147,7 +232,7 @@ class _Hashing:
         try:
             return self._fh.write(data)
         except OSError as err:
-            self.error = err
+            self.error = self.error or err
             raise
 
     def flush(self) -> None:
@@ -160,15 +245,18 @@ class _Hashing:
 def load(path: Path) -> dict[str, Any]:
     """Read and verify a checkpoint written by :func:`save`.
 
-    It holds numpy arrays, so it is read with ``weights_only=False``: load only
-    checkpoints your own server wrote.
+    Nothing in the file is executed (arrays are read with ``allow_pickle=False``),
+    except for a checkpoint of an earlier version (``torch.save``, a pickle): it is
+    read with ``torch.load(weights_only=False)`` if torch is installed, so load only
+    such checkpoints your own server wrote.
 
     Raises
     ------
     CheckpointError
         Naming ``path`` and the cause: missing, empty, no checksum line (truncated,
         not a checkpoint, or written before checkpoints had checksums), a size or
-        SHA-256 other than the recorded one (damaged), or unreadable by ``torch.load``.
+        SHA-256 other than the recorded one (damaged), unreadable, or an earlier
+        version's without torch installed.
     """
     path = Path(path)
     if not path.is_file():
@@ -202,16 +290,46 @@ def load(path: Path) -> dict[str, Any]:
             f"{actual}, its checksum line records {recorded}"
         )
     try:
-        state = torch.load(path, weights_only=False)
-    except Exception as err:  # the checksum held: written by another version, say
+        state = _read(path)
+    except CheckpointError:
+        raise
+    except Exception as err:  # the checksum held: written by another program, say
         raise CheckpointError(
-            f"checkpoint {path} cannot be read by torch.load: {type(err).__name__}: {err}"
+            f"checkpoint {path} cannot be read: {type(err).__name__}: {err}"
         ) from err
     if not isinstance(state, dict):
         raise CheckpointError(
             f"checkpoint {path} holds a {type(state).__name__}, not a flwr-gsgm engine state"
         )
     return state
+
+
+def _read(path: Path) -> Any:
+    """The state in the archive at ``path`` (its checksum verified)."""
+    with zipfile.ZipFile(path) as archive:
+        names = archive.namelist()
+        if _STATE not in names:
+            if any(n.endswith("/data.pkl") for n in names):
+                return _read_torch(path)
+            raise CheckpointError(f"checkpoint {path} has no {_STATE}: {names[:5]}")
+
+        def array(i: int) -> np.ndarray:
+            with archive.open(f"{int(i)}.npy") as member:
+                return np.lib.format.read_array(member, allow_pickle=False)
+
+        return _decode(json.loads(archive.read(_STATE)), array)
+
+
+def _read_torch(path: Path) -> Any:
+    """A checkpoint of an earlier version (``torch.save``), if torch is installed."""
+    try:
+        import torch
+    except ImportError:
+        raise CheckpointError(
+            f"checkpoint {path} was written by an earlier flwr-gsgm with torch.save: "
+            "install torch to resume it, or start afresh (resume=false)"
+        ) from None
+    return torch.load(path, weights_only=False)
 
 
 def load_for_resume(path: Path | None, resume: bool) -> dict[str, Any] | None:

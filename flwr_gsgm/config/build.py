@@ -1,7 +1,8 @@
 """The asynchronous strategy a validated run config asks for.
 
-For a ServerApp of your own that reads the project's run config keys
-(:data:`flwr_gsgm.config.run_config.RUN_CONFIG`)::
+For a ServerApp of your own that reads the library's run config keys
+(:data:`flwr_gsgm.config.run_config.RUN_CONFIG`; your app's own keys are returned
+as given, for it to read)::
 
     cfg = parse_run_config(context.run_config)
     result = build_strategy(cfg).start(grid, ArrayRecord(model.state_dict()))

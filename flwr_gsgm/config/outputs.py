@@ -5,12 +5,16 @@
   federated evaluation's ``federated_*`` columns when it ran);
 - ``summary.json``: final accuracy, MASD and std of accuracy over the second half,
   counters, staleness, wall seconds (:func:`summarize`);
-- ``accuracy.png``: test accuracy against client updates and against virtual time;
-- ``model.pt``: the final global model (torch ``state_dict``; asynchronous strategies);
-  not written for a run whose model diverged (``status`` "diverged"), which writes
-  ``model_last_finite.pt`` instead: the model of its last evaluation that showed no
-  divergence (:mod:`flwr_gsgm.engine.divergence`), or nothing if there was none;
-- ``checkpoint.pt``: the server state, with run config ``checkpoint-every`` > 0.
+- ``model.npz``: the final global model (:func:`write_model`: numpy arrays by name, or
+  a torch ``state_dict`` for a name ending ``.pt``; asynchronous strategies); a run
+  whose model diverged (``status`` "diverged") writes ``model_last_finite.npz`` instead:
+  the model of its last evaluation that showed no divergence
+  (:mod:`flwr_gsgm.engine.divergence`), or nothing if there was none;
+- ``checkpoint.pt``: the server state, with run config ``checkpoint-every`` > 0
+  (:mod:`flwr_gsgm.checkpoint.files`).
+
+Nothing here needs torch or matplotlib: the project's app writes its model as
+``model.pt`` and plots ``accuracy.png`` itself (``serverapp/``).
 """
 
 from __future__ import annotations
@@ -19,9 +23,12 @@ import csv
 import json
 import math
 import time
+import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from flwr_gsgm.checkpoint.atomic import atomic_write, atomic_write_text
 from flwr_gsgm.evaluation import stability
@@ -37,13 +44,12 @@ __all__ = [
     "write_metrics",
     "summarize",
     "write_summary",
-    "plot_accuracy",
 ]
 
 #: The final model of a run that did not diverge ...
-MODEL = "model.pt"
+MODEL = "model.npz"
 #: ... and the last finite evaluated model of one that did.
-LAST_FINITE_MODEL = "model_last_finite.pt"
+LAST_FINITE_MODEL = "model_last_finite.npz"
 
 METRIC_COLUMNS = (
     "updates",
@@ -76,13 +82,39 @@ def write_config(run_dir: Path, cfg: Mapping[str, Any]) -> Path:
 
 
 def write_model(run_dir: Path, arrays: Any, name: str = MODEL) -> Path:
-    """Write the model ``arrays`` as ``name`` (default ``model.pt``; a torch
-    ``state_dict``; atomic)."""
-    import torch
+    """Write the model ``arrays`` (an ``ArrayRecord``) as ``run_dir/name``, atomically.
 
-    return atomic_write(
-        run_dir / name, lambda fh: torch.save(arrays.to_torch_state_dict(), fh), binary=True
-    )
+    A name ending ``.npz`` (the default, :data:`MODEL`): a numpy archive of one
+    ``<key>.npy`` per array, in the record's order, dtypes and shapes as they are
+    (``dict(np.load(path))`` gives them back by key; nothing pickled). A name ending
+    ``.pt``: a torch ``state_dict`` (``torch.load(path)``), which needs torch.
+
+    Raises
+    ------
+    ValueError
+        For another suffix.
+    ImportError
+        For ``.pt`` without torch installed.
+    """
+    path = run_dir / name
+    if path.suffix == ".pt":
+        import torch
+
+        return atomic_write(
+            path, lambda fh: torch.save(arrays.to_torch_state_dict(), fh), binary=True
+        )
+    if path.suffix != ".npz":
+        raise ValueError(f"model file {name!r}: expected a name ending .npz or .pt")
+
+    def write(fh: Any) -> None:
+        with zipfile.ZipFile(fh, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
+            for key in arrays.keys():
+                # dated 1980-01-01 (zip's epoch): the same model gives the same bytes
+                member = zipfile.ZipInfo(f"{key}.npy", (1980, 1, 1, 0, 0, 0))
+                with archive.open(member, "w", force_zip64=True) as out:
+                    np.lib.format.write_array(out, arrays[key].numpy(), allow_pickle=False)
+
+    return atomic_write(path, write, binary=True)
 
 
 def _fmt(value: Any) -> str:
@@ -185,30 +217,4 @@ def write_summary(run_dir: Path, summary: Mapping[str, Any]) -> Path:
     clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in summary.items()}
     path = run_dir / "summary.json"
     atomic_write_text(path, json.dumps(clean, indent=2) + "\n")
-    return path
-
-
-def plot_accuracy(run_dir: Path, rows: Sequence[Mapping[str, Any]], title: str) -> Path:
-    """Write ``accuracy.png``: test accuracy vs client updates and vs virtual time."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    updates = [r["updates"] for r in rows]
-    vtime = [r["virtual_time"] for r in rows]
-    acc = [100.0 * float(r["accuracy"]) for r in rows]
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
-    axes[0].plot(updates, acc, marker=".")
-    axes[0].set_xlabel("client updates received")
-    axes[1].plot(vtime, acc, marker=".", color="tab:orange")
-    axes[1].set_xlabel("virtual time (s)")
-    axes[0].set_ylabel("test accuracy (%)")
-    for ax in axes:
-        ax.grid(alpha=0.3)
-    fig.suptitle(title)
-    fig.tight_layout()
-    path = run_dir / "accuracy.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path

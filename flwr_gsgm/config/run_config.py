@@ -1,9 +1,16 @@
-"""Run config of the flwr-gsgm Flower App: every key, its default and its check, in one place.
+"""Run config keys of the library: every key it reads, its default and its check.
 
-The defaults here are the ones in ``pyproject.toml`` ``[tool.flwr.app.config]`` (a
-test keeps the two equal). :func:`parse_run_config` validates a whole run config
-before training starts and raises ``ValueError`` naming the key, the value and what
-was expected.
+These are the keys of a Flower App that runs a strategy of this library from its run
+config (:func:`flwr_gsgm.config.build.build_strategy`): the strategy and its budget,
+the server optimizer, the client work it asks for, the virtual clock, the engine,
+checkpoints and outputs. An app's own keys (its data set, model, evaluation) are the
+app's: :func:`parse_run_config` returns them as given, or, with the app's
+declarations (``app_keys``), checks them the same way and refuses a key neither
+declares. This project's app declares its keys in ``serverapp/app_config.py``; the
+defaults of both are the ones in ``pyproject.toml`` ``[tool.flwr.app.config]`` (a
+test keeps them equal). :func:`parse_run_config` validates a whole run config before
+training starts and raises ``ValueError`` naming the key, the value and what was
+expected.
 
 The server optimizer keys (``server-learning-rate``, ``beta``, ``fedbuff-k``, ...) are not
 written here: :mod:`flwr_gsgm.config.keys` generates them from the rules'
@@ -33,6 +40,7 @@ from flwr_gsgm.simulation.virtual_clock import DEVICE_PROFILES
 __all__ = [
     "RunConfigKey",
     "RUN_CONFIG",
+    "check_keys",
     "ASYNC_STRATEGIES",
     "SYNC_STRATEGIES",
     "SYNC_STRATEGY_KEYS",
@@ -48,7 +56,6 @@ __all__ = [
 #: The registered server rules, in registry order (GSGM first).
 ASYNC_STRATEGIES = tuple(OPTIMIZERS)
 SYNC_STRATEGIES = ("fedavg", "fedavgm")
-DATASET_CLASSES = {"fashion-mnist": 10, "cifar10": 10, "cifar100": 100}
 
 
 def _positive(v: Any) -> bool:
@@ -91,18 +98,6 @@ RUN_CONFIG: dict[str, RunConfigKey] = {
     "eval-every": _key(
         100, _positive, "an integer > 0", "evaluate every N client updates received"
     ),
-    "eval-examples": _key(
-        0,
-        _non_negative,
-        "an integer >= 0 (0 = the whole test set)",
-        "server evaluation on a fixed random subset (seed 0) of this many test images",
-    ),
-    "eval-threads": _key(
-        2,
-        _positive,
-        "an integer > 0",
-        "threads of the server evaluation (same accuracy; loss up to float rounding)",
-    ),
     "federated-eval-every": _key(
         0,
         _non_negative,
@@ -144,38 +139,6 @@ RUN_CONFIG: dict[str, RunConfigKey] = {
         "in [0, 1)",
         "delta/weights mode: client SGD momentum (0 = plain SGD)",
     ),
-    "eval-max-examples": _key(
-        1000,
-        _positive,
-        "an integer > 0",
-        "ClientApp evaluate handler (federated evaluation): test images per node",
-    ),
-    "client-threads": _key(
-        1,
-        _positive,
-        "an integer > 0",
-        "torch threads per ClientApp (another value changes the bits of a run)",
-    ),
-    # data
-    "dataset": _key(
-        "fashion-mnist",
-        _one_of(*DATASET_CLASSES),
-        f"one of {', '.join(DATASET_CLASSES)}",
-        "data set",
-    ),
-    "data-root": _key(
-        "/usr/share/datasets/fashion-mnist", _ANY, "a folder", "where the data set lies"
-    ),
-    "partitioner": _key(
-        "pathological",
-        _one_of("pathological", "dirichlet", "iid"),
-        "pathological, dirichlet or iid",
-        "non-IID partitioning",
-    ),
-    "classes-per-node": _key(
-        2, _positive, "an integer in [1, number of classes]", "pathological: classes per node"
-    ),
-    "dirichlet-alpha": _key(0.5, _positive, "> 0", "dirichlet: concentration alpha"),
     # virtual clock
     "virtual-clock": _key(
         True, _ANY, "true or false", "simulation clock (false = real arrival order)"
@@ -347,42 +310,76 @@ def _coerce(key: str, value: Any, spec: RunConfigKey) -> Any:
     raise ValueError(f"run config {key}={value!r}: expected {spec.expected} ({kind.__name__})")
 
 
-def parse_run_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
-    """Validate a run config and fill in defaults.
-
-    Parameters
-    ----------
-    run_config : Mapping[str, Any]
-        ``context.run_config`` (kebab-case keys). Unknown keys are rejected.
-
-    Returns
-    -------
-    dict[str, Any]
-        Every key of :data:`RUN_CONFIG` with a value of the key's type.
+def check_keys(run_config: Mapping[str, Any], keys: Mapping[str, RunConfigKey]) -> dict[str, Any]:
+    """Each key of ``keys``: its value in ``run_config`` (or its default), coerced to the
+    key's type and checked; in the order of ``keys``. Other keys of ``run_config`` are
+    not looked at.
 
     Raises
     ------
     ValueError
-        For an unknown or removed key (``reply-timeout``), a value of the wrong type
-        or out of range, ``classes-per-node`` above the data set's number of classes,
-        a ``federated-eval-every`` that is not a multiple of ``eval-every``, or
-        ``message-ttl`` not above ``dispatch-timeout`` (:func:`check_deadlines`); the
-        message names the key, the value and what was expected.
+        ``run config <key>=<value>: expected <what>`` for a value of the wrong type or
+        out of range (a non-finite number for a float key).
+    """
+    cfg: dict[str, Any] = {}
+    for key, spec in keys.items():
+        value = _coerce(key, run_config.get(key, spec.default), spec)
+        if not spec.check(value):
+            raise ValueError(f"run config {key}={value!r}: expected {spec.expected}")
+        cfg[key] = value
+    return cfg
+
+
+def parse_run_config(
+    run_config: Mapping[str, Any], app_keys: Mapping[str, RunConfigKey] | None = None
+) -> dict[str, Any]:
+    """Validate a run config and fill in defaults: the library's keys, and the app's.
+
+    Parameters
+    ----------
+    run_config : Mapping[str, Any]
+        ``context.run_config`` (kebab-case keys).
+    app_keys : Mapping[str, RunConfigKey], optional
+        The app's own keys (:class:`RunConfigKey`: default, check, what it expects).
+        Given, they are checked and defaulted as the library's are, and a key that
+        neither declares is refused (a typo fails before training). Absent (None),
+        every key the library does not know is left to the app: returned as given,
+        unchecked.
+
+    Returns
+    -------
+    dict[str, Any]
+        Every key of :data:`RUN_CONFIG` with a value of the key's type, then every key
+        of ``app_keys`` likewise, or (without ``app_keys``) the run config's other keys
+        as given.
+
+    Raises
+    ------
+    ValueError
+        For a removed key (``reply-timeout``), a key unknown to both (with
+        ``app_keys``), an app key that redeclares a library key, a value of the wrong
+        type or out of range, a ``federated-eval-every`` that is not a multiple of
+        ``eval-every``, a ``resume-allow-changes`` naming a key the run config does not
+        have, or ``message-ttl`` not above ``dispatch-timeout`` (:func:`check_deadlines`);
+        the message names the key, the value and what was expected.
     """
     removed = sorted(set(run_config) & set(REMOVED_KEYS))
     if removed:
         raise ValueError(
             "; ".join(f"run config key {k!r} was removed: use {REMOVED_KEYS[k]}" for k in removed)
         )
-    unknown = sorted(set(run_config) - set(RUN_CONFIG))
-    if unknown:
-        raise ValueError(f"run config key(s) {unknown} unknown; known keys: {sorted(RUN_CONFIG)}")
-    cfg: dict[str, Any] = {}
-    for key, spec in RUN_CONFIG.items():
-        value = _coerce(key, run_config.get(key, spec.default), spec)
-        if not spec.check(value):
-            raise ValueError(f"run config {key}={value!r}: expected {spec.expected}")
-        cfg[key] = value
+    if app_keys is None:
+        cfg = check_keys(run_config, RUN_CONFIG)
+        cfg.update((k, v) for k, v in run_config.items() if k not in RUN_CONFIG)
+    else:
+        clash = sorted(set(app_keys) & set(RUN_CONFIG))
+        if clash:
+            raise ValueError(f"app run config key(s) {clash} are the library's keys already")
+        known = {**RUN_CONFIG, **app_keys}
+        unknown = sorted(set(run_config) - set(known))
+        if unknown:
+            raise ValueError(f"run config key(s) {unknown} unknown; known keys: {sorted(known)}")
+        cfg = check_keys(run_config, known)
     if cfg["federated-eval-every"] % cfg["eval-every"]:
         raise ValueError(
             f"run config federated-eval-every={cfg['federated-eval-every']}: expected a "
@@ -390,18 +387,12 @@ def parse_run_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
         )
     from flwr_gsgm.checkpoint.resume import parse_allowed  # imports flwr: only when parsing
 
-    parse_allowed(cfg["resume-allow-changes"], RUN_CONFIG)
+    parse_allowed(cfg["resume-allow-changes"], cfg)
     if cfg["resume"] and not cfg["run-name"]:
         raise ValueError(
             "run config resume=true: expected a run-name naming the run folder to resume"
         )
     check_deadlines(cfg["message-ttl"], cfg["dispatch-timeout"])
-    num_classes = DATASET_CLASSES[cfg["dataset"]]
-    if cfg["partitioner"] == "pathological" and cfg["classes-per-node"] > num_classes:
-        raise ValueError(
-            f"run config classes-per-node={cfg['classes-per-node']}: expected an integer in "
-            f"[1, {num_classes}] ({cfg['dataset']} has {num_classes} classes)"
-        )
     return cfg
 
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 
 from clients.client_app import app as client_app
-from flwr_gsgm.config.run_config import parse_run_config
 from flwr_gsgm.simulation.inprocess_grid import InProcessGrid
+from serverapp.app_config import parse_app_config
 from serverapp.experiment import run_experiment
 from tests.simulation_engine.test_flower_simulation import without_wall_time
 
@@ -36,15 +36,15 @@ import json, sys
 from clients.client_app import app
 from serverapp.experiment import run_experiment
 from flwr_gsgm.simulation.inprocess_grid import InProcessGrid
-from flwr_gsgm.config.run_config import parse_run_config
+from serverapp.app_config import parse_app_config
 from pathlib import Path
-cfg = parse_run_config(json.loads(sys.argv[1]))
+cfg = parse_app_config(json.loads(sys.argv[1]))
 run_experiment(InProcessGrid(app, 3, run_config=cfg), cfg, Path(sys.argv[2]))
 """
 
 
 def run_in_process(run_dir: Path, **overrides) -> None:
-    cfg = parse_run_config({**CONFIG, **overrides})
+    cfg = parse_app_config({**CONFIG, **overrides})
     run_experiment(InProcessGrid(client_app, 3, run_config=cfg), cfg, run_dir)
 
 

@@ -20,7 +20,6 @@ from flwr.app import MetricRecord
 
 from clients.client_app import app as client_app
 from clients.models import build_model
-from flwr_gsgm.config.run_config import parse_run_config
 from flwr_gsgm.core import UpdateRejected
 from flwr_gsgm.engine import divergence
 from flwr_gsgm.engine.divergence import DivergenceWatch, evaluation_divergence
@@ -29,6 +28,7 @@ from flwr_gsgm.intake.norm_bound import RelativeNormBound, initial_scale
 from flwr_gsgm.simulation.inprocess_grid import InProcessGrid
 from flwr_gsgm.simulation.virtual_clock import VirtualClock
 from flwr_gsgm.strategy.strategies import ASGD, GSGM
+from serverapp.app_config import parse_app_config
 from serverapp.experiment import run_experiment
 from serverapp.server_app import END_MARKER
 from serverapp.server_app import main as server_app_main
@@ -150,7 +150,7 @@ def test_the_cnn_scale_and_a_poisoned_first_reply():
 
 def test_honest_first_replies_of_the_cnn_pass(tmp_path):
     # GSGM defaults, 3 nodes, through the warm-up (10) and beyond: nothing rejected.
-    cfg = parse_run_config(
+    cfg = parse_app_config(
         {
             "max-updates": 15,
             "eval-every": 15,
@@ -378,7 +378,7 @@ def test_the_sweep_worker_exits_3_and_runs_csv_counts_a_diverged_run(tmp_path, c
 def test_a_diverging_fedavgm_run_ends_diverged(tmp_path):
     # Flower's FedAvgM with server lr 100: 2 nodes a round, evaluations at rounds 0, 5
     # and 10 (0, 10 and 20 client trainings); the loss at 20 explodes.
-    cfg = parse_run_config(
+    cfg = parse_app_config(
         diverging_config(tmp_path, strategy="fedavgm", **{"server-learning-rate": 100.0})
     )
     with pytest.raises(RunDiverged) as err:

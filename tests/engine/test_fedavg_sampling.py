@@ -8,8 +8,8 @@ import csv
 
 from clients.client_app import app as client_app
 from flwr_gsgm.config.build import virtual_clock_from
-from flwr_gsgm.config.run_config import parse_run_config
 from flwr_gsgm.simulation.inprocess_grid import InProcessGrid
+from serverapp.app_config import parse_app_config
 from serverapp.experiment import run_experiment
 
 
@@ -33,7 +33,7 @@ class SamplingGrid(InProcessGrid):
 
 
 def test_fedavg_samples_max_in_flight_nodes_and_times_rounds_by_the_slowest_sampled(tmp_path):
-    cfg = parse_run_config(
+    cfg = parse_app_config(
         {
             "strategy": "fedavg",
             "max-updates": 9,
@@ -72,7 +72,7 @@ class ReversingGrid(InProcessGrid):
 def test_fedavg_gives_the_same_bits_whatever_the_order_replies_arrive_in(tmp_path):
     # Flower's FedAvg sums replies in arrival order; float32 sums in another order
     # differ in their last bits. The experiment sorts the replies by node id.
-    cfg = parse_run_config(
+    cfg = parse_app_config(
         {"strategy": "fedavg", "max-updates": 12, "eval-every": 4, "eval-examples": 300}
     )
     outputs = []
@@ -89,7 +89,7 @@ def test_fedavg_samples_the_same_nodes_for_the_same_seed(tmp_path):
     # Flower samples with the module-level random; the experiment seeds it with the
     # run's seed, so the rounds repeat (they were one unseeded draw per run before).
     def sampled_rounds(seed: int, name: str) -> list[list[int]]:
-        cfg = parse_run_config(
+        cfg = parse_app_config(
             {
                 "strategy": "fedavg",
                 "max-updates": 12,

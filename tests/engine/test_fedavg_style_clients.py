@@ -164,18 +164,18 @@ def test_weights_mode_equals_gradient_mode_for_one_sgd_step(strategy_class):
 @pytest.mark.parametrize("mode", ["gradient", "delta", "weights"])
 def test_each_rule_takes_its_declared_default_of_the_client_mode(mode):
     from flwr_gsgm.config.build import build_strategy
-    from flwr_gsgm.config.run_config import parse_run_config
     from flwr_gsgm.core import declared_params
     from flwr_gsgm.strategy.strategies import STRATEGIES
+    from serverapp.app_config import parse_app_config
 
     for name, cls in STRATEGIES.items():
         lr = next(p for p in declared_params(name) if p.name == "lr")
         expected = lr.default if mode == "gradient" else lr.displacement_default
         assert cls(client_mode=mode).server_learning_rate == expected, name
         # the run config's server-learning-rate = 0: the same default
-        cfg = parse_run_config({"strategy": name, "client-mode": mode})
+        cfg = parse_app_config({"strategy": name, "client-mode": mode})
         assert build_strategy(cfg).server_learning_rate == expected, name
-        given = parse_run_config(
+        given = parse_app_config(
             {"strategy": name, "client-mode": mode, "server-learning-rate": 0.3}
         )
         assert build_strategy(given).server_learning_rate == 0.3, name
@@ -339,12 +339,12 @@ def test_the_project_client_app_in_weights_mode_trains_as_in_delta_mode(tmp_path
     # The same local work (3 SGD steps); delta mode forms the displacement on the node,
     # weights mode on the server, from the same float32 operands: the same runs.
     from clients.client_app import app
-    from flwr_gsgm.config.run_config import parse_run_config
+    from serverapp.app_config import parse_app_config
     from serverapp.experiment import run_experiment
 
     models = {}
     for mode in ("delta", "weights"):
-        cfg = parse_run_config(
+        cfg = parse_app_config(
             {
                 "client-mode": mode,
                 "local-steps": 3,

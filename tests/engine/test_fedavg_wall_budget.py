@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import serverapp.experiment as experiment
 from clients.client_app import app as client_app
-from flwr_gsgm.config.run_config import parse_run_config
 from flwr_gsgm.simulation.inprocess_grid import InProcessGrid
+from serverapp.app_config import parse_app_config
 from serverapp.experiment import run_experiment
 
 ROUND_SECONDS = 4.0
@@ -36,7 +36,7 @@ class TimedGrid(InProcessGrid):
 def run(tmp_path, monkeypatch, **run_config):
     clock = {"now": 0.0}
     monkeypatch.setattr(experiment, "time", SimpleNamespace(monotonic=lambda: clock["now"]))
-    cfg = parse_run_config(
+    cfg = parse_app_config(
         {
             "strategy": "fedavg",
             "max-updates": 40,  # 10 rounds of 4 nodes without a budget

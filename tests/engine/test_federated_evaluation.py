@@ -17,12 +17,12 @@ import pytest
 from flwr.app import Context, Message, MetricRecord, RecordDict
 
 from flwr_gsgm.config import outputs as run_outputs
-from flwr_gsgm.config.run_config import parse_run_config
 from flwr_gsgm.engine.settings import EngineSettings
 from flwr_gsgm.evaluation.federated import FederatedEvaluation
 from flwr_gsgm.simulation.inprocess_grid import InProcessGrid
 from flwr_gsgm.simulation.virtual_clock import VirtualClock
 from flwr_gsgm.strategy.strategies import ASGD, GSGM
+from serverapp.app_config import parse_app_config
 from tests.engine.quadratic_app import TARGETS, initial_arrays, make_app
 
 CLOCK = VirtualClock(seed=3, base_duration=1.0, slow_fraction=0.25, slow_factor=4.0, jitter=0.1)
@@ -211,11 +211,11 @@ def test_federated_points_must_fall_on_evaluation_rows():
         ValueError,
         match=r"run config federated-eval-every=150: expected a multiple of eval-every=100",
     ):
-        parse_run_config({"federated-eval-every": 150})
+        parse_app_config({"federated-eval-every": 150})
     with pytest.raises(ValueError, match=r"fraction-evaluate must be in \(0, 1\], got 0.0"):
         FederatedEvaluation(every=10, fraction_evaluate=0.0)
     with pytest.raises(ValueError, match=r"run config fraction-evaluate=1.5: expected in \(0, 1\]"):
-        parse_run_config({"fraction-evaluate": 1.5})
+        parse_app_config({"fraction-evaluate": 1.5})
 
 
 def real_run(tmp_path, **overrides) -> tuple[dict, list[dict[str, str]]]:
@@ -223,7 +223,7 @@ def real_run(tmp_path, **overrides) -> tuple[dict, list[dict[str, str]]]:
     from clients.client_app import app as client_app
     from serverapp.experiment import run_experiment
 
-    cfg = parse_run_config(
+    cfg = parse_app_config(
         {
             "max-updates": 40,
             "eval-every": 20,

@@ -16,12 +16,12 @@ import json
 import os
 import tempfile
 
+import numpy as np
 import pytest
 
 from clients.client_app import app as client_app
 from flwr_gsgm.checkpoint import atomic
 from flwr_gsgm.checkpoint import files as checkpoint
-from flwr_gsgm.config.run_config import parse_run_config
 from flwr_gsgm.engine import async_engine
 from flwr_gsgm.engine.memory import MemoryEstimate, size_text
 from flwr_gsgm.engine.run_end import RunFailed
@@ -30,6 +30,7 @@ from flwr_gsgm.model.optimizer import ModelOptimizer
 from flwr_gsgm.simulation.inprocess_grid import InProcessGrid
 from flwr_gsgm.simulation.virtual_clock import VirtualClock
 from flwr_gsgm.strategy.strategies import ASGD, GSGM
+from serverapp.app_config import parse_app_config
 from serverapp.experiment import run_experiment
 from tests.engine.quadratic_app import initial_arrays, make_app
 
@@ -47,7 +48,7 @@ ADVICE = (
 
 
 def small_run(**overrides):
-    return parse_run_config(
+    return parse_app_config(
         {
             "strategy": "asgd",
             "partitioner": "iid",
@@ -237,25 +238,49 @@ def test_a_checkpoint_folder_without_write_permission_ends_the_run_failed(tmp_pa
     assert list(folder.iterdir()) == []
 
 
-def test_torchs_own_write_error_is_named_and_other_errors_pass_through(tmp_path, monkeypatch):
-    torch_error = "[enforce fail at inline_container.cc:672] . unexpected pos 64 vs 0"
+def test_an_os_error_under_the_archive_is_named_and_other_errors_pass_through(
+    tmp_path, monkeypatch
+):
+    """zipfile fails again while closing the archive after the file's error (a
+    ValueError of a closed file, say): the file's first OSError is named."""
+    real = checkpoint.atomic_write
 
-    def failing_save(state, fh):
-        raise RuntimeError(torch_error)
+    def fails_then_closes(path, write, **kwargs):
+        def wrapped(fh):
+            try:
+                write(DiskFull(fh))
+            except OSError as err:
+                raise ValueError("I/O operation on closed file.") from err
 
-    monkeypatch.setattr(checkpoint.torch, "save", failing_save)
+        return real(path, wrapped, **kwargs)
+
+    monkeypatch.setattr(checkpoint, "atomic_write", fails_then_closes)
     path = tmp_path / "checkpoint.pt"
     with pytest.raises(checkpoint.CheckpointWriteError) as err:
         checkpoint.save(path, {"received": 1})
     assert str(err.value) == (
-        f"checkpoint {path} could not be written: RuntimeError: {torch_error}; no checkpoint "
-        "was written there before"
+        f"checkpoint {path} could not be written: [Errno 28] No space left on device (ENOSPC); "
+        "no checkpoint was written there before"
     )
+    assert err.value.errno == errno.ENOSPC
     assert not path.exists() and list(tmp_path.iterdir()) == []
 
-    def buggy_save(state, fh):
+    def buggy_write(path, write, **kwargs):
         raise RuntimeError("a bug, not a failed write")
 
-    monkeypatch.setattr(checkpoint.torch, "save", buggy_save)
+    monkeypatch.setattr(checkpoint, "atomic_write", buggy_write)
     with pytest.raises(RuntimeError, match="a bug, not a failed write"):
         checkpoint.save(path, {"received": 1})
+
+
+def test_a_state_the_file_cannot_hold_is_refused_before_any_file(tmp_path):
+    path = tmp_path / "checkpoint.pt"
+    with pytest.raises(TypeError) as err:
+        checkpoint.save(path, {"nodes": {3: {"since": object()}}})
+    assert str(err.value) == (
+        "checkpoint state state['nodes'][3]['since']: a object cannot be saved (numpy "
+        "arrays and python values only)"
+    )
+    with pytest.raises(TypeError, match=r"state\['rows'\]: an object array cannot be saved"):
+        checkpoint.save(path, {"rows": np.array([{}], dtype=object)})
+    assert list(tmp_path.iterdir()) == []

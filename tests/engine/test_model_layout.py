@@ -11,6 +11,7 @@ import pytest
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord
 
+from flwr_gsgm.checkpoint import files as checkpoint
 from flwr_gsgm.core import REASONS, UpdateRejected
 from flwr_gsgm.engine.async_engine import AsyncEngine, EngineSettings
 from flwr_gsgm.model.buffers import ModelBuffers
@@ -300,7 +301,7 @@ def test_checkpoint_and_resume_keep_the_buffers(tmp_path):
     (tmp_path / "checkpoint.pt").unlink()
     with pytest.raises(SystemExit, match=r"checkpoint saved at \d+ updates"):
         engine(40, resume=False, stop_at=20).run()
-    saved = torch.load(tmp_path / "checkpoint.pt", weights_only=False)
+    saved = checkpoint.load(tmp_path / "checkpoint.pt")
     values = saved["optimizer"]["buffers"]["values"]
     assert values["bn.num_batches_tracked"].dtype == np.int64
     assert values["bn.num_batches_tracked"].shape == ()

@@ -14,8 +14,8 @@ import pytest
 
 from clients.client_app import app as client_app
 from clients.partitioning import ImpossiblePartitioning
-from flwr_gsgm.config.run_config import parse_run_config
 from flwr_gsgm.simulation.inprocess_grid import InProcessGrid
+from serverapp.app_config import parse_app_config
 from serverapp.experiment import run_experiment
 
 
@@ -32,14 +32,14 @@ class CountingGrid(InProcessGrid):
 
 def test_an_infinite_dirichlet_alpha_is_refused_by_name():
     with pytest.raises(ValueError) as info:
-        parse_run_config({"partitioner": "dirichlet", "dirichlet-alpha": float("inf")})
+        parse_app_config({"partitioner": "dirichlet", "dirichlet-alpha": float("inf")})
     assert str(info.value) == "run config dirichlet-alpha=inf: expected > 0, a finite number"
     with pytest.raises(ValueError, match=r"run config local-lr=inf: expected > 0, a finite"):
-        parse_run_config({"local-lr": float("inf")})
+        parse_app_config({"local-lr": float("inf")})
 
 
 def test_an_impossible_split_fails_in_the_serverapp_before_any_message(tmp_path):
-    cfg = parse_run_config({"partitioner": "dirichlet", "dirichlet-alpha": 0.01, "max-updates": 30})
+    cfg = parse_app_config({"partitioner": "dirichlet", "dirichlet-alpha": 0.01, "max-updates": 30})
     grid = CountingGrid(client_app, 30, run_config=cfg)
     with pytest.raises(ImpossiblePartitioning) as info:
         run_experiment(grid, cfg, tmp_path / "run")
@@ -55,7 +55,7 @@ def test_an_impossible_split_fails_in_the_serverapp_before_any_message(tmp_path)
 
 def test_the_pathological_split_warning_lands_in_summary_json(tmp_path):
     # 5 nodes, 2 classes each: the deterministic assignment uses classes 0..5 only.
-    cfg = parse_run_config({"max-updates": 10, "eval-every": 10, "eval-examples": 200})
+    cfg = parse_app_config({"max-updates": 10, "eval-every": 10, "eval-examples": 200})
     with InProcessGrid(client_app, 5, run_config=cfg) as grid:
         summary = run_experiment(grid, cfg, tmp_path / "run")
     expected = [

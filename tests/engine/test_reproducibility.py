@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from clients.client_app import app as client_app
-from flwr_gsgm.config.run_config import parse_run_config
 from flwr_gsgm.simulation.inprocess_grid import InProcessGrid
+from serverapp.app_config import parse_app_config
 from serverapp.experiment import run_experiment
 from tests.simulation_engine.test_flower_simulation import without_wall_time
 
 
 def run(tmp_path, name, workers=0, **overrides):
-    cfg = parse_run_config(
+    cfg = parse_app_config(
         {
             "max-updates": 120,
             "eval-every": 40,

@@ -151,8 +151,9 @@ def test_a_damaged_checkpoint_is_refused_naming_the_file_and_cause(tmp_path, how
         assert message == (
             f"checkpoint {path} ({size // 2} bytes) has no checksum line at its end: it is "
             "truncated, was written before checkpoints had checksums, or is not a flwr-gsgm "
-            "checkpoint (it starts with b'PK\\x03\\x04\\x00\\x00\\x08\\x08\\x00\\x00\\x00\\x00"
-            "\\x00\\x00\\x00\\x00')"
+            # a zip's local header: version 2.0, data descriptor, stored, 1980-01-01
+            "checkpoint (it starts with b'PK\\x03\\x04\\x14\\x00\\x08\\x00\\x00\\x00\\x00\\x00"
+            "!\\x00\\x00\\x00')"
         )
     elif how == "empty":
         assert message == f"checkpoint {path} is empty (0 bytes)"
@@ -165,6 +166,60 @@ def test_a_damaged_checkpoint_is_refused_naming_the_file_and_cause(tmp_path, how
             r"data is [0-9a-f]{64}, its checksum line records [0-9a-f]{64}",
             message,
         )
+
+
+def test_a_checkpoint_loads_back_every_value_with_its_type(tmp_path):
+    """The archive: state.json plus one .npy per array, read without pickle."""
+    path = tmp_path / "checkpoint.pt"
+    state = {
+        "w": np.array([[0.5, -1.25], [3.0, 1e-45]], dtype=np.float32),  # 1e-45: subnormal
+        "version": np.int64(7),
+        "rate": np.float64(0.1),
+        "nodes": {0: {"since": 2.5}, 2: None},  # partition-ids: int keys
+        "pair": (1, ("a", 2)),
+        "seen": {3, 4},
+        "losses": [0.1 + 0.2, float("nan"), float("inf"), -0.0],
+        "__tuple__": "a key that looks like a tag",
+        "flag": True,
+    }
+    save(path, state)
+    got = load(path)
+    assert got.keys() == state.keys()
+    assert got["w"].dtype == np.float32 and got["w"].tobytes() == state["w"].tobytes()
+    assert type(got["version"]) is np.int64 and got["version"] == 7
+    assert type(got["rate"]) is np.float64 and got["rate"] == 0.1
+    assert got["nodes"] == {0: {"since": 2.5}, 2: None}
+    assert got["pair"] == (1, ("a", 2)) and got["seen"] == {3, 4}
+    assert got["losses"][0] == 0.30000000000000004 and np.isnan(got["losses"][1])
+    assert got["losses"][2:] == [float("inf"), 0.0] and str(got["losses"][3]) == "-0.0"
+    assert (got["__tuple__"], got["flag"]) == ("a key that looks like a tag", True)
+    archive = np.load(path, allow_pickle=False)  # an .npz: numpy reads it too
+    assert archive.files == ["state.json", "0", "1", "2"]
+    assert archive["1"].shape == () and archive["1"] == 7
+    first = data_size(path)
+    save(path, state)  # the same state gives the same bytes (members dated 1980)
+    assert data_size(path) == first
+
+
+def data_size(path):
+    """The checksum line: (SHA-256, bytes) of the archive."""
+    return path.read_bytes().rsplit(b"\n", 2)[1]
+
+
+def test_a_torch_checkpoint_of_an_earlier_version_still_loads(tmp_path):
+    import hashlib
+    import io
+
+    import torch
+
+    buf = io.BytesIO()
+    torch.save({"received": 3, "w": np.arange(2, dtype=np.float32)}, buf)
+    data = buf.getvalue()
+    path = tmp_path / "checkpoint.pt"
+    digest = hashlib.sha256(data).hexdigest()
+    path.write_bytes(data + f"\nflwr-gsgm-checkpoint sha256={digest} bytes={len(data)}\n".encode())
+    got = load(path)
+    assert got["received"] == 3 and got["w"].tolist() == [0.0, 1.0]
 
 
 def test_a_damaged_checkpoint_stops_the_resume_before_any_message(tmp_path):

@@ -1,4 +1,9 @@
-"""Run config validation: every bad value fails before training, naming the key."""
+"""Run config validation: every bad value fails before training, naming the key.
+
+The library checks its keys and leaves the others to the app
+(:func:`flwr_gsgm.config.run_config.parse_run_config`); this project's app declares its
+own (serverapp/app_config.py) and refuses a key neither declares.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from flwr_gsgm.config.run_config import RUN_CONFIG, parse_run_config
+from clients.client_app import DEFAULT_RUN_CONFIG
+from flwr_gsgm.config import run_config as library
+from flwr_gsgm.config.keys import RunConfigKey
+from flwr_gsgm.config.run_config import parse_run_config
 from flwr_gsgm.simulation.inprocess_grid import InProcessGrid
+from serverapp.app_config import APP_KEYS, RUN_CONFIG, parse_app_config
 from serverapp.server_app import main
 from tests.engine.quadratic_app import make_app
 
@@ -18,10 +27,22 @@ PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 def test_pyproject_run_config_equals_the_documented_defaults():
     app_config = tomllib.loads(PYPROJECT.read_text())["tool"]["flwr"]["app"]["config"]
     assert app_config == {k: spec.default for k, spec in RUN_CONFIG.items()}
+    assert set(RUN_CONFIG) == set(library.RUN_CONFIG) | set(APP_KEYS)
+
+
+def test_the_app_keys_are_those_only_the_app_reads():
+    assert set(APP_KEYS) == {
+        *("eval-examples", "eval-threads", "eval-max-examples", "client-threads"),
+        *("dataset", "data-root", "partitioner", "classes-per-node", "dirichlet-alpha"),
+    }
+    assert not set(APP_KEYS) & set(library.RUN_CONFIG)
+    # The ClientApp's fallbacks (a run config without the key) are the declared defaults.
+    for key, default in DEFAULT_RUN_CONFIG.items():
+        assert RUN_CONFIG[key].default == default, key
 
 
 def test_defaults_parse_to_the_main_job():
-    cfg = parse_run_config({})
+    cfg = parse_app_config({})
     assert (cfg["strategy"], cfg["dataset"], cfg["classes-per-node"]) == (
         "gsgm",
         "fashion-mnist",
@@ -65,13 +86,53 @@ def test_defaults_parse_to_the_main_job():
 )
 def test_bad_values_name_the_key(key, value, expected):
     with pytest.raises(ValueError) as err:
-        parse_run_config({key: value})
+        parse_app_config({key: value})
     assert str(err.value).startswith(expected)
 
 
 def test_unknown_key_is_named():
-    with pytest.raises(ValueError, match=r"\['sever-lr'\] unknown"):
-        parse_run_config({"sever-lr": 0.1})
+    # the known keys: the library's and the app's, sorted
+    known = r"\['sever-lr'\] unknown; known keys: \[.*'batch-size', .*'classes-per-node', "
+    with pytest.raises(ValueError, match=known):
+        parse_app_config({"sever-lr": 0.1})
+
+
+def test_the_library_leaves_the_keys_it_does_not_know_to_the_app():
+    given = {"strategy": "asgd", "my-model": "resnet", "my-layers": 3, "dataset": "mine"}
+    cfg = parse_run_config(given)
+    assert cfg["strategy"] == "asgd" and cfg["max-updates"] == 4000  # checked, defaulted
+    assert (cfg["my-model"], cfg["my-layers"], cfg["dataset"]) == ("resnet", 3, "mine")
+    assert "partitioner" not in cfg  # an app key the run config does not set: not there
+    assert list(cfg)[: len(library.RUN_CONFIG)] == list(library.RUN_CONFIG)
+    # ... and may list them among the keys a resume may change
+    parse_run_config({**given, "resume-allow-changes": "my-layers,dataset"})
+    with pytest.raises(ValueError, match=r"\['my-depth'\] are not run config keys"):
+        parse_run_config({**given, "resume-allow-changes": "my-depth"})
+    with pytest.raises(ValueError, match="run config key 'reply-timeout' was removed"):
+        parse_run_config({"reply-timeout": 30.0, "my-model": "resnet"})
+
+
+def test_an_apps_keys_are_checked_as_the_librarys():
+    app_keys = {"my-layers": RunConfigKey(2, lambda v: v >= 1, "an integer >= 1", "layers")}
+    assert parse_run_config({"my-layers": 4.0}, app_keys)["my-layers"] == 4  # coerced
+    assert parse_run_config({}, app_keys)["my-layers"] == 2
+    with pytest.raises(ValueError) as err:
+        parse_run_config({"my-layers": 0}, app_keys)
+    assert str(err.value) == "run config my-layers=0: expected an integer >= 1"
+    with pytest.raises(ValueError, match=r"\['my-layer'\] unknown; known keys: \[.*'my-layers'"):
+        parse_run_config({"my-layer": 3}, app_keys)
+    with pytest.raises(ValueError, match=r"\['seed'\] are the library's keys already"):
+        parse_run_config({}, {"seed": RunConfigKey(1, lambda v: True, "any", "")})
+
+
+def test_the_app_parses_its_own_output_unchanged():
+    cfg = parse_app_config({"partitioner": "dirichlet", "dirichlet-alpha": 1, "seed": 4})
+    assert parse_app_config(cfg) == cfg and set(cfg) == set(RUN_CONFIG)
+    assert cfg["dirichlet-alpha"] == 1.0 and type(cfg["dirichlet-alpha"]) is float
+    # what the library alone parsed, the app completes
+    assert parse_app_config(parse_run_config({"seed": 4, "partitioner": "iid"})) == (
+        parse_app_config({"seed": 4, "partitioner": "iid"})
+    )
 
 
 @pytest.mark.parametrize(
@@ -83,6 +144,8 @@ def test_unknown_key_is_named():
         {"beta": 1.0},
         {"max-in-flight": -1},
         {"dispatch": "fifo"},
+        {"sever-lr": 0.1},  # a typo of a key
+        {"dirichlet-alpha": 0.0},
     ],
 )
 def test_server_app_fails_before_any_message_is_sent(bad, tmp_path):

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 from clients.client_app import app as client_app
-from flwr_gsgm.config.run_config import parse_run_config
 from flwr_gsgm.simulation.inprocess_grid import InProcessGrid
 from flwr_gsgm.simulation.virtual_clock import (
     DEVICE_PROFILES,
@@ -21,6 +20,7 @@ from flwr_gsgm.simulation.virtual_clock import (
     derive_seed,
 )
 from flwr_gsgm.strategy.strategies import ASGD
+from serverapp.app_config import parse_app_config
 from serverapp.experiment import run_experiment
 from tests.engine.quadratic_app import initial_arrays, make_app
 
@@ -143,7 +143,7 @@ def test_unknown_profile_and_bad_overrides_are_refused():
     with pytest.raises(ValueError, match="latency-seconds must be a finite number >= 0"):
         VirtualClock(latency_seconds=math.inf)
     with pytest.raises(ValueError, match="device-profile"):
-        parse_run_config({"device-profile": "phone"})
+        parse_app_config({"device-profile": "phone"})
 
 
 # ------------------------------------------------------------------ the engine charges it
@@ -176,7 +176,7 @@ def test_the_dispatcher_charges_local_steps_and_the_models_bytes():
 
 
 def test_fedavg_round_lasts_as_long_as_its_slowest_node(tmp_path):
-    cfg = parse_run_config(
+    cfg = parse_app_config(
         {
             "strategy": "fedavg",
             "max-updates": 8,
@@ -205,7 +205,7 @@ def test_fedavg_round_lasts_as_long_as_its_slowest_node(tmp_path):
 def test_the_app_layer_counts_each_partitions_examples_for_epoch_work():
     from serverapp.experiment import partition_examples
 
-    cfg = parse_run_config({"partitioner": "iid"})
+    cfg = parse_app_config({"partitioner": "iid"})
     grid = InProcessGrid(client_app, 4, run_config=cfg)
     assert partition_examples(grid, cfg) is None  # no epoch work: not needed
     # 60,000 Fashion-MNIST training images, IID over 4 nodes

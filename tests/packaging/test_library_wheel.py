@@ -2,16 +2,22 @@
 
 ``clients/``, ``serverapp/`` and ``simulations/`` are this repository's Flower App and
 experiments; a user's app has its own packages of those names, so the wheel must not
-install them and ``flwr_gsgm`` must not import them.
+install them and ``flwr_gsgm`` must not import them. The wheel depends on flwr and
+numpy only (issue 25 item 4): torch, torchvision, flwr-datasets, matplotlib, tqdm and
+cachetools are the app's (the ``app`` extra), and a fresh venv with the wheel alone
+runs a strategy.
 """
 
 from __future__ import annotations
 
 import ast
+import json
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -114,6 +120,170 @@ def test_a_fresh_venv_with_the_wheel_imports_flwr_gsgm_without_the_app(wheel, tm
     assert lines["file"].startswith(str(site / "flwr_gsgm"))
     assert lines["findable"] == "[] loaded []"
     assert lines["strategy"] == "GSGM"
+
+
+def test_the_library_depends_on_flwr_and_numpy_only(wheel):
+    names = zipfile.ZipFile(wheel).namelist()
+    metadata = zipfile.ZipFile(wheel).read(
+        next(n for n in names if n.endswith(".dist-info/METADATA"))
+    )
+    requires = [
+        line.split(": ", 1)[1]
+        for line in metadata.decode().splitlines()
+        if line.startswith("Requires-Dist: ") and "extra ==" not in line
+    ]
+    assert requires == ["flwr<1.44,>=1.42", "numpy>=1.26"]
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    app = " ".join(project["optional-dependencies"]["app"])
+    for name in ("flwr[simulation]", "flwr-datasets", "torch", "torchvision", "matplotlib"):
+        assert name in app, name
+
+
+# Run inside a venv holding the wheel and what it depends on, nothing else: every module
+# imports, none of the app's packages is there, and two strategies run on the in-process
+# grid with a numpy-only ClientApp. Its one node returns the gradient of
+# 0.5 * ||w - (1, 2)||^2 at the weights it was sent, w - (1, 2); with one node every
+# update is fresh (staleness 0), so ASGD's w_k = w_{k-1} - 0.5 (w_{k-1} - (1, 2)) from
+# w_0 = 0 is (1, 2) * (1 - 0.5^k): (0.5, 1), (0.75, 1.5), (0.875, 1.75), (0.9375, 1.875),
+# exact in float32.
+LEAN_RUN = """
+import importlib, importlib.util, json, pkgutil, sys
+from pathlib import Path
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+import flwr_gsgm
+from flwr_gsgm import ASGD, GSGM, InProcessGrid
+from flwr_gsgm.checkpoint import files
+from flwr_gsgm.config import outputs
+from flwr_gsgm.config.build import build_strategy
+from flwr_gsgm.config.run_config import parse_run_config
+from flwr_gsgm.engine.settings import EngineSettings
+
+for mod in pkgutil.walk_packages(flwr_gsgm.__path__, "flwr_gsgm."):
+    importlib.import_module(mod.name)
+heavy = ("torch", "torchvision", "matplotlib", "flwr_datasets", "tqdm", "cachetools", "ray")
+print(json.dumps({
+    "file": flwr_gsgm.__file__,
+    "importable": [m for m in heavy if importlib.util.find_spec(m)],
+    "loaded": sorted({n.split(".")[0] for n in sys.modules} & set(heavy)),
+}))
+
+TARGET = np.array([1.0, 2.0], np.float32)
+app = ClientApp()
+
+
+@app.query()
+def query(msg, context):
+    cfg = context.node_config
+    metrics = {"partition-id": cfg["partition-id"], "num-partitions": cfg["num-partitions"]}
+    return Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
+
+
+@app.train()
+def train(msg, context):
+    (w,) = msg.content["arrays"].to_numpy_ndarrays()
+    metrics = {
+        "partition-id": int(context.node_config["partition-id"]),
+        "model-version": int(msg.content["config"]["model-version"]),
+        "num-examples": 1,
+    }
+    reply = {"arrays": ArrayRecord({"w": Array(w - TARGET)}), "metrics": MetricRecord(metrics)}
+    return Message(RecordDict(reply), reply_to=msg)
+
+
+def initial():
+    return ArrayRecord({"w": Array(np.zeros(2, np.float32))})
+
+
+out = Path(sys.argv[1])
+seen = []
+
+
+def evaluate(step, arrays):
+    seen.append([step, arrays["w"].numpy().tolist()])
+    return MetricRecord({"accuracy": 0.0, "loss": 0.0})
+
+
+engine = EngineSettings(checkpoint_every=2, checkpoint_path=out / "checkpoint.pt")
+with InProcessGrid(app, 1, run_config={}) as grid:
+    result = ASGD(server_learning_rate=0.5, engine=engine).start(
+        grid, initial(), max_updates=4, eval_every=1, evaluate_fn=evaluate
+    )
+model = outputs.write_model(out, result.arrays)
+print(json.dumps({
+    "updates": result.report.counters["updates_received"],
+    "w": result.arrays["w"].numpy().tolist(),
+    "seen": seen,
+    "checkpoint": int(files.load(out / "checkpoint.pt")["received"]),
+    "model": [model.name, np.load(model, allow_pickle=False)["w"].tolist()],
+}))
+
+# GSGM from a run config holding a key of the user's own app: left to the app.
+cfg = parse_run_config({"strategy": "gsgm", "max-updates": 12, "my-app-key": "mine"})
+with InProcessGrid(app, 3, run_config=cfg) as grid:
+    result = build_strategy(cfg).start(grid, initial(), max_updates=12)
+w = result.arrays["w"].numpy()
+print(json.dumps({
+    "strategy": type(build_strategy(cfg)).__name__,
+    "updates": result.report.counters["updates_received"],
+    "finite": bool(np.isfinite(w).all()),
+    "my-app-key": cfg["my-app-key"],
+}))
+"""
+
+
+def test_a_fresh_venv_with_the_wheel_alone_runs_a_strategy_without_torch(wheel, tmp_path):
+    uv = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv")
+    assert uv, "uv (the test extra) is needed to make the venv"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    venv = tmp_path / "venv"
+    subprocess.run([uv, "venv", "-q", "--python", sys.executable, str(venv)], check=True, env=env)
+    python = venv / "bin" / "python"
+    # The wheel and no extras: flwr and numpy come from the package index (or uv's cache).
+    install = subprocess.run(
+        [uv, "pip", "install", "-q", "--python", str(python), str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    assert install.returncode == 0, install.stderr[-3000:]
+    listed = subprocess.check_output(
+        [uv, "pip", "freeze", "--python", str(python)], text=True, env=env
+    )
+    # "name==version", or "name @ file:///..." for the wheel
+    installed = {line.split("==")[0].split(" @ ")[0].lower() for line in listed.splitlines()}
+    assert {"flwr", "numpy", "flwr-gsgm"} <= installed
+    assert not installed & {"torch", "torchvision", "matplotlib", "flwr-datasets", "ray"}
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = subprocess.run(
+        [str(python), "-c", LEAN_RUN, str(out)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    imports, asgd, gsgm = (json.loads(line) for line in proc.stdout.splitlines())
+    assert imports["file"].startswith(str(venv))
+    assert imports["importable"] == [] and imports["loaded"] == []
+    assert asgd["updates"] == 4
+    assert asgd["seen"] == [
+        [0, [0.0, 0.0]],
+        [1, [0.5, 1.0]],
+        [2, [0.75, 1.5]],
+        [3, [0.875, 1.75]],
+        [4, [0.9375, 1.875]],
+    ]
+    assert asgd["w"] == [0.9375, 1.875]
+    assert asgd["checkpoint"] == 4  # the last checkpoint, written and read without torch
+    assert asgd["model"] == ["model.npz", [0.9375, 1.875]]
+    assert gsgm == {"strategy": "GSGM", "updates": 12, "finite": True, "my-app-key": "mine"}
 
 
 # A user's Flower app, built with hatchling (as `flwr new` makes them), that depends on

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from flwr_gsgm import STRATEGIES, AsyncStrategy
-from flwr_gsgm.config.run_config import RUN_CONFIG
 from flwr_gsgm.core import Param, declared_params
 from flwr_gsgm.engine.settings import EngineSettings
+from serverapp.app_config import RUN_CONFIG  # the library's keys and the app's
 
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = ROOT / "docs" / "REFERENCE.md"

@@ -13,6 +13,7 @@ import pytest
 
 from flwr_gsgm.config import run_config
 from flwr_gsgm.config.keys import RunConfigKey
+from serverapp import app_config
 from simulations.preset import (
     PROFILE_KEY,
     load_preset,
@@ -305,6 +306,7 @@ def test_bad_works_and_profiles_are_refused_naming_them(tmp_path, profiles, text
 
 def test_device_profiles_without_the_time_model_say_so(tmp_path, monkeypatch):
     monkeypatch.delitem(run_config.RUN_CONFIG, PROFILE_KEY, raising=False)
+    monkeypatch.delitem(app_config.RUN_CONFIG, PROFILE_KEY, raising=False)  # the app's table
     with pytest.raises(ValueError, match="no run config key 'device-profile' \\(the time model\\)"):
         load_preset(write(tmp_path, PRESET))
 
