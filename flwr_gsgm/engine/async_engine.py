@@ -1,38 +1,46 @@
 """The asynchronous engine: a push/pull loop over a Flower ``Grid`` with no round barrier.
 
-The loop (:meth:`AsyncEngine.run`) ties together, each in its own module:
+:meth:`AsyncEngine.run` reads as Flower's ``Strategy.start``: set up (discover the
+nodes, build the optimizer, resume or send the first work), a loop of named steps,
+and the teardown (the final evaluation and the report). Each turn of the loop:
 
-- membership (:mod:`flwr_gsgm.nodes.membership`): who is in the federation (discovery,
-  joins, losses, refusals), keyed on the ``partition-id`` nodes report; node events
-  (:mod:`flwr_gsgm.nodes.events`) carry each join, failure (back-off, exclusion),
-  loss and rejection to the optimizer, the ledger and the dispatcher; how a run
-  ends (:mod:`flwr_gsgm.engine.run_end`): "failed" when no node is left to train;
-- what is in flight (:mod:`flwr_gsgm.engine.in_flight`): train dispatches and queries,
-  replies, deadlines; and which idle node gets a freed slot
-  (:mod:`flwr_gsgm.engine.dispatch_policy`);
-- reply intake (:mod:`flwr_gsgm.intake.reply`, :mod:`flwr_gsgm.intake.norm_bound`);
+1. pull the replies that are here (train, query and evaluate messages);
+2. apply every reply that is due (under the virtual clock in virtual-finish order,
+   else in arrival order): intake -> ``optimizer.on_update`` -> the books -> send
+   work to the freed slot -> maybe evaluate / checkpoint;
+3. fail the nodes whose reply is overdue, end the back-offs that are over;
+4. register the nodes that joined;
+5. on SIGTERM, save a checkpoint and stop;
+6. with nothing applied, wait for a reply (or jump the virtual clock to a back-off's end).
+
+The engine owns its parts, each in its own module, each holding its own state
+(:meth:`AsyncEngine.state_dict` composes theirs):
+
+- the clock (:mod:`flwr_gsgm.engine.clock`): virtual or wall seconds, and what the
+  time budget means;
+- membership (:mod:`flwr_gsgm.nodes.membership`): who is in the federation and each
+  node's state and transitions (joins, back-offs, losses, exclusions, rejoins),
+  told to the optimizer, the norm bound and the dispatcher through a
+  :class:`~flwr_gsgm.nodes.membership.NodeListener`;
+- what is in flight (:mod:`flwr_gsgm.engine.in_flight`) and the dispatcher
+  (:mod:`flwr_gsgm.engine.dispatcher`, :mod:`flwr_gsgm.engine.dispatch_policy`);
+- reply intake (:mod:`flwr_gsgm.intake.reply`, :mod:`flwr_gsgm.intake.norm_bound`) and
+  the model optimizer (:mod:`flwr_gsgm.model.optimizer`), which hands every update
+  to a framework-free server rule (``flwr_gsgm.core``) that decides its outcome and
+  staleness (``docs/ARCHITECTURE.md``, layer 2);
 - the books (:mod:`flwr_gsgm.engine.ledger`, :mod:`flwr_gsgm.nodes.stats`), evaluation
-  (:mod:`flwr_gsgm.evaluation.central`),
-  checkpoints (:mod:`flwr_gsgm.engine.state`, :mod:`flwr_gsgm.checkpoint.files`) and the
-  final report (:mod:`flwr_gsgm.engine.report`);
+  (:mod:`flwr_gsgm.evaluation.central`, :mod:`flwr_gsgm.evaluation.federated`), how the
+  run ends (:mod:`flwr_gsgm.engine.run_end`), checkpoints
+  (:mod:`flwr_gsgm.engine.state`, :mod:`flwr_gsgm.checkpoint.files`) and the report
+  (:mod:`flwr_gsgm.engine.report`).
 
-and hands every update to a framework-free server optimizer (``flwr_gsgm.core``),
-which decides its outcome and staleness (``docs/ARCHITECTURE.md``, layer 2).
-
-Per reply: intake -> ``optimizer.on_update`` -> record -> send work to idle nodes
--> maybe evaluate / checkpoint. With ``max_in_flight`` at most that many nodes
-train at once and a :class:`~flwr_gsgm.engine.dispatch_policy.DispatchPolicy` picks the next
-idle node when a slot frees; without it every active node is kept busy.
-
-With a :class:`~flwr_gsgm.simulation.virtual_clock.VirtualClock` (simulation), each dispatch
-gets a virtual finish time when it is sent and replies are applied in that order,
-so the run is reproducible whatever the machine's load. Without one (deployment),
-replies are applied in arrival order and the clock is wall time since the start.
+With ``max_in_flight`` at most that many nodes train at once and a
+:class:`~flwr_gsgm.engine.dispatch_policy.DispatchPolicy` picks the next idle node
+when a slot frees; without it every active node is kept busy.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable
 from logging import INFO, WARNING
 from typing import Any
@@ -43,35 +51,30 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from flwr_gsgm.checkpoint import files as checkpoint
+from flwr_gsgm.checkpoint.resume import ResumeRefused
 from flwr_gsgm.core import Outcome, ServerOptimizer, UpdateRejected
 from flwr_gsgm.engine import state as engine_state
+from flwr_gsgm.engine.clock import make_clock
 from flwr_gsgm.engine.dispatcher import Dispatcher
 from flwr_gsgm.engine.in_flight import Dispatch, InFlight
 from flwr_gsgm.engine.ledger import Ledger
-from flwr_gsgm.engine.memory import MemoryEstimate, available_memory, size_text
-from flwr_gsgm.engine.report import EngineReport, build_report
+from flwr_gsgm.engine.memory import MemoryEstimate, PeakMemory
+from flwr_gsgm.engine.report import EngineReport
 from flwr_gsgm.engine.run_end import RunEnd, RunFailed
 from flwr_gsgm.engine.settings import EngineSettings
-from flwr_gsgm.evaluation.central import EvaluateFn, Evaluator, wall_since
+from flwr_gsgm.evaluation.central import EvaluateFn, Evaluator
 from flwr_gsgm.evaluation.federated import FederatedEvaluator
 from flwr_gsgm.intake.norm_bound import RelativeNormBound, initial_scale
 from flwr_gsgm.intake.reply import ReplyIntake
 from flwr_gsgm.model.layout import ModelLayout
 from flwr_gsgm.model.optimizer import ModelOptimizer
-from flwr_gsgm.nodes import events as node_events
-from flwr_gsgm.nodes.membership import Membership, Node
+from flwr_gsgm.nodes.membership import Membership, Node, NodeListener
 from flwr_gsgm.nodes.stats import NodeStats
 from flwr_gsgm.strategy.hooks import OnEvaluate, TrainConfigFn
 
 __all__ = ["EngineSettings", "AsyncEngine", "EngineReport", "EvaluateFn", "OptimizerFactory"]
 
 OptimizerFactory = Callable[[list[np.ndarray], list[int]], ServerOptimizer]
-
-
-def _log_resolved_choices(rule: ServerOptimizer) -> None:
-    """Log what each ``"auto"`` parameter of the rule resolved to (GSGM's averaging)."""
-    for key, value in rule.resolved_choices().items():
-        log(INFO, "[async] %s: %s = auto -> %r", rule.name, key, value)
 
 
 class AsyncEngine:
@@ -132,18 +135,21 @@ class AsyncEngine:
         self.keys = self.layout.keys
         self.make_optimizer = optimizer_factory
         self.settings = settings
-        self.optimizer: ModelOptimizer | None = None
+        self.optimizer: ModelOptimizer | None = None  # built once the nodes are known
+        self.clock = make_clock(settings)
         self.ledger = Ledger()
+        self.stats = NodeStats()
         self.in_flight = InFlight(
             grid,
             self.keys,
             settings.message_ttl,
-            settings.virtual_clock is not None,
+            self.clock.virtual,
             on_replay=self._on_replay,
             query_ttl=settings.startup_timeout,
         )
-        self.members = Membership(grid, self.in_flight, settings, self.ledger)
-        self.stats = NodeStats()
+        self.members = Membership(
+            grid, self.in_flight, settings, self.ledger, self.stats, self.clock
+        )
         self.end = RunEnd(settings, self.members)
         scale = initial_scale(self.layout.trainable_of(self.initial))
         self.norm_bound = RelativeNormBound(settings.max_norm_ratio, scale)
@@ -151,23 +157,16 @@ class AsyncEngine:
         self.evaluator = Evaluator(self.keys, evaluate_fn, settings.max_updates, on_evaluate)
         self.federated = FederatedEvaluator(grid, self.keys, settings, self.ledger)
         self.dispatcher = Dispatcher(
-            settings, train_config, self.members, self.in_flight, train_config_fn
+            settings, train_config, self.members, self.in_flight, self.clock, train_config_fn
         )
         self.policy = self.dispatcher.policy
-        self.rows: list[dict[str, float]] = []
-        self.received = 0
-        self.budget_spent = False  # the time budget (virtual clock) ended the run
-        self.stop_requested = False
-        # The engine clock (s): virtual seconds under the virtual clock, else wall
-        # seconds since the start (deployment); the core's ``now`` and virtual_time.
-        self.clock_now = 0.0
-        self.t0 = time.monotonic()
-        # The expected peak memory (logged at start) and the memory available then.
-        self.memory: MemoryEstimate | None = None
-        self.available: tuple[int, str] | None = None
+        self.memory = PeakMemory()
+        self.received = 0  # client updates received (the update budget counts them)
+        self.budget_spent = False  # the time budget ended the run (a reply past it)
+        self.stop_requested = False  # SIGTERM with checkpoints on
         self.aborted = False  # out of memory, or a checkpoint could not be written
 
-    # ------------------------------------------------------------------ the loop
+    # ------------------------------------------------------------------ the run
     def run(self) -> EngineReport:
         """Train until a budget is spent, no node is left or the model diverged.
 
@@ -180,71 +179,82 @@ class AsyncEngine:
             If fewer than ``min_nodes`` nodes answer the start-up query in time.
         SystemExit
             On SIGTERM with checkpoints on, once the checkpoint is saved.
+        flwr_gsgm.checkpoint.files.CheckpointError, flwr_gsgm.checkpoint.resume.ResumeRefused
+            On resume: no checkpoint, a damaged one, or one this run cannot continue
+            (before any message is sent when the run config tells).
         flwr_gsgm.engine.run_end.RunFailed
             If the server runs out of memory while its rule is built (no report yet).
             Later, running out of memory or a checkpoint that cannot be written ends
             the run "failed" with the reason (the expected peak memory; the file and
             the OS error) and the report so far.
         """
-        self.t0 = time.monotonic()
-        saved = engine_state.load_for_resume(self)  # fails before any message
+        self.clock.start()
+        saved = self._checkpoint_to_resume()  # fails before any message
         try:
-            self._start(saved)
-            with checkpoint.on_sigterm(
-                self.settings.checkpoint_every, lambda: setattr(self, "stop_requested", True)
-            ):
+            self._setup(saved)
+            with checkpoint.on_sigterm(self.settings.checkpoint_every, self._request_stop):
                 while not self._finished():
                     self.in_flight.pull()
-                    self.federated.poll(self.rows)
+                    self.federated.poll(self.evaluator.rows)
                     progressed = self._apply_ready()
-                    node_events.check_deadlines(self)
-                    node_events.register_joins(self)
+                    self.members.check_deadlines()
+                    self.members.register_joins()
                     self._stop_if_requested()
                     if not progressed:
-                        node_events.idle(self)
+                        self._idle()
         except MemoryError as err:
-            self._abort(self._out_of_memory(err), err)
+            self._abort(
+                self.memory.out_of_memory(err, self.received, self.settings.max_updates), err
+            )
         except checkpoint.CheckpointWriteError as err:
             self._abort(f"{err} (at {self.received} updates)", err)
-        if not self.aborted:  # an aborted run reports what it has, without more work
-            self._final_evaluation()
-            self.federated.finish(self.rows, self.settings.poll_interval)
-        return build_report(self)
+        return self._teardown()
 
-    def _abort(self, reason: str, err: BaseException) -> None:
-        """The run cannot go on: it fails with ``reason``; without an optimizer yet
-        (its construction failed) there is no report, so :class:`RunFailed` now."""
-        self.aborted = True
-        self.end.fail(reason)
-        if self.optimizer is None:
-            raise RunFailed(reason) from err
+    # ------------------------------------------------------------------ set-up
+    def _checkpoint_to_resume(self) -> dict[str, Any] | None:
+        """The verified checkpoint to resume from (None without ``resume``), checked
+        against the run's settings (:func:`flwr_gsgm.engine.state.check_before_start`)."""
+        path, resume = self.settings.checkpoint_path, self.settings.resume
+        saved = checkpoint.load_for_resume(path, resume)
+        if saved is not None:
+            engine_state.check_before_start(self.settings, saved, self.dispatcher.train_config)
+        return saved
 
-    def _out_of_memory(self, err: MemoryError) -> str:
-        """The reason of a run that ran out of memory: where, and the estimate."""
-        detail = f": {err}" if str(err) else ""
-        where = f"after {self.received} of {self.settings.max_updates} updates"
-        if self.memory is None:
-            return (
-                f"out of memory (MemoryError{detail}) {where}, while the server rule was "
-                "built (before the peak memory was estimated: the model alone is too large)"
-            )
-        return (
-            f"out of memory (MemoryError{detail}) {where}; the expected peak server memory "
-            f"is {self.memory.describe()}, the memory available at start "
-            f"{self._available_text()}: {self.memory.advice()}"
+    def _setup(self, saved: dict[str, Any] | None) -> None:
+        """Discover the nodes, build the optimizer, then resume or send the first work."""
+        pids = self.members.discover()
+        model_bytes = sum(int(a.nbytes) for a in self.initial)
+        self.optimizer = ModelOptimizer(self.layout, self.initial, self.make_optimizer, pids)
+        self.initial = []  # the optimizer holds its own copy: no model copy kept here
+        self._estimate_memory(pids, model_bytes)
+        self.members.start(pids, self._node_listener())
+        self.dispatcher.describe()
+        if saved is not None:
+            self.load_state_dict(saved)  # an "auto" choice comes from the state
+            self._log_resolved_choices()
+            self.top_up()
+            return
+        self._log_resolved_choices()
+        self._evaluate()
+        self.dispatcher.start(self.optimizer, self.received)
+
+    def _node_listener(self) -> NodeListener:
+        """Who hears of a node's transitions: the optimizer (joined, left), the norm
+        bound (it forgets a node that left the federation) and the dispatcher."""
+        assert self.optimizer is not None
+        return NodeListener(
+            joined=self.optimizer.on_node_joined,
+            left=self.optimizer.on_node_lost,
+            forget=self.norm_bound.forget,
+            freed=self.top_up,
         )
-
-    def _available_text(self) -> str:
-        if self.available is None:
-            return "unknown"
-        return f"{size_text(self.available[0])} ({self.available[1]})"
 
     def _estimate_memory(self, pids: list[int], model_bytes: int) -> None:
         """Log the expected peak memory; warn (and keep it for summary.json) when it
         exceeds the memory available. Reads only what each part says of itself."""
         assert self.optimizer is not None
         rule = self.optimizer.rule
-        self.memory = MemoryEstimate(
+        estimate = MemoryEstimate(
             rule=rule.name or type(rule).__name__,
             averaging=getattr(rule, "averaging_in_use", None),
             nodes=len(pids),
@@ -254,70 +264,30 @@ class AsyncEngine:
             in_flight=self.dispatcher.messages_in_flight(len(pids)),
             copies_per_message=self.dispatcher.copies_per_message(),
         )
-        self.available = available_memory()
-        log(
-            INFO,
-            "[async] expected peak server memory %s; memory available %s",
-            self.memory.describe(),
-            self._available_text(),
-        )
-        if self.available is not None and self.memory.total_bytes > self.available[0]:
-            self.stats.warn(
-                f"the expected peak server memory {self.memory.describe()} exceeds the memory "
-                f"available {self._available_text()}: {self.memory.advice()}"
-            )
+        warning = self.memory.at_start(estimate)
+        if warning is not None:
+            self.stats.warn(warning)
 
-    def _start(self, saved: dict[str, Any] | None) -> None:
-        """Discover the nodes, build the optimizer, then resume or send the first work."""
-        pids = self.members.discover(self.lose)
-        model_bytes = sum(int(a.nbytes) for a in self.initial)
-        self.optimizer = ModelOptimizer(self.layout, self.initial, self.make_optimizer, pids)
-        self.initial = []  # the optimizer holds its own copy: no model copy kept here
-        self._estimate_memory(pids, model_bytes)
-        self.members.start(pids)
-        self.dispatcher.describe()
-        if saved is not None:
-            engine_state.restore_state(self, saved)  # an "auto" choice comes from the state
-            _log_resolved_choices(self.optimizer.rule)
-            self.top_up()
-            return
-        _log_resolved_choices(self.optimizer.rule)
-        self._evaluate()
-        self.dispatcher.start(self.optimizer, self.received, self.clock_now)
+    def _log_resolved_choices(self) -> None:
+        """Log what each ``"auto"`` parameter of the rule resolved to (GSGM's averaging)."""
+        assert self.optimizer is not None
+        rule = self.optimizer.rule
+        for key, value in rule.resolved_choices().items():
+            log(INFO, "[async] %s: %s = auto -> %r", rule.name, key, value)
 
+    # ---------------------------------------------------------- loop: the steps
     def _finished(self) -> bool:
+        """True once a budget is spent, the model diverged or no node is left."""
         if self.end.diverged or self.received >= self.settings.max_updates or self.end.failed:
             return True
-        if self.settings.virtual_clock is None and self.settings.beyond_time_budget(
-            wall_since(self.t0)
-        ):
+        if self.clock.out_of_time():
             return True
         if self.in_flight:
             return False
-        if self.budget_spent or not self.dispatcher.may_dispatch(self.received, self.clock_now):
+        if self.budget_spent or not self.dispatcher.may_dispatch(self.received):
             return True  # the time budget is spent
         return self.end.nothing_in_flight(self.received)
 
-    def _final_evaluation(self) -> None:
-        """Evaluate the final weights unless the last row already did (or they diverged)."""
-        if not self.end.diverged and (not self.rows or self.rows[-1]["updates"] != self.received):
-            self._evaluate()
-
-    def _stop_if_requested(self) -> None:
-        if self.stop_requested:
-            engine_state.save_checkpoint(self)
-            raise SystemExit(f"SIGTERM: checkpoint saved at {self.received} updates")
-
-    def top_up(self) -> None:
-        """Fill the slots that may have freed (:meth:`Dispatcher.top_up`)."""
-        assert self.optimizer is not None
-        self.dispatcher.top_up(self.optimizer, self.received, self.clock_now)
-
-    def lose(self, pid: int, why: str, may_return: bool = False) -> None:
-        """Partition ``pid`` leaves (:func:`flwr_gsgm.nodes.events.lose`)."""
-        node_events.lose(self, pid, why, may_return)
-
-    # ------------------------------------------------------------------- replies
     def _apply_ready(self) -> bool:
         """Handle every reply that is due; return True if any was."""
         progressed = False
@@ -325,9 +295,7 @@ class AsyncEngine:
             dispatch = self.in_flight.next_ready()
             if dispatch is None:
                 break
-            if self.settings.virtual_clock is not None and self.settings.beyond_time_budget(
-                dispatch.v_finish
-            ):
+            if self.clock.too_late(dispatch):
                 self.in_flight.clear()  # time budget spent: in-flight work is not applied
                 self.budget_spent = True
                 break
@@ -335,48 +303,70 @@ class AsyncEngine:
             progressed = True
         return progressed
 
+    def _stop_if_requested(self) -> None:
+        """On SIGTERM (checkpoints on): save a checkpoint, then stop."""
+        if self.stop_requested:
+            self._save_checkpoint()
+            raise SystemExit(f"SIGTERM: checkpoint saved at {self.received} updates")
+
+    def _request_stop(self) -> None:
+        self.stop_requested = True
+
+    def _idle(self) -> None:
+        """Nothing was applied: wait for replies, or, with nothing in flight, jump the
+        clock to the end of the earliest back-off (a virtual clock can)."""
+        retry = None if self.in_flight else self.members.next_retry()
+        if retry is not None and self.clock.jump_to(retry):
+            self.members.end_backoffs()
+        else:
+            self.in_flight.idle(self.settings.poll_interval)
+
+    def top_up(self) -> None:
+        """Fill the slots that may have freed (:meth:`Dispatcher.top_up`)."""
+        assert self.optimizer is not None
+        self.dispatcher.top_up(self.optimizer, self.received)
+
+    # ---------------------------------------------------------------- a reply
     def _handle(self, dispatch: Dispatch) -> None:
+        """One reply: an error (a failure of its node) or an update; then work for the
+        freed slot, the back-offs over by now, and the evaluation / checkpoint due."""
         reply = self.in_flight.finish(dispatch)
-        self.clock_now = (
-            max(self.clock_now, dispatch.v_finish)
-            if self.settings.virtual_clock is not None
-            else wall_since(self.t0)
-        )
+        now = self.clock.at_reply(dispatch)
         node = self.members.nodes[dispatch.partition_id]
-        self.policy.on_reply(node.partition_id, self.clock_now, counted=not reply.has_error())
+        self.policy.on_reply(node.partition_id, now, counted=not reply.has_error())
         if reply.has_error():
-            node_events.on_error_reply(self, node, reply)
-            node_events.on_virtual_time(self)
+            self.members.on_error_reply(node.partition_id, reply)
+            self.members.end_backoffs()
             return
-        node.failures = 0
+        self.members.replied(node.partition_id)
         self.received += 1
         self._on_update(node, dispatch, reply)
         self.top_up()
-        node_events.on_virtual_time(self)  # back-offs over by now, after the update
+        self.members.end_backoffs()  # back-offs over by now, after the update
         if self.received % self.settings.eval_every == 0:
             self._evaluate()
         if not self.end.diverged:  # federated evaluation at its points, beside training
             self.federated.maybe_send(self.received, self.optimizer, self.members.nodes)
         if self.settings.checkpoint_every and self.received % self.settings.checkpoint_every == 0:
-            engine_state.save_checkpoint(self)
+            self._save_checkpoint()
 
     def _on_update(self, node: Node, dispatch: Dispatch, reply: Message) -> None:
-        """Intake, then the optimizer, then the ledger (a rejection: a node event)."""
+        """Intake, then the optimizer, then the books (a rejection: :meth:`_on_rejected`)."""
         assert self.optimizer is not None
         pid = node.partition_id
         try:
             update = self.intake.unpack(dispatch, reply)
             norm = self.norm_bound.check(pid, update.trainable)
             outcome = self.optimizer.on_update(
-                pid, update, dispatch.base_version, now=self.clock_now
+                pid, update, dispatch.base_version, now=self.clock.now()
             )
         except UpdateRejected as err:  # intake's ReplyRejected, the norm bound's, the rule's
-            node_events.on_rejected(self, node, err)
-            node_events.record_outcome(self, pid, None)
+            self._on_rejected(pid, err)
+            self._record_outcome(pid, None)
             return
         self.norm_bound.accept(pid, norm)
-        node_events.record_outcome(self, pid, outcome)
-        node.rejections_in_row = 0
+        self._record_outcome(pid, outcome)
+        self.members.accepted(pid)
         staleness = self.optimizer.last_staleness
         assert staleness is not None  # set by every valid update
         self.ledger.record_update(staleness, self.intake.train_loss(reply))
@@ -388,6 +378,31 @@ class AsyncEngine:
                 staleness,
             )
 
+    def _on_rejected(self, pid: int, err: UpdateRejected) -> None:
+        """A rejected update: counted, logged and blamed on its node (too many in a row
+        exclude it), unless every node's recent updates are rejected as out of scale:
+        then the model diverged (check 4 of :mod:`flwr_gsgm.engine.divergence`) and
+        the run ends without blaming any node."""
+        self.ledger.record_rejection(err.reason)
+        log(
+            WARNING,
+            "[async] rejected update from partition %d (%s): %s",
+            pid,
+            err.reason,
+            err.message,
+        )
+        diverged = self.end.on_reply(pid, err.reason, self.received)
+        self.members.rejected(pid, f"{err.reason}: {err.message}", blame=not diverged)
+
+    def _record_outcome(self, pid: int, outcome: Outcome | None) -> None:
+        """The per-node counts of ``pid``'s update (``outcome`` None: rejected); an
+        accepted one counts in the divergence window."""
+        assert self.optimizer is not None
+        version, active = self.optimizer.version, self.members.active_ids()
+        self.stats.record_update(pid, outcome, self.received, version, active)
+        if outcome is not None:
+            self.end.on_reply(pid, None, self.received)
+
     def _on_replay(self, mid: str, why: str) -> None:
         """A replayed reply (not an answer to a dispatch in flight): counted, ignored."""
         self.ledger.record_rejection("duplicate")
@@ -395,13 +410,138 @@ class AsyncEngine:
 
     # ------------------------------------------------ evaluation and checkpoints
     def _evaluate(self) -> None:
+        """An evaluation row now; a diverged model ends the run."""
         assert self.optimizer is not None
-        row, diverged = self.evaluator.row(
-            self.received, self.optimizer, self.ledger, self.clock_now, wall_since(self.t0)
+        diverged = self.evaluator.evaluate(
+            self.received, self.optimizer, self.ledger, self.clock.now(), self.clock.wall()
         )
-        self.rows.append(row)
         self.end.diverge(diverged, self.received)
 
+    def _save_checkpoint(self) -> None:
+        """Write :meth:`state_dict` to the checkpoint file, if checkpoints are on and the
+        model has not diverged (then the previous checkpoint resumes from before it)."""
+        path = self.settings.checkpoint_path
+        if path is None or not self.settings.checkpoint_every or self.end.diverged:
+            return
+        checkpoint.save(path, self.state_dict())
+        log(INFO, "[async] checkpoint at %d updates -> %s", self.received, path)
+
+    # ---------------------------------------------------------------- teardown
+    def _abort(self, reason: str, err: BaseException) -> None:
+        """The run cannot go on: it fails with ``reason``; without an optimizer yet
+        (its construction failed) there is no report, so :class:`RunFailed` now."""
+        self.aborted = True
+        self.end.fail(reason)
+        if self.optimizer is None:
+            raise RunFailed(reason) from err
+
+    def _teardown(self) -> EngineReport:
+        """The final evaluation and the evaluations still out (unless the run was
+        aborted: it reports what it has, without more work), the end-of-run warnings,
+        then the report."""
+        assert self.optimizer is not None
+        if not self.aborted:
+            if not self.end.diverged and (
+                not self.evaluator.rows or self.evaluator.rows[-1]["updates"] != self.received
+            ):
+                self._evaluate()  # the final weights, unless the last row has them
+            self.federated.finish(self.evaluator.rows, self.settings.poll_interval)
+        self.stats.finish(self.optimizer.rule.params.get("max_staleness"), self.members)
+        return EngineReport.from_parts(
+            keys=self.keys,
+            optimizer=self.optimizer,
+            received=self.received,
+            ledger=self.ledger,
+            end=self.end,
+            stats=self.stats,
+            members=self.members,
+            evaluator=self.evaluator,
+            federated=self.federated,
+            clock=self.clock,
+        )
+
+    # ------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed to continue this run bit-identically (:mod:`engine_state`)."""
-        return engine_state.save_state(self)
+        """Everything needed to continue this run bit-identically: each part's
+        ``state_dict()`` under the checkpoint's top-level keys (:mod:`flwr_gsgm.engine.state`).
+
+        In-flight dispatches are saved with the weights they carried; a resumed run
+        re-sends them with the same seed and virtual finish time.
+        """
+        assert self.optimizer is not None
+        params = self.optimizer.rule.params
+        return {
+            "keys": list(self.keys),
+            "optimizer": self.optimizer.state_dict(),
+            **self.members.state_dict(),
+            **self.ledger.state_dict(),
+            **self.in_flight.state_dict(),
+            **self.evaluator.state_dict(),
+            "received": self.received,
+            **self.end.state_dict(),
+            **self.dispatcher.state_dict(),
+            **self.clock.state_dict(),
+            "node_stats": self.stats.state_dict(),
+            "norm_bound": self.norm_bound.state_dict(),
+            "fingerprint": engine_state.run_fingerprint(
+                self.settings, self.dispatcher.train_config, params
+            ),
+            engine_state.DISPLACEMENT_UPDATES: True,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Load :meth:`state_dict`'s output into each part, reconcile the nodes that
+        answered now with the checkpoint's, and re-send its in-flight work.
+
+        The rule's parameters are this run's (equal to the checkpoint's, or changed as
+        ``resume-allow-changes`` allowed).
+
+        Raises
+        ------
+        ResumeRefused
+            The nodes report another number of partitions (unless allowed), or (a
+            strategy started without a run config) the rule's parameters or train
+            config differ (:func:`flwr_gsgm.engine.state.check_after_start`).
+        CheckpointError
+            Anything else in the state does not fit the run (model keys, optimizer
+            state, dispatch policy): the message names the checkpoint and the cause.
+        """
+        try:
+            self._load_parts(state)
+        except (ResumeRefused, checkpoint.CheckpointError):
+            raise
+        except (ValueError, KeyError, TypeError) as err:
+            raise checkpoint.CheckpointError(
+                f"checkpoint {self.settings.checkpoint_path} cannot be resumed: "
+                f"{type(err).__name__}: {err}"
+            ) from err
+        assert self.optimizer is not None
+        log(
+            INFO,
+            "[async] resumed at %d updates (version %d, virtual time %.1f s)",
+            self.received,
+            self.optimizer.version,
+            self.clock.now(),
+        )
+
+    def _load_parts(self, state: dict[str, Any]) -> None:
+        assert self.optimizer is not None
+        params = self.optimizer.rule.params
+        current = engine_state.run_fingerprint(self.settings, self.dispatcher.train_config, params)
+        engine_state.check_after_start(
+            self.settings, state, self.keys, current, self.members.num_partitions
+        )
+        self.optimizer.load_state_dict(engine_state.with_params(state["optimizer"], params))
+        self.ledger.load_state_dict(state)
+        self.members.load_state_dict(state)
+        self.evaluator.load_state_dict(state)
+        self.received = state["received"]
+        self.end.load_state_dict(state)
+        self.dispatcher.load_state_dict(state)
+        self.clock.load_state_dict(state)
+        if "node_stats" in state:  # written before the per-node counts and the norm bound
+            self.stats.load_state_dict(state["node_stats"])
+            self.norm_bound.load_state_dict(state["norm_bound"])
+        self.members.reconcile(self.optimizer.rule.active_nodes)
+        active = {pid: n.node_id for pid, n in self.members.nodes.items() if n.active}
+        self.in_flight.load_state_dict(state, active)

@@ -3,21 +3,22 @@
 :class:`Dispatcher` fills free slots (every idle active node without a
 concurrency limit; otherwise the :mod:`dispatch policy <flwr_gsgm.engine.dispatch_policy>`'s
 picks up to ``max_in_flight``) within the update and time budgets, and builds each
-train message: the weights, ``model-version``, the dispatch's derived ``seed`` and,
-under the virtual clock, its ``virtual-duration`` and virtual finish time. The
-duration charges the message's local work (read from the train config: ``mode``,
-``batch-size``, ``local-batches``, ``local-steps``, ``local-epochs``) and the bytes of
-the weights sent (:class:`~flwr_gsgm.simulation.virtual_clock.VirtualClock`).
+train message: the weights, ``model-version``, the dispatch's derived ``seed`` and
+its finish time, as the engine clock knows it (:meth:`Clock.stamp
+<flwr_gsgm.engine.clock.Clock.stamp>`: under the virtual clock a ``virtual-duration``
+for the message's local work and bytes; in deployment its arrival).
 """
 
 from __future__ import annotations
 
 from logging import INFO
+from typing import Any
 
 import numpy as np
 from flwr.app import ConfigRecord
 from flwr.common.logger import log
 
+from flwr_gsgm.engine.clock import Clock
 from flwr_gsgm.engine.dispatch_policy import make_dispatch_policy
 from flwr_gsgm.engine.in_flight import Dispatch, InFlight
 from flwr_gsgm.engine.settings import EngineSettings
@@ -32,9 +33,11 @@ __all__ = ["Dispatcher"]
 class Dispatcher:
     """Sends train messages to idle active nodes within the budgets and the in-flight limit.
 
-    ``seq`` counts dispatches sent (their tie-break order); it is checkpointed.
-    ``train_config_fn`` (:mod:`flwr_gsgm.strategy.hooks`), if given, is called for each train
-    message and its keys are merged over ``train_config``.
+    ``seq`` counts dispatches sent (their tie-break order); it is checkpointed with
+    the dispatch policy's state (:meth:`state_dict`). The update budget is
+    ``settings.max_updates``, the time budget the ``clock``'s. ``train_config_fn``
+    (:mod:`flwr_gsgm.strategy.hooks`), if given, is called for each train message and
+    its keys are merged over ``train_config``.
     """
 
     def __init__(
@@ -43,9 +46,11 @@ class Dispatcher:
         train_config: ConfigRecord,
         members: Membership,
         in_flight: InFlight,
+        clock: Clock,
         train_config_fn: TrainConfigFn | None = None,
     ) -> None:
         self.settings = settings
+        self.clock = clock
         self.train_config = train_config
         self.train_config_fn = train_config_fn
         self.members = members
@@ -56,11 +61,10 @@ class Dispatcher:
         self.policy = make_dispatch_policy(name, settings.seed)
         self.seq = 0
 
-    def may_dispatch(self, received: int, clock_now: float) -> bool:
-        """True if the update budget and the time budget (engine seconds) leave room."""
+    def may_dispatch(self, received: int) -> bool:
+        """True if the update budget and the time budget (the clock's) leave room."""
         budget_left = received + len(self.in_flight) < self.settings.max_updates
-        time_left = self.settings.max_seconds is None or clock_now < self.settings.max_seconds
-        return budget_left and time_left
+        return budget_left and self.clock.time_left()
 
     def messages_in_flight(self, nodes: int) -> int:
         """Most train messages in flight with ``nodes`` active nodes: ``max_in_flight``
@@ -86,7 +90,7 @@ class Dispatcher:
                 self.settings.dispatch,
             )
 
-    def start(self, optimizer: ModelOptimizer, received: int, clock_now: float) -> None:
+    def start(self, optimizer: ModelOptimizer, received: int) -> None:
         """The first work of a fresh run.
 
         When the limit leaves room for every node (or there is none), every node is
@@ -97,13 +101,13 @@ class Dispatcher:
         limit = self.settings.in_flight_limit
         if limit is None or limit >= len(self.members.nodes):
             for pid in sorted(self.members.nodes):
-                self.dispatch(optimizer, pid, clock_now, received)
+                self.dispatch(optimizer, pid, received)
             if self.settings.prefetch:
-                self.top_up(optimizer, received, clock_now)
+                self.top_up(optimizer, received)
         else:
-            self.top_up(optimizer, received, clock_now)
+            self.top_up(optimizer, received)
 
-    def top_up(self, optimizer: ModelOptimizer, received: int, clock_now: float) -> None:
+    def top_up(self, optimizer: ModelOptimizer, received: int) -> None:
         """Give idle active nodes the work the budgets and the in-flight limit allow.
 
         Called whenever a slot may have freed: at start, after a reply, an error
@@ -119,39 +123,17 @@ class Dispatcher:
         limit = self.settings.in_flight_limit
         if limit is None or len(self.in_flight) + len(idle) <= limit:
             for pid in idle:
-                while self.in_flight.count(pid) < depth and self.may_dispatch(received, clock_now):
-                    self.dispatch(optimizer, pid, clock_now, received)
+                while self.in_flight.count(pid) < depth and self.may_dispatch(received):
+                    self.dispatch(optimizer, pid, received)
             return
-        while idle and len(self.in_flight) < limit and self.may_dispatch(received, clock_now):
+        while idle and len(self.in_flight) < limit and self.may_dispatch(received):
             pid = self.policy.pick(idle)
             idle.remove(pid)
-            self.dispatch(optimizer, pid, clock_now, received)
+            self.dispatch(optimizer, pid, received)
 
-    def work_steps(self, pid: int, config: ConfigRecord | None = None) -> int:
-        """Steps of local work a train message asks of partition ``pid``, from its train
-        config (default: the run's; absent keys: gradient mode, one batch or step of 32;
-        no epochs), as the virtual clock counts them (:meth:`VirtualClock.work_steps`).
-
-        Raises
-        ------
-        ValueError
-            Epoch work (``local-epochs`` > 0) without the partition's example count.
-        """
-        cfg = self.train_config if config is None else config
-        return self.settings.virtual_clock.work_steps(
-            pid,
-            str(cfg.get("mode", "gradient")),
-            batch_size=int(cfg.get("batch-size", 32)),
-            local_batches=int(cfg.get("local-batches", 1)),
-            local_steps=int(cfg.get("local-steps", 1)),
-            local_epochs=int(cfg.get("local-epochs", 0)),
-        )
-
-    def dispatch(
-        self, optimizer: ModelOptimizer, pid: int, clock_now: float, received: int
-    ) -> None:
-        """Send the current weights to partition ``pid``; ``clock_now`` is the engine clock
-        (s), ``received`` the client updates received so far (``train_config_fn``'s).
+    def dispatch(self, optimizer: ModelOptimizer, pid: int, received: int) -> None:
+        """Send the current weights to partition ``pid``; ``received`` is the client
+        updates received so far (``train_config_fn``'s).
 
         Raises
         ------
@@ -172,15 +154,8 @@ class Dispatcher:
         config["model-version"] = version
         config["seed"] = derive_seed(self.settings.seed, pid, index)
         weights = [np.array(w, copy=True) for w in optimizer.weights]
-        v_finish = 0.0  # unused without the virtual clock: replies go in arrival order
-        clock = self.settings.virtual_clock
-        if clock is not None:
-            message_bytes = sum(int(w.nbytes) for w in weights)  # the reply: the same size
-            duration = clock.duration(
-                node.speed, pid, index, self.work_steps(pid, config), message_bytes
-            )
-            config["virtual-duration"] = duration
-            v_finish = clock_now + duration
+        message_bytes = sum(int(w.nbytes) for w in weights)  # the reply: the same size
+        v_finish = self.clock.stamp(config, node.speed, pid, index, message_bytes)
         self.seq += 1
         dispatch = Dispatch(
             v_finish,
@@ -192,3 +167,21 @@ class Dispatcher:
         )
         optimizer.on_dispatch(pid)
         self.in_flight.push_train(dispatch, node.node_id, weights)
+
+    # --------------------------------------------------------------- checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """The dispatches counted (``seq``) and the dispatch policy's state (``dispatch``)."""
+        return {"seq": self.seq, "dispatch": self.policy.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` (a checkpoint written before dispatch policies
+        has no ``dispatch``: the policy starts afresh).
+
+        Raises
+        ------
+        ValueError
+            The checkpoint's policy is another one.
+        """
+        self.seq = state["seq"]
+        if "dispatch" in state:
+            self.policy.load_state_dict(state["dispatch"])

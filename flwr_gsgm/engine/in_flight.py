@@ -14,8 +14,8 @@ from __future__ import annotations
 import heapq
 import time
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
 from logging import WARNING
 from typing import Any
 
@@ -276,3 +276,25 @@ class InFlight:
         """Forget every dispatch (the time budget is spent: they are not applied)."""
         self.dispatches.clear()
         self.heap.clear()
+
+    # ------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """``{"in_flight": [...]}``: every train dispatch in flight, in handling order,
+        with the weights it carried (kept when checkpoints are on) and without what
+        belongs to one push (:attr:`Dispatch.TRANSIENT`)."""
+        return {
+            "in_flight": [
+                {k: v for k, v in asdict(d).items() if k not in Dispatch.TRANSIENT}
+                for d in sorted(self.dispatches.values())
+            ]
+        }
+
+    def load_state_dict(self, state: dict[str, Any], node_ids: Mapping[int, int]) -> None:
+        """Re-send the dispatches of :meth:`state_dict` whose partition is in
+        ``node_ids`` (partition-id -> node id of the active nodes), with the same seed,
+        weights and virtual finish time; the others are not resumed."""
+        for saved in state["in_flight"]:
+            dispatch = Dispatch(**saved)
+            if dispatch.partition_id in node_ids:
+                node_id = node_ids[dispatch.partition_id]
+                self.push_train(dispatch, node_id, dispatch.arrays)  # type: ignore[arg-type]

@@ -11,9 +11,12 @@ in flight and the copies each costs (:class:`flwr_gsgm.engine.dispatcher.Dispatc
 from __future__ import annotations
 
 from dataclasses import dataclass
+from logging import INFO
 from pathlib import Path
 
-__all__ = ["MemoryEstimate", "available_memory", "size_text"]
+from flwr.common.logger import log
+
+__all__ = ["MemoryEstimate", "PeakMemory", "available_memory", "size_text"]
 
 #: Files read for the memory available: /proc/meminfo, then the cgroup's limit.
 MEMINFO = Path("/proc/meminfo")
@@ -85,6 +88,58 @@ class MemoryEstimate:
             'lower it with averaging="slot" (GSGM: at most 2 + nodes model copies, table '
             "averaging 3 + 2 x nodes) or max-in-flight (fewer messages in flight: each costs "
             f"{self.copies_per_message} model copies), or use fewer nodes or a smaller model"
+        )
+
+
+class PeakMemory:
+    """The expected peak memory of a run and the memory available at its start.
+
+    :meth:`at_start` logs them; :meth:`out_of_memory` is the reason of a run that
+    ran out of memory (where, and the estimate). Before :meth:`at_start` (the rule
+    could not be built) the reason says so.
+    """
+
+    def __init__(self) -> None:
+        self.estimate: MemoryEstimate | None = None
+        self.available: tuple[int, str] | None = None  # (bytes, source)
+
+    def at_start(self, estimate: MemoryEstimate) -> str | None:
+        """Log ``estimate`` beside the memory available now; return the warning to
+        give (None if the estimate fits, or the memory available is unknown)."""
+        self.estimate, self.available = estimate, available_memory()
+        log(
+            INFO,
+            "[async] expected peak server memory %s; memory available %s",
+            estimate.describe(),
+            self.available_text(),
+        )
+        if self.available is None or estimate.total_bytes <= self.available[0]:
+            return None
+        return (
+            f"the expected peak server memory {estimate.describe()} exceeds the memory "
+            f"available {self.available_text()}: {estimate.advice()}"
+        )
+
+    def available_text(self) -> str:
+        """The memory available at start, with its source, or "unknown"."""
+        if self.available is None:
+            return "unknown"
+        return f"{size_text(self.available[0])} ({self.available[1]})"
+
+    def out_of_memory(self, err: MemoryError, received: int, max_updates: int) -> str:
+        """The reason of a run that ran out of memory (``err``) after ``received`` of
+        ``max_updates`` updates: where, and the estimate with its advice."""
+        detail = f": {err}" if str(err) else ""
+        where = f"after {received} of {max_updates} updates"
+        if self.estimate is None:
+            return (
+                f"out of memory (MemoryError{detail}) {where}, while the server rule was "
+                "built (before the peak memory was estimated: the model alone is too large)"
+            )
+        return (
+            f"out of memory (MemoryError{detail}) {where}; the expected peak server memory "
+            f"is {self.estimate.describe()}, the memory available at start "
+            f"{self.available_text()}: {self.estimate.advice()}"
         )
 
 

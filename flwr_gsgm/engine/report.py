@@ -1,4 +1,5 @@
-"""What an engine run produced: :class:`EngineReport`, built from the engine's books."""
+"""What an engine run produced: :class:`EngineReport`, built from the parts that own
+each figure (:meth:`EngineReport.from_parts`)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,19 @@ from typing import TYPE_CHECKING, Any
 
 from flwr.app import ArrayRecord, MetricRecord
 
-from flwr_gsgm.evaluation.central import wall_since, weights_record
+from flwr_gsgm.evaluation.central import weights_record
 
 if TYPE_CHECKING:
-    from flwr_gsgm.engine.async_engine import AsyncEngine
+    from flwr_gsgm.engine.clock import Clock
+    from flwr_gsgm.engine.ledger import Ledger
+    from flwr_gsgm.engine.run_end import RunEnd
+    from flwr_gsgm.evaluation.central import Evaluator
+    from flwr_gsgm.evaluation.federated import FederatedEvaluator
+    from flwr_gsgm.model.optimizer import ModelOptimizer
+    from flwr_gsgm.nodes.membership import Membership
+    from flwr_gsgm.nodes.stats import NodeStats
 
-__all__ = ["EngineReport", "build_report"]
+__all__ = ["EngineReport"]
 
 
 @dataclass
@@ -49,30 +57,45 @@ class EngineReport:
     last_finite: tuple[int, ArrayRecord] | None = None
     server_learning_rate: float | None = None
 
-
-def build_report(engine: AsyncEngine) -> EngineReport:
-    """The report of ``engine``'s run: final weights, its rows, the ledger's figures."""
-    assert engine.optimizer is not None
-    optimizer, ledger = engine.optimizer, engine.ledger
-    mean, worst = ledger.staleness_overall()
-    counters = ledger.report_counters(
-        optimizer.counters, engine.received, optimizer.version, engine.end.diverged
-    )
-    engine.stats.finish(optimizer.rule.params.get("max_staleness"), engine.members)
-    return EngineReport(
-        arrays=weights_record(engine.keys, optimizer.weights),
-        rows=engine.rows,
-        counters=counters,
-        rejections=dict(ledger.rejections),
-        staleness_mean=mean,
-        staleness_max=worst,
-        virtual_seconds=engine.clock_now,
-        wall_seconds=wall_since(engine.t0),
-        federated=dict(engine.federated.results),
-        status=engine.end.status,
-        status_reason=engine.end.reason,
-        per_node=engine.stats.report(engine.members),
-        warnings=list(engine.stats.warnings),
-        last_finite=engine.evaluator.last_finite,
-        server_learning_rate=float(optimizer.rule.params["lr"]),
-    )
+    @classmethod
+    def from_parts(
+        cls,
+        *,
+        keys: list[str],
+        optimizer: ModelOptimizer,
+        received: int,
+        ledger: Ledger,
+        end: RunEnd,
+        stats: NodeStats,
+        members: Membership,
+        evaluator: Evaluator,
+        federated: FederatedEvaluator,
+        clock: Clock,
+    ) -> EngineReport:
+        """The report of a run from the parts that own its figures: the final weights
+        and rule (``optimizer``, arrays named by ``keys``), the ``received`` updates and
+        the ledger's counters, how it ended (``end``), the per-node counts and
+        warnings (``stats`` over ``members``' nodes), the rows and the last finite
+        model (``evaluator``), the federated results and the engine and wall time
+        (``clock``)."""
+        mean, worst = ledger.staleness_overall()
+        counters = ledger.report_counters(
+            optimizer.counters, received, optimizer.version, end.diverged
+        )
+        return cls(
+            arrays=weights_record(keys, optimizer.weights),
+            rows=evaluator.rows,
+            counters=counters,
+            rejections=dict(ledger.rejections),
+            staleness_mean=mean,
+            staleness_max=worst,
+            virtual_seconds=clock.now(),
+            wall_seconds=clock.wall(),
+            federated=dict(federated.results),
+            status=end.status,
+            status_reason=end.reason,
+            per_node=stats.report(members),
+            warnings=list(stats.warnings),
+            last_finite=evaluator.last_finite,
+            server_learning_rate=float(optimizer.rule.params["lr"]),
+        )

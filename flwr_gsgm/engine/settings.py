@@ -211,12 +211,18 @@ class EngineSettings:
                 f"got {self.dispatch!r}"
             )
 
-        if self.prefetch and (self.virtual_clock is not None or self.in_flight_limit):
+        if self.prefetch and (self.virtual or self.in_flight_limit):
             raise ValueError(
                 "prefetch needs virtual-clock = false and max-in-flight = 0, got "
-                f"virtual-clock = {self.virtual_clock is not None}, "
+                f"virtual-clock = {self.virtual}, "
                 f"max-in-flight = {self.max_in_flight or 0}"
             )
+
+    @property
+    def virtual(self) -> bool:
+        """Whether the engine clock is virtual: with a ``virtual_clock``, the one test of
+        it (:func:`flwr_gsgm.engine.clock.make_clock` picks the clock by it)."""
+        return self.virtual_clock is not None
 
     @property
     def dispatches_per_node(self) -> int:
@@ -229,13 +235,9 @@ class EngineSettings:
         with None resolved: with a virtual clock or checkpoints)."""
         if self.query_partition_ids is not None:
             return bool(self.query_partition_ids)
-        return self.virtual_clock is not None or self.checkpoint_path is not None
+        return self.virtual or self.checkpoint_path is not None
 
     @property
     def in_flight_limit(self) -> int | None:
         """``max_in_flight`` with 0 read as None (no limit)."""
         return self.max_in_flight or None
-
-    def beyond_time_budget(self, t: float) -> bool:
-        """True if engine time ``t`` (seconds) is past ``max_seconds`` (never without one)."""
-        return self.max_seconds is not None and t > self.max_seconds

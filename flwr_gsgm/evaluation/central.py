@@ -8,9 +8,9 @@ the global model and the ledger's figures since the previous row.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
 from logging import INFO
+from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, MetricRecord
@@ -49,6 +49,9 @@ class Evaluator:
 
     Attributes
     ----------
+    rows : list[dict]
+        The run's evaluation rows so far (:meth:`evaluate` appends one; federated
+        evaluation adds its columns to the row of its point).
     last_finite : tuple[int, ArrayRecord] | None
         ``(updates received, model)`` of the last evaluation that showed no divergence
         (a copy; None before the first): the model a diverged run keeps. It costs one
@@ -66,8 +69,33 @@ class Evaluator:
         self.evaluate_fn = evaluate_fn
         self.on_evaluate = on_evaluate
         self.max_updates = max_updates
+        self.rows: list[dict[str, float]] = []
         self.last_finite: tuple[int, ArrayRecord] | None = None
         self.initial_loss: float | None = None  # the first row's (a resume restores it)
+
+    def evaluate(
+        self,
+        received: int,
+        optimizer: ModelOptimizer,
+        ledger: Ledger,
+        clock_now: float,
+        wall: float,
+    ) -> str | None:
+        """Append the :meth:`row` of now to :attr:`rows`; return why the model diverged
+        (None if it did not)."""
+        row, reason = self.row(received, optimizer, ledger, clock_now, wall)
+        self.rows.append(row)
+        return reason
+
+    def state_dict(self) -> dict[str, list[dict[str, float]]]:
+        """``{"rows": [...]}``: the rows so far (the first one's loss is the reference
+        of the divergence check)."""
+        return {"rows": [dict(r) for r in self.rows]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`."""
+        self.rows = [dict(r) for r in state["rows"]]
+        self.initial_loss = self.rows[0]["loss"] if self.rows else None
 
     def row(
         self,
@@ -137,8 +165,3 @@ class Evaluator:
             row["staleness_mean"],
             row["staleness_max"],
         )
-
-
-def wall_since(t0: float) -> float:
-    """Wall seconds since ``t0`` (a ``time.monotonic()`` reading)."""
-    return time.monotonic() - t0

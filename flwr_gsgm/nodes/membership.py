@@ -1,4 +1,5 @@
-"""Who is in the federation: discovery, queries, joins, losses and refusals.
+"""Who is in the federation, and each node's state: discovery, queries, joins,
+back-offs, losses, exclusions, rejoins and refusals.
 
 Nodes are keyed on the ``partition-id`` they report in answer to a ``query``
 message (sent at start-up and whenever a new node id appears), not on node ids,
@@ -16,6 +17,37 @@ partition-id out of range, a partition already held by another node at start-up)
 is refused, and so is a node whose query reply
 has a partition-id or num-partitions that is not an integer >= 0 (a list, NaN,
 infinity, 1.7; an integral float such as 1.0 is taken as that integer).
+
+**A node's states.** :class:`Membership` owns every :class:`Node` record and each
+transition of it: "active" -> "backing-off" (until an engine time) -> "active",
+"active" -> "lost" (it left the federation) -> "active" (it rejoins when it comes
+back), and any state -> "excluded" (for the rest of the run, with the reason). What
+the other parties must hear of a transition goes to them explicitly: the ledger's
+counters (``nodes_joined``, ``nodes_lost``, ``nodes_excluded``, ``node_backoffs``,
+``lost_in_flight``, ``error_replies``, ``dispatch_timeouts``, ``nodes_refused``), the
+per-node counts (:class:`~flwr_gsgm.nodes.stats.NodeStats`), the log, and through
+:class:`NodeListener` the server optimizer (``on_node_joined`` / ``on_node_lost`` at
+the engine clock), the norm bound and the dispatcher (a freed slot gets new work).
+A hung or failing node is backed off, never waited on for ever.
+
+A **failure** is a train message unanswered past ``dispatch-timeout`` (wall seconds
+from its push) or answered with an error reply, whatever its Flower error code
+(:mod:`flwr_gsgm.nodes.error_codes`). After the k-th failure in a row of a node:
+
+- k >= ``max-node-failures``: the node is **excluded** for the rest of the run
+  (logged with the reason; a query from it later is refused);
+- the node left the federation (its node id is no longer among the grid's nodes, or
+  the reply says it is unavailable): it is **lost** and rejoins when it comes back
+  (it is queried again);
+- otherwise it **backs off**: it is out of the run (the server rule treats it as
+  lost, so GSGM's cycles do not wait for it) and gets no work for
+  :meth:`Backoff.delay(k) <flwr_gsgm.nodes.backoff.Backoff.delay>` seconds of the engine
+  clock (virtual seconds under the virtual clock: a simulation stays reproducible),
+  then it is back (:meth:`Membership.end_backoffs`, whenever the clock is read past it).
+
+A valid reply resets k; the dispatch that failed is dropped (``lost_in_flight``).
+``max-consecutive-rejections`` rejected updates in a row exclude a node too, unless
+every node's are rejected at once (the model diverged, :mod:`flwr_gsgm.engine.divergence`).
 """
 
 from __future__ import annotations
@@ -28,20 +60,52 @@ from dataclasses import dataclass
 from logging import INFO, WARNING
 from typing import Any
 
+from flwr.app import Message
+from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
+from flwr_gsgm.engine.clock import Clock
 from flwr_gsgm.engine.in_flight import InFlight
 from flwr_gsgm.engine.ledger import Ledger
 from flwr_gsgm.engine.settings import EngineSettings
-from flwr_gsgm.nodes import states as node_states
-from flwr_gsgm.nodes.error_codes import error_summary
+from flwr_gsgm.nodes.error_codes import describe_error, error_summary, last_line
 from flwr_gsgm.nodes.query_reply import NO_PARTITION, read_query_reply
+from flwr_gsgm.nodes.stats import NodeStats
 
-__all__ = ["Membership", "Node"]
+__all__ = ["Membership", "Node", "NodeListener"]
 
-#: ``lose(partition_id, why, may_return)``: the engine's handler of a lost node.
-LoseFn = Callable[[int, str, bool], None]
+
+def _nothing(*args: Any) -> None:
+    """A listener that hears nothing."""
+
+
+@dataclass(frozen=True)
+class NodeListener:
+    """Who hears of a node's transitions besides the ledger, the per-node counts and
+    the log (the engine wires each to the part that must know).
+
+    Attributes
+    ----------
+    joined : callable
+        ``(partition_id, now) -> None``: the node is in the run again (it joined,
+        rejoined, or its back-off ended) at engine time ``now`` (s): the server
+        optimizer's ``on_node_joined``.
+    left : callable
+        ``(partition_id, now) -> None``: the node is out of the run (lost, backing
+        off or excluded): the server optimizer's ``on_node_lost``.
+    forget : callable
+        ``(partition_id) -> None``: the node left the federation: what is kept of its
+        past updates is forgotten (the norm bound's window of it).
+    freed : callable
+        ``() -> None``: slots may have freed (a node left, or is back): the dispatcher
+        tops up.
+    """
+
+    joined: Callable[[int, float], None] = _nothing
+    left: Callable[[int, float], None] = _nothing
+    forget: Callable[[int], None] = _nothing
+    freed: Callable[[], None] = _nothing
 
 
 @dataclass
@@ -53,7 +117,7 @@ class Node:
     speed: float
     dispatches: int = 0
     # Failures in a row (dispatch time-outs, error replies): each backs the node off,
-    # max-node-failures of them exclude it (flwr_gsgm.nodes.events). A valid reply
+    # max-node-failures of them exclude it (Membership.fail). A valid reply
     # resets the count.
     failures: int = 0
     rejections_in_row: int = 0
@@ -84,20 +148,50 @@ class Node:
 
 
 class Membership:
-    """The nodes of a run, keyed by partition-id.
+    """The nodes of a run, keyed by partition-id, and every transition of their state.
 
     ``started`` becomes True once training starts (the optimizer exists): from then
     on a (re)attached partition is a join, and a node must report the run's
     ``num-partitions``.
+
+    Parameters
+    ----------
+    grid : Grid
+        Where node ids are listed (a node no longer there has left the federation).
+    in_flight : InFlight
+        Queries are pushed through it; a node out of the run has its dispatches dropped.
+    settings : EngineSettings
+        ``min_nodes``, ``startup_timeout``, ``max_node_failures``, ``backoff``,
+        ``max_consecutive_rejections``, ``dispatch_timeout``, ...
+    ledger : Ledger
+        Counts the run's node events (see the module docstring).
+    stats : NodeStats
+        Counts each node's ``backoffs``, ``dispatch_timeouts`` and ``error_replies``.
+    clock : Clock
+        The engine clock: when a node leaves or is back, when a back-off ends; the
+        nodes' speed factors.
+
+    Who else hears of a transition (the optimizer, the norm bound, the dispatcher) is
+    the :class:`NodeListener` given to :meth:`start`: before it, while the nodes are
+    discovered, nobody needs to.
     """
 
     def __init__(
-        self, grid: Grid, in_flight: InFlight, settings: EngineSettings, ledger: Ledger
+        self,
+        grid: Grid,
+        in_flight: InFlight,
+        settings: EngineSettings,
+        ledger: Ledger,
+        stats: NodeStats,
+        clock: Clock,
     ) -> None:
         self.grid = grid
         self.in_flight = in_flight
         self.settings = settings
         self.ledger = ledger
+        self.stats = stats
+        self.clock = clock
+        self.listener = NodeListener()
         self.nodes: dict[int, Node] = {}  # partition-id -> node
         self.node_ids_seen: set[int] = set()
         self.query_failures: Counter[int] = Counter()  # node id -> failed queries in a row
@@ -110,9 +204,11 @@ class Membership:
         self.unqueried: list[int] = []  # new node ids not queried (query_partition_ids off)
         self.said_unqueried = False
 
-    def start(self, pids: list[int]) -> None:
-        """Training starts with ``pids``: from now on an attach is a join. Logged."""
+    def start(self, pids: list[int], listener: NodeListener) -> None:
+        """Training starts with ``pids``: from now on an attach is a join, and
+        ``listener`` hears of every transition. Logged."""
         self.started = True
+        self.listener = listener
         slow = [p for p in pids if self.nodes[p].speed > 1.0]
         log(INFO, "[async] %d nodes (partition-ids %s); slow: %s", len(pids), pids, slow)
 
@@ -127,7 +223,7 @@ class Membership:
         return [pid for pid in sorted(self.nodes) if self.nodes[pid].active and pid not in busy]
 
     # ------------------------------------------------------------- discovery
-    def discover(self, lose: LoseFn) -> list[int]:
+    def discover(self) -> list[int]:
         """Query nodes until ``min_nodes`` answered; return the partition-ids, sorted.
 
         Raises
@@ -139,7 +235,7 @@ class Membership:
         self.query_new_nodes()
         while True:
             self.in_flight.pull()
-            self.register_query_replies(lose)
+            self.register_query_replies()
             self.query_new_nodes()  # new node ids, and those whose query failed
             registered = len(self.nodes) + len(self.unkeyed)
             if registered >= self.settings.min_nodes and not self.in_flight.queries:
@@ -155,12 +251,10 @@ class Membership:
             self.in_flight.idle(max(self.settings.poll_interval, 0.01))
         self._refuse_other_partitionings()
         for node_id in sorted(self.unkeyed):
-            self._attach(self.key_for(node_id), node_id, lose, identified=False)
+            self._attach(self.key_for(node_id), node_id, identified=False)
         self.unkeyed.clear()
         pids = sorted(self.nodes)
-        if self.settings.virtual_clock is not None:
-            num_partitions = max(self.num_partitions, max(pids) + 1)
-            self.speeds = self.settings.virtual_clock.speed_factors(list(range(num_partitions)))
+        self.speeds = self.clock.speed_factors(max(self.num_partitions, max(pids) + 1))
         for pid in pids:
             self.nodes[pid].speed = self.speeds.get(pid, 1.0)
         return pids
@@ -190,7 +284,7 @@ class Membership:
         else:
             self.unqueried.extend(new_ids)
 
-    def _register_unqueried(self, lose: LoseFn) -> list[int]:
+    def _register_unqueried(self) -> list[int]:
         """Register the node ids not asked for a partition-id (``query_partition_ids``
         off) as a node without a query handler is: keyed by node id (:meth:`key_for`),
         at start-up once every node is in. Return the partition-ids that (re)joined."""
@@ -209,7 +303,7 @@ class Membership:
         joined = []
         for node_id in new:
             pid = self.key_for(node_id)
-            if self._attach(pid, node_id, lose, identified=False):
+            if self._attach(pid, node_id, identified=False):
                 joined.append(pid)
         return joined
 
@@ -226,7 +320,7 @@ class Membership:
         self.last_refresh = now
         return True
 
-    def register_query_replies(self, lose: LoseFn) -> list[int]:
+    def register_query_replies(self) -> list[int]:
         """Map answered queries to partition-ids; return partition-ids that (re)joined.
 
         Never raises on a reply: one with malformed metadata is logged, counted in
@@ -237,7 +331,7 @@ class Membership:
         answered within ``startup_timeout`` seconds failed: it is sent again, up to
         ``max_node_failures`` failed queries in a row (:meth:`_query_failed`).
         """
-        joined = self._register_unqueried(lose)
+        joined = self._register_unqueried()
         queries = self.in_flight.queries
         for mid in [m for m in queries if m in self.in_flight.arrived]:
             node_id, _ = queries.pop(mid)
@@ -259,7 +353,7 @@ class Membership:
                 pid = self.key_for(node_id)
             elif pid is not None and not self.started:
                 self.reported_num[pid] = answer.num_partitions
-            if pid is not None and self._attach(pid, node_id, lose, identified):
+            if pid is not None and self._attach(pid, node_id, identified):
                 joined.append(pid)
         now = time.monotonic()
         for mid, (node_id, sent_at) in list(queries.items()):
@@ -287,8 +381,7 @@ class Membership:
             if node.node_id == node_id and node.state == "lost":
                 node.failures += 1
                 if node.failures >= limit:
-                    why = f"{node.failures} failures in a row; {why}"
-                    node_states.exclude(self.nodes, self.ledger, node.partition_id, why)
+                    self.exclude(node.partition_id, f"{node.failures} failures in a row; {why}")
 
     def key_for(self, node_id: int) -> int:
         """The key of a node without a partition-id: its old key, else the next free one.
@@ -301,7 +394,7 @@ class Membership:
                 return node.partition_id
         return max(self.num_partitions, max(self.nodes, default=-1) + 1)
 
-    def _attach(self, pid: int, node_id: int, lose: LoseFn, identified: bool = True) -> bool:
+    def _attach(self, pid: int, node_id: int, identified: bool = True) -> bool:
         """Bind ``pid`` to ``node_id``; return True if the partition (re)joins the run."""
         node = self.nodes.get(pid)
         if node is None:
@@ -321,7 +414,7 @@ class Membership:
             return False
         if node.active and node.node_id != node_id:
             # A restarted SuperNode: the old node id is gone, its work is lost.
-            lose(pid, f"replaced by node {node_id}", True)
+            self.lose(pid, f"replaced by node {node_id}", may_return=True)
         node.node_id = node_id
         if node.active:
             return False
@@ -329,14 +422,205 @@ class Membership:
         node.rejections_in_row = 0  # failures stay: only a valid reply resets them
         return True
 
-    def mark_lost(self, pid: int, may_return: bool) -> Node | None:
-        """Deactivate ``pid``; return its node, or None if it was not active."""
+    # ------------------------------------------------------------- transitions
+    def _now(self) -> float:
+        return self.clock.now()
+
+    def _drop_in_flight(self, pid: int) -> None:
+        """The node's work in flight is dropped (counted in ``lost_in_flight``)."""
+        self.ledger.count("lost_in_flight", self.in_flight.drop_partition(pid))
+
+    def lose(self, pid: int, why: str, may_return: bool = False) -> None:
+        """Partition ``pid`` leaves (active -> lost): its work in flight is dropped, the
+        listener told, the loss counted and logged with ``why``.
+
+        ``may_return``: it left the federation and may come back (it is queried again
+        when its node id shows up). Nothing happens if it was not active.
+        """
         node = self.nodes[pid]
         if not node.active:
-            return None
-        node.active = False
-        node.may_return = may_return
-        return node
+            return
+        node.active, node.may_return = False, may_return
+        self._drop_in_flight(pid)
+        self.listener.left(pid, self._now())
+        self.listener.forget(pid)  # back later, it meets a model that moved without it
+        self.ledger.count("nodes_lost")
+        log(WARNING, "[async] partition %d (node %d) lost: %s", pid, node.node_id, why)
+        self.listener.freed()
+
+    def exclude(self, pid: int, why: str) -> None:
+        """Exclude ``pid`` for the rest of the run (counted in ``nodes_excluded``, logged
+        with ``why``); an active node's work in flight is dropped and the listener
+        told. Nothing happens if it was excluded already."""
+        node = self.nodes[pid]
+        if node.excluded:
+            return
+        was_active = node.active
+        node.active, node.may_return, node.retry_at, node.excluded = False, False, None, why
+        self.ledger.count("nodes_excluded")
+        log(
+            WARNING,
+            "[async] partition %d (node %d) excluded for the rest of the run: %s",
+            pid,
+            node.node_id,
+            why,
+        )
+        if was_active:  # a lost node's work was dropped and the optimizer told at its loss
+            self._drop_in_flight(pid)
+            self.listener.left(pid, self._now())
+            self.listener.freed()
+
+    def fail(self, pid: int, why: str, left: bool = False) -> None:
+        """A failure of ``pid`` (``left``: it is known to have left the federation):
+        its work in flight is dropped, then it backs off, is lost or is excluded (see
+        the module docstring). Nothing happens to an excluded node."""
+        node = self.nodes[pid]
+        if node.excluded:
+            return
+        node.failures += 1
+        self._drop_in_flight(pid)
+        limit = self.settings.max_node_failures
+        if node.failures >= limit:
+            last = f"{node.failures} failures in a row (max-node-failures={limit}); last: {why}"
+            self.exclude(pid, last)
+        elif left or node.node_id not in set(self.grid.get_node_ids()):
+            self.lose(pid, f"left the federation ({why})", may_return=True)
+        else:
+            self._back_off(node, why)
+
+    def _back_off(self, node: Node, why: str) -> None:
+        """Active -> backing-off until the engine clock has run the back-off delay."""
+        if not node.active:
+            return
+        now = self._now()
+        delay = self.settings.backoff.delay(node.failures)
+        node.active, node.may_return, node.retry_at = False, False, now + delay
+        self.listener.left(node.partition_id, now)
+        self.ledger.count("node_backoffs")
+        self.stats.count(node.partition_id, "backoffs")
+        log(
+            WARNING,
+            "[async] partition %d (node %d) backs off %.3g s (failure %d in a row of "
+            "max-node-failures=%d): %s",
+            node.partition_id,
+            node.node_id,
+            delay,
+            node.failures,
+            self.settings.max_node_failures,
+            why,
+        )
+        self.listener.freed()
+
+    def next_retry(self) -> float | None:
+        """The earliest end of a back-off (engine seconds), or None if no node backs off."""
+        times = [n.retry_at for n in self.nodes.values() if n.state == "backing-off"]
+        return min(times) if times else None  # type: ignore[type-var]
+
+    def end_backoffs(self) -> None:
+        """Backing-off -> active for every node whose back-off has ended by the engine
+        clock's reading now (in partition-id order); then the freed slots get work.
+
+        The engine calls it whenever the clock may have passed a back-off's end: after
+        each reply and on each turn of its loop (virtual time moves only at a reply or
+        a jump, so a simulation stays reproducible).
+        """
+        now = self._now()
+        back = [p for p, n in sorted(self.nodes.items()) if n.state == "backing-off"]
+        back = [p for p in back if self.nodes[p].retry_at <= now]  # type: ignore[operator]
+        if not back:
+            return
+        for pid in back:
+            self.nodes[pid].active, self.nodes[pid].retry_at = True, None
+        for pid in back:
+            self.listener.joined(pid, now)
+            log(INFO, "[async] partition %d back after its back-off", pid)
+        self.listener.freed()
+
+    def register_joins(self) -> None:
+        """Register answered queries as joins (lost -> active, or a new node), each
+        counted, logged and given work; query new node ids now and then."""
+        if self.joins_pending:
+            for pid in self.register_query_replies():
+                self.listener.joined(pid, self._now())
+                self.ledger.count("nodes_joined")
+                log(INFO, "[async] partition %d joined (node %d)", pid, self.nodes[pid].node_id)
+                self.listener.freed()
+        if self.refresh_due():
+            self.query_new_nodes()
+
+    def check_deadlines(self) -> None:
+        """Fail the nodes whose train reply is later than ``dispatch_timeout`` wall
+        seconds (counted in ``dispatch_timeouts``); end the back-offs that are over."""
+        timeout = self.settings.dispatch_timeout
+        if self.in_flight.overdue(time.monotonic(), timeout):
+            self.in_flight.pull()  # the server may have been busy: look once more first
+            for dispatch in self.in_flight.overdue(time.monotonic(), timeout):
+                self.ledger.count("dispatch_timeouts")
+                self.stats.count(dispatch.partition_id, "dispatch_timeouts")
+                self.fail(dispatch.partition_id, f"no reply within dispatch-timeout={timeout} s")
+        self.end_backoffs()
+
+    def on_error_reply(self, pid: int, reply: Message) -> None:
+        """An error reply to a train message of ``pid``: counted, logged with what its
+        code means (TTL expiry named as such), a failure of the node."""
+        self.ledger.count("error_replies")
+        self.stats.count(pid, "error_replies")
+        code, ttl = reply.error.code, self.settings.message_ttl
+        log(
+            WARNING,
+            "[async] error reply from partition %d (code %s: %s): %s",
+            pid,
+            code,
+            describe_error(code, ttl),
+            last_line(reply),
+        )
+        why = f"error reply ({error_summary(reply, ttl)})"
+        self.fail(pid, why, left=code == ErrorCode.NODE_UNAVAILABLE)
+
+    def replied(self, pid: int) -> None:
+        """A valid reply of ``pid``: its failures in a row start again from 0."""
+        self.nodes[pid].failures = 0
+
+    def accepted(self, pid: int) -> None:
+        """An update of ``pid`` was accepted: its rejections in a row start again from 0."""
+        self.nodes[pid].rejections_in_row = 0
+
+    def rejected(self, pid: int, why: str, blame: bool = True) -> None:
+        """An update of ``pid`` was rejected (``why``: reason and message). With
+        ``blame``, ``max-consecutive-rejections`` of them in a row exclude it; without
+        (every node's updates are rejected: the model diverged) only the count goes on."""
+        node = self.nodes[pid]
+        node.rejections_in_row += 1
+        limit = self.settings.max_consecutive_rejections
+        if blame and limit and node.rejections_in_row >= limit:
+            self.exclude(
+                pid,
+                f"{node.rejections_in_row} rejected updates in a row "
+                f"(max-consecutive-rejections={limit}); last: {why}",
+            )
+
+    def reconcile(self, active_before: set[int] | frozenset[int]) -> None:
+        """At a resume, the nodes that answered now are the run's: those lost before
+        the checkpoint (not in ``active_before``, the optimizer's active nodes) rejoin;
+        those active then that did not answer are lost (they rejoin if they come)."""
+        now = self._now()
+        for pid, node in sorted(self.nodes.items()):
+            if node.active and pid not in active_before:
+                self.listener.joined(pid, now)
+                self.ledger.count("nodes_joined")
+                log(
+                    INFO, "[async] partition %d rejoined at the resume (node %d)", pid, node.node_id
+                )
+            elif not node.active and pid in active_before:
+                node.may_return = True
+                self.listener.left(pid, now)
+                self.ledger.count("nodes_lost")
+                log(
+                    WARNING,
+                    "[async] partition %d lost: it did not answer at the resume (it rejoins "
+                    "when it comes back)",
+                    pid,
+                )
 
     # ------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
@@ -354,13 +638,36 @@ class Membership:
         with clean failure and rejection counts), unless it was excluded (it stays
         out for the rest of the run) or backing off (it still is, until the engine
         time saved). A saved partition that did not answer is inactive and may
-        return (queried when it shows up), unless excluded.
+        return (queried when it shows up), unless excluded. ``num_partitions`` stays
+        this start's (checked against the checkpoint's before: it may differ only
+        where ``resume-allow-changes`` allows it); then :meth:`reconcile`.
         """
-        self.speeds, self.num_partitions = dict(state["speeds"]), state["num_partitions"]
+        self.speeds = dict(state["speeds"])
         for pid, saved in state["nodes"].items():
             node = self.nodes.get(pid)
             if node is None:  # its SuperNode did not come back: known, may return
                 node = self.nodes[pid] = Node(
                     pid, -1, saved["speed"], active=False, may_return=True
                 )
-            node_states.restore(node, saved)
+            _restore_node(node, saved)
+
+
+def _restore_node(node: Node, saved: dict[str, Any]) -> None:
+    """Restore ``node`` from its checkpoint record ``saved`` (``Node.SAVED``) at a resume.
+
+    ``node.active``: it answered at this start. An excluded node stays out for the
+    rest of the run; one backing off at the checkpoint still is (until the engine
+    time saved); one lost before the checkpoint that answered now rejoins with clean
+    failure and rejection counts.
+    """
+    node.dispatches, node.speed = saved["dispatches"], saved["speed"]
+    node.excluded = saved.get("excluded", "")
+    backing_off = not saved["active"] and saved.get("retry_at") is not None
+    if saved["active"] or backing_off or node.excluded or not node.active:
+        # Checkpoints written before the back-off counted "errors_in_row".
+        node.failures = saved.get("failures", saved.get("errors_in_row", 0))
+        node.rejections_in_row = saved["rejections_in_row"]
+    if node.excluded:  # out for the rest of the run, whether it answered or not
+        node.active = node.may_return = False
+    elif node.active and backing_off:
+        node.active, node.retry_at = False, saved["retry_at"]

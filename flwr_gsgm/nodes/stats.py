@@ -22,15 +22,13 @@ exclusion). Three patterns a run's totals hide are logged as warnings and listed
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from logging import WARNING
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from flwr.common.logger import log
 
 from flwr_gsgm.core import Outcome
-
-if TYPE_CHECKING:
-    from flwr_gsgm.nodes.membership import Membership
 
 __all__ = [
     "LOW_SHARE",
@@ -64,6 +62,28 @@ LOW_SHARE = 0.1
 MIN_FAIR_SHARE = 10
 #: The model "waits" once its version is unchanged over this many updates per active node.
 STALL_FACTOR = 10
+
+
+class NodeView(Protocol):
+    """What the per-node report reads of a node (a :class:`~flwr_gsgm.nodes.membership.Node`)."""
+
+    @property
+    def node_id(self) -> int: ...
+
+    @property
+    def excluded(self) -> str: ...
+
+    @property
+    def state(self) -> str: ...
+
+
+class Members(Protocol):
+    """What the per-node report reads of the run's nodes (a
+    :class:`~flwr_gsgm.nodes.membership.Membership`, which counts through this module:
+    it is not imported here)."""
+
+    @property
+    def nodes(self) -> Mapping[int, NodeView]: ...
 
 
 class NodeStats:
@@ -127,7 +147,7 @@ class NodeStats:
             self.warnings.append(text)
             log(WARNING, "[async] warning: %s", text)
 
-    def finish(self, max_staleness: int | None, members: Membership | None = None) -> None:
+    def finish(self, max_staleness: int | None, members: Members | None = None) -> None:
         """End of the run: warn about nodes whose updates were mostly dropped as stale,
         and (with ``members``, the run's nodes) about nodes whose share of the updates
         taken into the model is below :data:`LOW_SHARE` of their fair share (a node
@@ -146,7 +166,7 @@ class NodeStats:
         if members is not None:
             self._warn_low_shares(members, named)
 
-    def _warn_low_shares(self, members: Membership, named: set[int]) -> None:
+    def _warn_low_shares(self, members: Members, named: set[int]) -> None:
         # An excluded node is already named with its reason; the share is over the others.
         pids = sorted(p for p, node in members.nodes.items() if not node.excluded)
         used = {p: self._used(p) for p in pids}
@@ -169,7 +189,7 @@ class NodeStats:
         c = self.counts.get(pid, Counter())
         return int(c["updates_applied"] + c["updates_deferred"])
 
-    def report(self, members: Membership) -> dict[str, dict[str, Any]]:
+    def report(self, members: Members) -> dict[str, dict[str, Any]]:
         """``{partition-id (str): counts, "state" and "excluded" (the reason, or "")}``."""
         out: dict[str, dict[str, Any]] = {}
         for pid in sorted(set(self.counts) | set(members.nodes)):

@@ -22,7 +22,7 @@ import pytest
 from clients.client_app import app as client_app
 from flwr_gsgm.checkpoint import atomic
 from flwr_gsgm.checkpoint import files as checkpoint
-from flwr_gsgm.engine import async_engine
+from flwr_gsgm.engine import memory
 from flwr_gsgm.engine.memory import MemoryEstimate, size_text
 from flwr_gsgm.engine.run_end import RunFailed
 from flwr_gsgm.engine.settings import EngineSettings
@@ -71,7 +71,7 @@ def test_the_estimate_is_the_rules_copies_and_the_messages_in_flight():
 
 
 def test_a_warning_when_the_expected_peak_exceeds_the_memory_available(monkeypatch, caplog):
-    monkeypatch.setattr(async_engine, "available_memory", lambda: (100, "a test limit"))
+    monkeypatch.setattr(memory, "available_memory", lambda: (100, "a test limit"))
     grid = InProcessGrid(make_app(), 3, run_config={})
     report = GSGM(virtual_clock=EVEN).start(grid, initial_arrays(), max_updates=6).report
     expected = f"the expected peak server memory {TABLE} exceeds the memory available 100 B (a test limit): {ADVICE}"
@@ -109,7 +109,7 @@ def out_of_memory_at(call: int, monkeypatch) -> None:
 
 
 def test_a_memory_error_ends_the_run_failed_with_the_estimate(monkeypatch):
-    monkeypatch.setattr(async_engine, "available_memory", lambda: (100, "a test limit"))
+    monkeypatch.setattr(memory, "available_memory", lambda: (100, "a test limit"))
     out_of_memory_at(4, monkeypatch)
     grid = InProcessGrid(make_app(), 3, run_config={})
     with pytest.raises(RunFailed) as err:

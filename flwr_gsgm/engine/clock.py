@@ -1,0 +1,238 @@
+"""The engine clock: virtual seconds in simulation, wall seconds in deployment.
+
+One object answers every question the engine and its parts ask of time, so that
+none of them tests which clock it runs under (:func:`make_clock` is the one place
+that picks it):
+
+- :meth:`Clock.now`: the engine time in seconds: the core's ``now``, the end of a
+  node's back-off, the ``virtual_time`` column of ``metrics.csv`` and
+  ``virtual_seconds`` of ``summary.json``; :meth:`Clock.wall` the wall seconds since
+  the start (``wall_time``);
+- :attr:`Clock.virtual`: whether time is virtual: replies are then applied in order
+  of virtual finish time (:class:`~flwr_gsgm.engine.in_flight.InFlight`), else in
+  arrival order;
+- an in-flight message's finish time: :meth:`Clock.stamp` when it is sent (virtual:
+  drawn from the time model, so it is known before the reply arrives; wall: unknown),
+  :meth:`Clock.at_reply` when its reply is handled;
+- what a budget in seconds (``max-seconds``) means: :meth:`Clock.out_of_time`
+  between replies, :meth:`Clock.too_late` for a reply, :meth:`Clock.time_left` for a
+  new dispatch.
+
+Under :class:`VirtualTime` time moves only at a reply (to its virtual finish time,
+never back) or when the engine, with nothing in flight, jumps to the end of a
+back-off (:meth:`Clock.jump_to`); a run is then reproducible whatever the machine's
+load. Under :class:`WallTime` it is ``time.monotonic()`` since :meth:`Clock.start`.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from flwr.app import ConfigRecord
+
+from flwr_gsgm.simulation.virtual_clock import VirtualClock
+
+if TYPE_CHECKING:
+    from flwr_gsgm.engine.in_flight import Dispatch
+    from flwr_gsgm.engine.settings import EngineSettings
+
+__all__ = ["Clock", "VirtualTime", "WallTime", "make_clock"]
+
+
+class Clock(ABC):
+    """The engine clock (see the module docstring); ``max_seconds`` is the run's time
+    budget in seconds of this clock (None: no time budget)."""
+
+    #: True: virtual seconds of the time model; False: wall seconds.
+    virtual: ClassVar[bool]
+
+    def __init__(self, max_seconds: float | None = None) -> None:
+        self.max_seconds = max_seconds
+        self._t0 = time.monotonic()
+
+    def start(self) -> None:
+        """The run starts now: :meth:`wall` (and :class:`WallTime`'s :meth:`now`) count
+        from here."""
+        self._t0 = time.monotonic()
+
+    def wall(self) -> float:
+        """Wall seconds since :meth:`start`."""
+        return time.monotonic() - self._t0
+
+    def _beyond(self, t: float) -> bool:
+        """True if engine time ``t`` (s) is past the budget (never without one)."""
+        return self.max_seconds is not None and t > self.max_seconds
+
+    def time_left(self) -> bool:
+        """True if a dispatch sent now may still count: the budget is not reached."""
+        return self.max_seconds is None or self.now() < self.max_seconds
+
+    @abstractmethod
+    def now(self) -> float:
+        """The engine time in seconds."""
+
+    @abstractmethod
+    def at_reply(self, dispatch: Dispatch) -> float:
+        """The engine time at which ``dispatch``'s reply is handled (the clock moves to it)."""
+
+    @abstractmethod
+    def too_late(self, dispatch: Dispatch) -> bool:
+        """True if ``dispatch``'s reply, next in line, finishes past the budget: the
+        run's time is spent and work still in flight is not applied."""
+
+    @abstractmethod
+    def out_of_time(self) -> bool:
+        """True if the budget has run out between replies."""
+
+    @abstractmethod
+    def jump_to(self, t: float) -> bool:
+        """With nothing in flight, move the clock to engine time ``t`` (a back-off's
+        end); True if it moved there, False if time cannot jump (the engine waits)."""
+
+    @abstractmethod
+    def stamp(
+        self, config: ConfigRecord, speed: float, pid: int, index: int, message_bytes: int
+    ) -> float:
+        """The finish time of a train message being sent (0.0 if unknown before its
+        reply); under the virtual clock it also sets ``config["virtual-duration"]``.
+
+        ``speed`` is the node's speed factor, ``index`` the partition's dispatch
+        counter, ``message_bytes`` the bytes of the weights sent (the reply is as
+        large); ``config`` is the message's train config (its local work).
+        """
+
+    @abstractmethod
+    def speed_factors(self, num_partitions: int) -> dict[int, float]:
+        """Each partition's speed factor (1.0 for a partition not listed)."""
+
+    @abstractmethod
+    def state_dict(self) -> dict[str, Any]:
+        """The clock's checkpoint entries (``clock_now``: the engine time)."""
+
+    @abstractmethod
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` (from a checkpoint's top-level entries)."""
+
+
+class VirtualTime(Clock):
+    """Virtual seconds of the seeded time model ``model`` (a simulation).
+
+    Each dispatch's duration is drawn when it is sent (:meth:`stamp`: its local work
+    read from the train config, ``mode``, ``batch-size``, ``local-batches``,
+    ``local-steps``, ``local-epochs``, and the bytes sent,
+    :meth:`VirtualClock.duration <flwr_gsgm.simulation.virtual_clock.VirtualClock.duration>`).
+    A budget is spent by the first reply that finishes past it.
+    """
+
+    virtual = True
+
+    def __init__(self, model: VirtualClock, max_seconds: float | None = None) -> None:
+        super().__init__(max_seconds)
+        self.model = model
+        self._now = 0.0
+
+    def now(self) -> float:
+        return self._now
+
+    def at_reply(self, dispatch: Dispatch) -> float:
+        self._now = max(self._now, dispatch.v_finish)
+        return self._now
+
+    def too_late(self, dispatch: Dispatch) -> bool:
+        return self._beyond(dispatch.v_finish)
+
+    def out_of_time(self) -> bool:
+        return False  # virtual time moves only at a reply, which too_late checks
+
+    def jump_to(self, t: float) -> bool:
+        self._now = max(self._now, t)
+        return True
+
+    def stamp(
+        self, config: ConfigRecord, speed: float, pid: int, index: int, message_bytes: int
+    ) -> float:
+        """See :meth:`Clock.stamp`.
+
+        Raises
+        ------
+        ValueError
+            Epoch work (``local-epochs`` > 0) without the partition's example count
+            (:meth:`VirtualClock.work_steps`).
+        """
+        duration = self.model.duration(
+            speed, pid, index, self.work_steps(pid, config), message_bytes
+        )
+        config["virtual-duration"] = duration
+        return self._now + duration
+
+    def work_steps(self, pid: int, config: ConfigRecord) -> int:
+        """Steps of local work ``config`` asks of partition ``pid`` (absent keys:
+        gradient mode, one batch or step of 32, no epochs), as the time model counts them."""
+        return self.model.work_steps(
+            pid,
+            str(config.get("mode", "gradient")),
+            batch_size=int(config.get("batch-size", 32)),
+            local_batches=int(config.get("local-batches", 1)),
+            local_steps=int(config.get("local-steps", 1)),
+            local_epochs=int(config.get("local-epochs", 0)),
+        )
+
+    def speed_factors(self, num_partitions: int) -> dict[int, float]:
+        return self.model.speed_factors(list(range(num_partitions)))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"clock_now": self._now}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._now = state["clock_now"]
+
+
+class WallTime(Clock):
+    """Wall seconds since the start (a deployment): replies in arrival order.
+
+    A message's finish time is its arrival; the budget is spent once the wall time
+    since the start passes it, checked on every turn of the loop. A resumed run counts
+    from its own start (as its ``max-seconds`` budget does).
+    """
+
+    virtual = False
+
+    def now(self) -> float:
+        return self.wall()
+
+    def at_reply(self, dispatch: Dispatch) -> float:
+        return self.wall()
+
+    def too_late(self, dispatch: Dispatch) -> bool:
+        return False  # its finish time is its arrival: out_of_time checks the budget
+
+    def out_of_time(self) -> bool:
+        return self._beyond(self.wall())
+
+    def jump_to(self, t: float) -> bool:
+        return False  # wall time does not jump: the engine waits for it
+
+    def stamp(
+        self, config: ConfigRecord, speed: float, pid: int, index: int, message_bytes: int
+    ) -> float:
+        return 0.0  # known when the reply arrives
+
+    def speed_factors(self, num_partitions: int) -> dict[int, float]:
+        return {}  # real devices: no simulated speed
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"clock_now": self.now()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        del state  # wall time goes on from this start
+
+
+def make_clock(settings: EngineSettings) -> Clock:
+    """The engine clock of ``settings``, the one place that picks it: :class:`VirtualTime`
+    over ``settings.virtual_clock`` (see :attr:`EngineSettings.virtual`), or, without
+    one, :class:`WallTime`; the time budget is ``settings.max_seconds``."""
+    if settings.virtual_clock is None:
+        return WallTime(settings.max_seconds)
+    return VirtualTime(settings.virtual_clock, settings.max_seconds)
