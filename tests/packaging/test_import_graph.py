@@ -3,7 +3,8 @@
 An import counts wherever it is written: at module level, inside a function (a lazy
 import is still a dependency) and under ``if TYPE_CHECKING:`` (a module that names its
 caller's type knows its caller: the coupling the layering forbids). ``from package
-import name`` counts as importing ``package.name`` when that is a module.
+import name`` counts as importing ``package.name`` when that is a module, and as
+importing ``package`` itself only for the names that are not modules.
 """
 
 from __future__ import annotations
@@ -44,10 +45,12 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
-            found.add(target)
-            for alias in node.names:
-                if f"{target}.{alias.name}" in known:
-                    found.add(f"{target}.{alias.name}")
+            submodules = {f"{target}.{a.name}" for a in node.names} & known
+            found.update(submodules)
+            # `from package import module` needs the module, not the package's own
+            # names (Python runs the package's __init__ for any submodule anyway).
+            if len(submodules) < len(node.names):
+                found.add(target)
         for child in ast.iter_child_nodes(node):
             visit(child)
 
@@ -115,9 +118,13 @@ def test_the_graph_sees_type_checking_function_level_and_relative_imports(tmp_pa
     known = {"flwr_gsgm", "flwr_gsgm.sub", "flwr_gsgm.sub.w", "flwr_gsgm.sub.x"}
     known |= {"flwr_gsgm.y", "flwr_gsgm.z"}
     assert imports_of("flwr_gsgm.sub.x", pkg / "x.py", known) == {
-        "flwr_gsgm",
         "flwr_gsgm.y",
         "flwr_gsgm.z",
+        "flwr_gsgm.sub.w",
+    }
+    (pkg / "v.py").write_text("from flwr_gsgm import GSGM\nfrom . import w, helper\n")
+    assert imports_of("flwr_gsgm.sub.v", pkg / "v.py", known | {"flwr_gsgm.sub.v"}) == {
+        "flwr_gsgm",
         "flwr_gsgm.sub",
         "flwr_gsgm.sub.w",
     }
