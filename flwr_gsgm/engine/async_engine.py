@@ -31,7 +31,7 @@ The engine owns its parts, each in its own module, each holding its own state
 - the books (:mod:`flwr_gsgm.engine.ledger`, :mod:`flwr_gsgm.nodes.stats`), evaluation
   (:mod:`flwr_gsgm.evaluation.central`, :mod:`flwr_gsgm.evaluation.federated`), how the
   run ends (:mod:`flwr_gsgm.engine.run_end`), checkpoints
-  (:mod:`flwr_gsgm.engine.state`, :mod:`flwr_gsgm.checkpoint.files`) and the report
+  (:mod:`flwr_gsgm.checkpoint.state`, :mod:`flwr_gsgm.checkpoint.files`) and the report
   (:mod:`flwr_gsgm.engine.report`).
 
 With ``max_in_flight`` at most that many nodes train at once and a
@@ -51,9 +51,9 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from flwr_gsgm.checkpoint import files as checkpoint
+from flwr_gsgm.checkpoint import state as engine_state
 from flwr_gsgm.checkpoint.resume import ResumeRefused
 from flwr_gsgm.core import Outcome, ServerOptimizer, UpdateRejected
-from flwr_gsgm.engine import state as engine_state
 from flwr_gsgm.engine.clock import make_clock
 from flwr_gsgm.engine.dispatcher import Dispatcher
 from flwr_gsgm.engine.in_flight import Dispatch, InFlight
@@ -213,7 +213,7 @@ class AsyncEngine:
     # ------------------------------------------------------------------ set-up
     def _checkpoint_to_resume(self) -> dict[str, Any] | None:
         """The verified checkpoint to resume from (None without ``resume``), checked
-        against the run's settings (:func:`flwr_gsgm.engine.state.check_before_start`)."""
+        against the run's settings (:func:`flwr_gsgm.checkpoint.state.check_before_start`)."""
         path, resume = self.settings.checkpoint_path, self.settings.resume
         saved = checkpoint.load_for_resume(path, resume)
         if saved is not None:
@@ -463,7 +463,7 @@ class AsyncEngine:
     # ------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue this run bit-identically: each part's
-        ``state_dict()`` under the checkpoint's top-level keys (:mod:`flwr_gsgm.engine.state`).
+        ``state_dict()`` under the checkpoint's top-level keys (:mod:`flwr_gsgm.checkpoint.state`).
 
         In-flight dispatches are saved with the weights they carried; a resumed run
         re-sends them with the same seed and virtual finish time.
@@ -501,7 +501,7 @@ class AsyncEngine:
         ResumeRefused
             The nodes report another number of partitions (unless allowed), or (a
             strategy started without a run config) the rule's parameters or train
-            config differ (:func:`flwr_gsgm.engine.state.check_after_start`).
+            config differ (:func:`flwr_gsgm.checkpoint.state.check_after_start`).
         CheckpointError
             Anything else in the state does not fit the run (model keys, optimizer
             state, dispatch policy): the message names the checkpoint and the cause.
