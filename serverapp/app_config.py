@@ -19,28 +19,16 @@ data: the presets (``simulations/``) check their run configs with it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from flwr_gsgm.config import run_config as library
-from flwr_gsgm.config.keys import RunConfigKey
+from flwr_gsgm.config.keys import RunConfigKey, non_negative, one_of, positive
 
 __all__ = ["APP_KEYS", "DATASET_CLASSES", "RUN_CONFIG", "parse_app_config"]
 
 #: The data sets of ``clients/datasets.py`` and their number of classes.
 DATASET_CLASSES = {"fashion-mnist": 10, "cifar10": 10, "cifar100": 100}
-
-
-def _positive(v: Any) -> bool:
-    return v > 0
-
-
-def _non_negative(v: Any) -> bool:
-    return v >= 0
-
-
-def _one_of(*values: str) -> Callable[[Any], bool]:
-    return lambda v: v in values
 
 
 def _any(v: Any) -> bool:
@@ -51,13 +39,13 @@ def _any(v: Any) -> bool:
 EVALUATION_KEYS: dict[str, RunConfigKey] = {
     "eval-examples": RunConfigKey(
         0,
-        _non_negative,
+        non_negative,
         "an integer >= 0 (0 = the whole test set)",
         "server evaluation on a fixed random subset (seed 0) of this many test images",
     ),
     "eval-threads": RunConfigKey(
         2,
-        _positive,
+        positive,
         "an integer > 0",
         "threads of the server evaluation (same accuracy; loss up to float rounding)",
     ),
@@ -67,20 +55,20 @@ EVALUATION_KEYS: dict[str, RunConfigKey] = {
 NODE_KEYS: dict[str, RunConfigKey] = {
     "eval-max-examples": RunConfigKey(
         1000,
-        _positive,
+        positive,
         "an integer > 0",
         "ClientApp evaluate handler (federated evaluation): test images per node",
     ),
     "client-threads": RunConfigKey(
         1,
-        _positive,
+        positive,
         "an integer > 0",
         "torch threads per ClientApp (another value changes the bits of a run)",
     ),
     # data
     "dataset": RunConfigKey(
         "fashion-mnist",
-        _one_of(*DATASET_CLASSES),
+        one_of(*DATASET_CLASSES),
         f"one of {', '.join(DATASET_CLASSES)}",
         "data set",
     ),
@@ -89,14 +77,14 @@ NODE_KEYS: dict[str, RunConfigKey] = {
     ),
     "partitioner": RunConfigKey(
         "pathological",
-        _one_of("pathological", "dirichlet", "iid"),
+        one_of("pathological", "dirichlet", "iid"),
         "pathological, dirichlet or iid",
         "non-IID partitioning",
     ),
     "classes-per-node": RunConfigKey(
-        2, _positive, "an integer in [1, number of classes]", "pathological: classes per node"
+        2, positive, "an integer in [1, number of classes]", "pathological: classes per node"
     ),
-    "dirichlet-alpha": RunConfigKey(0.5, _positive, "> 0", "dirichlet: concentration alpha"),
+    "dirichlet-alpha": RunConfigKey(0.5, positive, "> 0", "dirichlet: concentration alpha"),
 }
 
 #: Every key of the app's own (not the library's).

@@ -23,6 +23,9 @@ __all__ = [
     "optimizer_keys",
     "optimizer_params_from",
     "strategy_keys",
+    "positive",
+    "non_negative",
+    "one_of",
 ]
 
 #: Server optimizer keys that Flower's synchronous strategies read (FedAvgM: server
@@ -45,6 +48,21 @@ class RunConfigKey:
     @property
     def kind(self) -> type:
         return type(self.default)
+
+
+def positive(v: Any) -> bool:
+    """A :class:`RunConfigKey` check: ``v > 0``."""
+    return v > 0
+
+
+def non_negative(v: Any) -> bool:
+    """A :class:`RunConfigKey` check: ``v >= 0``."""
+    return v >= 0
+
+
+def one_of(*values: str) -> Callable[[Any], bool]:
+    """A :class:`RunConfigKey` check: ``v`` is one of ``values``."""
+    return lambda v: v in values
 
 
 def _means_none(param: Param, value: Any) -> bool:

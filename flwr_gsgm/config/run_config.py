@@ -29,8 +29,11 @@ from flwr_gsgm.config.keys import (
     OPTIMIZER_KEYS,
     SYNC_STRATEGY_KEYS,
     RunConfigKey,
+    non_negative,
+    one_of,
     optimizer_keys,
     optimizer_params_from,
+    positive,
     strategy_keys,
 )
 from flwr_gsgm.core import OPTIMIZERS
@@ -58,18 +61,6 @@ ASYNC_STRATEGIES = tuple(OPTIMIZERS)
 SYNC_STRATEGIES = ("fedavg", "fedavgm")
 
 
-def _positive(v: Any) -> bool:
-    return v > 0
-
-
-def _non_negative(v: Any) -> bool:
-    return v >= 0
-
-
-def _one_of(*values: str) -> Callable[[Any], bool]:
-    return lambda v: v in values
-
-
 def _key(default: Any, check: Callable[[Any], bool], expected: str, help: str) -> RunConfigKey:
     return RunConfigKey(default, check, expected, help)
 
@@ -82,25 +73,23 @@ RUN_CONFIG: dict[str, RunConfigKey] = {
     # what to run
     "strategy": _key(
         "gsgm",
-        _one_of(*ASYNC_STRATEGIES, *SYNC_STRATEGIES),
+        one_of(*ASYNC_STRATEGIES, *SYNC_STRATEGIES),
         f"one of {', '.join(ASYNC_STRATEGIES + SYNC_STRATEGIES)}",
         "server strategy",
     ),
     "max-updates": _key(
-        4000, _positive, "an integer > 0", "budget: client updates received (client computations)"
+        4000, positive, "an integer > 0", "budget: client updates received (client computations)"
     ),
     "max-seconds": _key(
         0.0,
-        _non_negative,
+        non_negative,
         ">= 0 (0 = no limit)",
         "budget: virtual seconds (virtual-clock = true) or wall seconds",
     ),
-    "eval-every": _key(
-        100, _positive, "an integer > 0", "evaluate every N client updates received"
-    ),
+    "eval-every": _key(100, positive, "an integer > 0", "evaluate every N client updates received"),
     "federated-eval-every": _key(
         0,
-        _non_negative,
+        non_negative,
         "an integer >= 0 (0 = none), a multiple of eval-every",
         "federated evaluation (the ClientApp's evaluate) every N client updates received",
     ),
@@ -111,28 +100,28 @@ RUN_CONFIG: dict[str, RunConfigKey] = {
         "federated evaluation: fraction of the active nodes asked",
     ),
     "seed": _key(
-        0, _non_negative, "an integer >= 0", "seed of partitioning, clock and client sampling"
+        0, non_negative, "an integer >= 0", "seed of partitioning, clock and client sampling"
     ),
     # server optimizer: generated from the rules' declarations
     **optimizer_keys(),
     # client work
     "client-mode": _key(
         "gradient",
-        _one_of("gradient", "delta", "weights"),
+        one_of("gradient", "delta", "weights"),
         "gradient, delta or weights",
         "what clients return (delta: the displacement w_sent - w_local; weights: w_local, "
         "the server forms the displacement)",
     ),
-    "batch-size": _key(32, _positive, "an integer > 0", "mini-batch size"),
-    "local-batches": _key(1, _positive, "an integer > 0", "gradient mode: mini-batches averaged"),
-    "local-steps": _key(1, _positive, "an integer > 0", "delta/weights mode: local SGD steps"),
+    "batch-size": _key(32, positive, "an integer > 0", "mini-batch size"),
+    "local-batches": _key(1, positive, "an integer > 0", "gradient mode: mini-batches averaged"),
+    "local-steps": _key(1, positive, "an integer > 0", "delta/weights mode: local SGD steps"),
     "local-epochs": _key(
         0,
-        _non_negative,
+        non_negative,
         "an integer >= 0 (0 = local-steps)",
         "delta/weights mode: passes over the node's partition, ceil(N / batch-size) steps each",
     ),
-    "local-lr": _key(0.05, _positive, "> 0", "client learning rate (delta/weights mode)"),
+    "local-lr": _key(0.05, positive, "> 0", "client learning rate (delta/weights mode)"),
     "local-momentum": _key(
         0.0,
         lambda v: 0 <= v < 1,
@@ -144,79 +133,79 @@ RUN_CONFIG: dict[str, RunConfigKey] = {
         True, _ANY, "true or false", "simulation clock (false = real arrival order)"
     ),
     "base-duration": _key(
-        1.0, _positive, "> 0 seconds", "uniform: virtual seconds per step of local work, fast node"
+        1.0, positive, "> 0 seconds", "uniform: virtual seconds per step of local work, fast node"
     ),
     "slow-fraction": _key(0.25, lambda v: 0 <= v <= 1, "in [0, 1]", "fraction of slow nodes"),
     "slow-factor": _key(4.0, lambda v: v >= 1, ">= 1", "how many times slower a slow node is"),
     "jitter": _key(0.1, lambda v: 0 <= v < 1, "in [0, 1)", "relative jitter of each duration"),
     "device-profile": _key(
         "uniform",
-        _one_of(*DEVICE_PROFILES),
+        one_of(*DEVICE_PROFILES),
         f"one of {', '.join(DEVICE_PROFILES)}",
         "time model: compute speeds, latency, bandwidth (docs/GSGM.md, Time model)",
     ),
     "step-seconds": _key(
         0.0,
-        _non_negative,
+        non_negative,
         ">= 0 seconds",
         "virtual seconds per step of local work (0: the profile's)",
     ),
     "latency-seconds": _key(
-        0.0, _non_negative, ">= 0 seconds", "virtual latency per message (0: the profile's)"
+        0.0, non_negative, ">= 0 seconds", "virtual latency per message (0: the profile's)"
     ),
     # engine
     "message-ttl": _key(
         600.0,
-        _positive,
+        positive,
         "> 0 seconds",
         "TTL of every train and evaluate message (above dispatch-timeout)",
     ),
     "startup-timeout": _key(
         300.0,
-        _positive,
+        positive,
         "> 0 seconds",
         "start-up deadline: wall seconds for min-nodes to answer the query (also a joining "
         "node's query, and a query's TTL)",
     ),
     "dispatch-timeout": _key(
         300.0,
-        _positive,
+        positive,
         "> 0 seconds, below message-ttl",
         "per-dispatch deadline: wall seconds a train message may go unanswered before the "
         "node fails",
     ),
     "max-node-failures": _key(
         5,
-        _positive,
+        positive,
         "an integer > 0",
         "failures in a row (time-outs, error replies; each backs the node off) that exclude a node",
     ),
     "rejoin-timeout": _key(
         120.0,
-        _non_negative,
+        non_negative,
         ">= 0 seconds",
         "with no node left training, wall seconds to wait for a lost node before the run fails",
     ),
-    "poll-interval": _key(0.01, _non_negative, ">= 0 seconds", "sleep between pulls when idle"),
+    "poll-interval": _key(0.01, non_negative, ">= 0 seconds", "sleep between pulls when idle"),
     "max-consecutive-rejections": _key(
         10,
-        _non_negative,
+        non_negative,
         "an integer >= 0 (0 = never)",
         "a node whose updates are rejected this often in a row is excluded",
     ),
     "max-norm-ratio": _key(
         10.0,
-        _non_negative,
+        non_negative,
         ">= 0 (0 = off)",
         f"reject an update whose L2 norm exceeds this times the median of the last {WINDOW} "
         f"accepted ({NEW_NODE_ROOM:g}x that for a node with fewer than {NODE_MIN} accepted, "
         f"and for all in the first {WARMUP}, which must also stay within "
         f"{INITIAL_ROOM:g}x the initial model's scale)",
     ),
-    "min-nodes": _key(1, _positive, "an integer > 0", "nodes to wait for before training"),
+    "min-nodes": _key(1, positive, "an integer > 0", "nodes to wait for before training"),
     "max-in-flight": _key(
         0,
-        _non_negative,
+        non_negative,
         "an integer >= 0 (0 = all nodes)",
         "nodes training at once (FedAvg/FedAvgM: nodes sampled per round)",
     ),
@@ -228,7 +217,7 @@ RUN_CONFIG: dict[str, RunConfigKey] = {
     ),
     "dispatch": _key(
         "auto",
-        _one_of("auto", "random", "scheduled"),
+        one_of("auto", "random", "scheduled"),
         "auto, random or scheduled",
         "which idle node gets a freed slot (max-in-flight < nodes); auto = scheduled "
         "for GSGM with scheduling, random for the others",
@@ -236,7 +225,7 @@ RUN_CONFIG: dict[str, RunConfigKey] = {
     # checkpoints
     "checkpoint-every": _key(
         0,
-        _non_negative,
+        non_negative,
         "an integer >= 0 (0 = never)",
         "save the server state every N client updates (and on SIGTERM)",
     ),
