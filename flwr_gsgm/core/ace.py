@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .base import Outcome, Parts, ServerOptimizer, chunks
+from .base import Outcome, Parts, ServerOptimizer, chunks, replace_row
 from .params import Param, server_learning_rate
 
 __all__ = ["ACERule"]
@@ -193,15 +193,8 @@ class ACERule(ServerOptimizer):
             entry = self._rows[partition_id] = [self._new_buffer(), base_version]
         row, a, n = entry[0], self._scr_a, len(self._rows)
         for lo, hi, g in chunks(parts):
-            r, ts = row[lo:hi], total[lo:hi]
-            if new:
-                np.copyto(r, g)
-                np.add(ts, g, out=ts)
-            else:
-                t = a[: hi - lo]
-                np.subtract(g, r, out=t)
-                np.add(ts, t, out=ts)
-                np.copyto(r, g)
+            ts = total[lo:hi]
+            replace_row(row[lo:hi], ts, g, a, new)
             if step:
                 self._step_chunk(lo, hi, ts, n)
         entry[1] = base_version

@@ -132,6 +132,25 @@ def chunks(parts: Parts) -> Iterator[tuple[int, int, np.ndarray]]:
             yield off + s, off + e, flat[s:e]
 
 
+def replace_row(
+    row: np.ndarray, total: np.ndarray, update: np.ndarray, scratch: np.ndarray, new: bool
+) -> None:
+    """One chunk of a table of latest updates: ``row <- update`` and ``total`` kept the
+    sum of the rows (``+ update`` for a new row, ``+ (update - row)`` for an old one).
+
+    All four arrays are float32 chunks of one length; ``scratch`` is overwritten.
+    GSGM's table averaging and ACE keep such a table.
+    """
+    if new:
+        np.copyto(row, update)
+        np.add(total, update, out=total)
+    else:
+        t = scratch[: row.shape[0]]
+        np.subtract(update, row, out=t)
+        np.add(total, t, out=total)
+        np.copyto(row, update)
+
+
 # ------------------------------------------------------------------------ the base
 class ServerOptimizer(RangeGuard, abc.ABC):
     """Base class of the server optimizers (GSGM and the asynchronous baselines).

@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .base import Outcome, Parts, ServerOptimizer, chunks
+from .base import Outcome, Parts, ServerOptimizer, chunks, replace_row
 from .params import BETA, Param, server_learning_rate
 from .state_checks import state_int, state_nodes
 
@@ -529,15 +529,8 @@ class GSGMRule(ServerOptimizer):
         tsum, a, c = self._table_sum, self._scr_a, self._scr_c
         coefs = self._coefficients()
         for lo, hi, u in chunks(parts):
-            r, ts = row[lo:hi], tsum[lo:hi]
-            if new:
-                np.copyto(r, u)
-                np.add(ts, u, out=ts)
-            else:
-                t = a[: hi - lo]
-                np.subtract(u, r, out=t)
-                np.add(ts, t, out=ts)
-                np.copyto(r, u)
+            ts = tsum[lo:hi]
+            replace_row(row[lo:hi], ts, u, a, new)
             mean = c[: hi - lo]
             np.divide(ts, count, out=mean)
             self._step_chunk(lo, hi, mean, coefs)
