@@ -23,16 +23,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from flwr_gsgm.config import run_config as library
-from flwr_gsgm.config.keys import RunConfigKey, non_negative, one_of, positive
+from flwr_gsgm.config.keys import RunConfigKey, any_value, non_negative, one_of, positive
 
 __all__ = ["APP_KEYS", "DATASET_CLASSES", "RUN_CONFIG", "parse_app_config"]
 
 #: The data sets of ``clients/datasets.py`` and their number of classes.
 DATASET_CLASSES = {"fashion-mnist": 10, "cifar10": 10, "cifar100": 100}
-
-
-def _any(v: Any) -> bool:
-    return True
 
 
 #: The server's evaluation (serverapp/experiment.py), listed after ``eval-every``.
@@ -73,7 +69,7 @@ NODE_KEYS: dict[str, RunConfigKey] = {
         "data set",
     ),
     "data-root": RunConfigKey(
-        "/usr/share/datasets/fashion-mnist", _any, "a folder", "where the data set lies"
+        "/usr/share/datasets/fashion-mnist", any_value, "a folder", "where the data set lies"
     ),
     "partitioner": RunConfigKey(
         "pathological",

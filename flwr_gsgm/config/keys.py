@@ -23,6 +23,7 @@ __all__ = [
     "optimizer_keys",
     "optimizer_params_from",
     "strategy_keys",
+    "any_value",
     "positive",
     "non_negative",
     "one_of",
@@ -48,6 +49,11 @@ class RunConfigKey:
     @property
     def kind(self) -> type:
         return type(self.default)
+
+
+def any_value(v: Any) -> bool:
+    """A :class:`RunConfigKey` check that accepts every value of the key's type."""
+    return True
 
 
 def positive(v: Any) -> bool:

@@ -29,6 +29,7 @@ from flwr_gsgm.config.keys import (
     OPTIMIZER_KEYS,
     SYNC_STRATEGY_KEYS,
     RunConfigKey,
+    any_value,
     non_negative,
     one_of,
     optimizer_keys,
@@ -63,10 +64,6 @@ SYNC_STRATEGIES = ("fedavg", "fedavgm")
 
 def _key(default: Any, check: Callable[[Any], bool], expected: str, help: str) -> RunConfigKey:
     return RunConfigKey(default, check, expected, help)
-
-
-def _ANY(v: Any) -> bool:
-    return True
 
 
 RUN_CONFIG: dict[str, RunConfigKey] = {
@@ -130,7 +127,7 @@ RUN_CONFIG: dict[str, RunConfigKey] = {
     ),
     # virtual clock
     "virtual-clock": _key(
-        True, _ANY, "true or false", "simulation clock (false = real arrival order)"
+        True, any_value, "true or false", "simulation clock (false = real arrival order)"
     ),
     "base-duration": _key(
         1.0, positive, "> 0 seconds", "uniform: virtual seconds per step of local work, fast node"
@@ -211,7 +208,7 @@ RUN_CONFIG: dict[str, RunConfigKey] = {
     ),
     "prefetch": _key(
         False,
-        _ANY,
+        any_value,
         "true or false",
         "deployment: a second train message queued per node, waiting when it polls",
     ),
@@ -231,19 +228,21 @@ RUN_CONFIG: dict[str, RunConfigKey] = {
     ),
     "resume": _key(
         False,
-        _ANY,
+        any_value,
         "true or false",
         "continue from outputs/<run-name>/checkpoint.pt (fails without one)",
     ),
     "resume-allow-changes": _key(
         "",
-        _ANY,
+        any_value,
         "comma-separated run config keys",
         "keys that may differ from the checkpoint's on resume (each change logged)",
     ),
     # outputs
-    "run-name": _key("", _ANY, "a folder name", "outputs/<run-name>/ (empty = strategy and time)"),
-    "output-dir": _key("outputs", _ANY, "a folder", "where run folders go"),
+    "run-name": _key(
+        "", any_value, "a folder name", "outputs/<run-name>/ (empty = strategy and time)"
+    ),
+    "output-dir": _key("outputs", any_value, "a folder", "where run folders go"),
 }
 
 
