@@ -86,7 +86,10 @@ cannot answer it is keyed by its node id); content ignored. Reply content:
     "model-version": int (echo, -1 if
     absent), "partition-id": int, "num-partitions": int, "train-loss": float
     (mean cross-entropy of the mini-batches used), "compute-time": float (wall
-    seconds of the local computation), "virtual-duration": float (only if sent),
+    seconds of the local computation), "train-steps": int (SGD steps or
+    mini-batches done), "train-seconds": float (seconds of training: the message's
+    ``virtual-train-seconds`` under the virtual clock, else compute-time plus
+    sleep-time; what work scheduling reads), "virtual-duration": float (only if sent),
     "sleep-time": float (only with node config ``step-seconds`` > 0: wall seconds
     slept after the computation to emulate the device, ``max(0, steps x step-seconds
     - compute-time)``)}``.
@@ -146,7 +149,13 @@ from clients.local_data import (
 )
 from clients.models import build_model
 from clients.partitioning import PartitionConfig, load_partition
-from clients.training import MODES, compute_update, evaluate, num_examples_used
+from clients.training import (
+    MODES,
+    compute_update,
+    evaluate,
+    num_examples_used,
+    steps_per_message,
+)
 from flwr_gsgm.simulation.virtual_clock import derive_seed
 
 __all__ = ["DEFAULT_RUN_CONFIG", "DEFAULT_TRAIN_CONFIG", "RunSettings", "app", "emulate_device"]
@@ -569,9 +578,11 @@ def train(msg: Message, context: Context) -> Message:
             local_momentum=local_momentum,
         )
         compute_time = time.perf_counter() - start
+    steps = steps_per_message(
+        mode, local_batches, local_steps, local_epochs, batch_size, max(1, len(data))
+    )
     sleep_time = 0.0
     if settings.step_seconds > 0:  # after the model's loan: a sleeping node holds none
-        steps = local_batches if mode == "gradient" else local_steps
         sleep_time = emulate_device(steps, settings.step_seconds, compute_time, time.sleep)
 
     by_received_key = dict(zip(source, update))
@@ -594,6 +605,14 @@ def train(msg: Message, context: Context) -> Message:
         "num-partitions": settings.partition.num_partitions,
         "train-loss": float(train_loss),
         "compute-time": float(compute_time),
+        # What work scheduling reads (docs/PORTING.md): the steps done and their
+        # seconds; a simulated device reports the seconds its time model drew.
+        "train-steps": int(steps),
+        "train-seconds": (
+            _get_float(config, "virtual-train-seconds", None)
+            if "virtual-train-seconds" in config
+            else float(compute_time + sleep_time)
+        ),
     }
     if "virtual-duration" in config:
         metrics["virtual-duration"] = _get_float(config, "virtual-duration", None)

@@ -15,8 +15,8 @@ the memory of the content-based replay check that is gone, is ignored):
 - at the top level, the entries of the parts whose state is several: membership
   (``nodes``, ``speeds``, ``num_partitions``), the ledger (``counters``,
   ``rejections``, ``window``), what is in flight (``in_flight``), the dispatcher
-  (``seq``, ``dispatch``), how the run ends (``diverged``, ``divergence``), the clock
-  (``clock_now``) and the evaluation rows (``rows``).
+  (``seq``, ``dispatch``, ``work_scheduling``), how the run ends (``diverged``,
+  ``divergence``), the clock (``clock_now``) and the evaluation rows (``rows``).
 
 A resume (:func:`check_before_start`, :func:`check_after_start`) is refused, naming
 the checkpoint and each key, if the run's settings differ from the checkpoint's in

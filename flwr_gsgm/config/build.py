@@ -82,6 +82,7 @@ def engine_settings_from(cfg: Mapping[str, Any], run_dir: Path | None = None) ->
         resume=cfg["resume"],
         max_in_flight=cfg["max-in-flight"] or None,
         dispatch=cfg["dispatch"],
+        work_scheduling=cfg["work-scheduling"],
         prefetch=cfg["prefetch"],
         run_config=dict(cfg),
         resume_allow_changes=parse_allowed(cfg["resume-allow-changes"], cfg),

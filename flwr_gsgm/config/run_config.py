@@ -39,6 +39,7 @@ from flwr_gsgm.config.keys import (
 )
 from flwr_gsgm.core import OPTIMIZERS
 from flwr_gsgm.intake.norm_bound import INITIAL_ROOM, NEW_NODE_ROOM, NODE_MIN, WARMUP, WINDOW
+from flwr_gsgm.scheduling.work_scheduler import WORK_SCHEDULING
 from flwr_gsgm.simulation.virtual_clock import DEVICE_PROFILES
 
 __all__ = [
@@ -218,6 +219,13 @@ RUN_CONFIG: dict[str, RunConfigKey] = {
         "auto, random or scheduled",
         "which idle node gets a freed slot (max-in-flight < nodes); auto = scheduled "
         "for GSGM with scheduling, random for the others",
+    ),
+    "work-scheduling": _key(
+        "off",
+        one_of(*WORK_SCHEDULING),
+        ", ".join(WORK_SCHEDULING),
+        "delta/weights mode: equal-time sizes each message's local-steps by its node's "
+        "measured speed and weighs each update by its steps (needs train-steps replies)",
     ),
     # checkpoints
     "checkpoint-every": _key(

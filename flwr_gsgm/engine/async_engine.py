@@ -356,6 +356,7 @@ class AsyncEngine:
         pid = node.partition_id
         try:
             update = self.intake.unpack(dispatch, reply)
+            update.trainable = self._weigh(pid, dispatch, reply, update.trainable)
             norm = self.norm_bound.check(pid, update.trainable)
             outcome = self.optimizer.on_update(
                 pid, update, dispatch.base_version, now=self.clock.now()
@@ -377,6 +378,27 @@ class AsyncEngine:
                 pid,
                 staleness,
             )
+
+    def _weigh(
+        self, pid: int, dispatch: Dispatch, reply: Message, trainable: list[np.ndarray]
+    ) -> list[np.ndarray]:
+        """The update's trainable arrays times work scheduling's weight for it (its
+        steps against the fleet's: :meth:`WorkScheduler.on_reply
+        <flwr_gsgm.scheduling.work_scheduler.WorkScheduler.on_reply>`); unchanged
+        while scheduling is off. A reply that shows the ClientApp cannot take part
+        turns scheduling off, said once."""
+        work = self.dispatcher.work
+        if work.policy == "off":
+            return trainable
+        was_active = work.active
+        steps, seconds = self.intake.work_report(reply)
+        total = self.clock.message_seconds(dispatch)
+        weight = work.on_reply(pid, dispatch.scheduled_steps, steps, seconds, total)
+        if was_active and not work.active:
+            log(WARNING, "[async] work scheduling off: %s", work.off_reason)
+        if weight == 1.0:
+            return trainable
+        return [np.multiply(a, np.float32(weight), dtype=np.float32) for a in trainable]
 
     def _on_rejected(self, pid: int, err: UpdateRejected) -> None:
         """A rejected update: counted, logged and blamed on its node (too many in a row
@@ -458,6 +480,7 @@ class AsyncEngine:
             evaluator=self.evaluator,
             federated=self.federated,
             clock=self.clock,
+            work=self.dispatcher.work,
         )
 
     # ------------------------------------------------------------- checkpoints

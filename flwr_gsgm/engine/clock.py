@@ -96,12 +96,18 @@ class Clock(ABC):
         self, config: ConfigRecord, speed: float, pid: int, index: int, message_bytes: int
     ) -> float:
         """The finish time of a train message being sent (0.0 if unknown before its
-        reply); under the virtual clock it also sets ``config["virtual-duration"]``.
+        reply); under the virtual clock it also sets ``config["virtual-duration"]``
+        and its compute part, ``config["virtual-train-seconds"]`` (what the simulated
+        device reports as ``train-seconds``).
 
         ``speed`` is the node's speed factor, ``index`` the partition's dispatch
         counter, ``message_bytes`` the bytes of the weights sent (the reply is as
         large); ``config`` is the message's train config (its local work).
         """
+
+    @abstractmethod
+    def message_seconds(self, dispatch: Dispatch) -> float | None:
+        """Seconds from ``dispatch``'s sending to its reply (being handled now)."""
 
     @abstractmethod
     def speed_factors(self, num_partitions: int) -> dict[int, float]:
@@ -161,10 +167,13 @@ class VirtualTime(Clock):
             Epoch work (``local-epochs`` > 0) without the partition's example count
             (:meth:`VirtualClock.work_steps`).
         """
-        duration = self.model.duration(
-            speed, pid, index, self.work_steps(pid, config), message_bytes
-        )
+        steps = self.work_steps(pid, config)
+        # duration() is compute + communication: the same floats, with the compute
+        # part sent too, as the seconds a simulated device would report training.
+        compute = self.model.compute_seconds(speed, pid, index, steps)
+        duration = compute + self.model.communication_seconds(pid, index, message_bytes)
         config["virtual-duration"] = duration
+        config["virtual-train-seconds"] = compute
         return self._now + duration
 
     def work_steps(self, pid: int, config: ConfigRecord) -> int:
@@ -178,6 +187,9 @@ class VirtualTime(Clock):
             local_steps=int(config.get("local-steps", 1)),
             local_epochs=int(config.get("local-epochs", 0)),
         )
+
+    def message_seconds(self, dispatch: Dispatch) -> float | None:
+        return dispatch.config.get("virtual-duration")
 
     def speed_factors(self, num_partitions: int) -> dict[int, float]:
         return self.model.speed_factors(list(range(num_partitions)))
@@ -218,6 +230,9 @@ class WallTime(Clock):
         self, config: ConfigRecord, speed: float, pid: int, index: int, message_bytes: int
     ) -> float:
         return 0.0  # known when the reply arrives
+
+    def message_seconds(self, dispatch: Dispatch) -> float | None:
+        return time.monotonic() - dispatch.sent_at if dispatch.sent_at else None
 
     def speed_factors(self, num_partitions: int) -> dict[int, float]:
         return {}  # real devices: no simulated speed

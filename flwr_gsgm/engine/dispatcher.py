@@ -24,6 +24,7 @@ from flwr_gsgm.engine.in_flight import Dispatch, InFlight
 from flwr_gsgm.engine.settings import EngineSettings
 from flwr_gsgm.model.optimizer import ModelOptimizer
 from flwr_gsgm.nodes.membership import Membership
+from flwr_gsgm.scheduling.work_scheduler import WorkScheduler
 from flwr_gsgm.simulation.virtual_clock import derive_seed
 from flwr_gsgm.strategy.hooks import TrainConfigFn, merge_train_config
 
@@ -32,6 +33,11 @@ __all__ = ["Dispatcher"]
 
 class Dispatcher:
     """Sends train messages to idle active nodes within the budgets and the in-flight limit.
+
+    Each message's local work is the run's train config, unless work scheduling
+    (``work``, :class:`~flwr_gsgm.scheduling.work_scheduler.WorkScheduler`) sizes it
+    by the node's measured speed: then ``local-steps`` is its assignment and
+    ``local-epochs`` 0.
 
     ``seq`` counts dispatches sent (their tie-break order); it is checkpointed with
     the dispatch policy's state (:meth:`state_dict`). The update budget is
@@ -59,6 +65,7 @@ class Dispatcher:
         # directly with "auto" dispatches at random.
         name = "random" if settings.dispatch == "auto" else settings.dispatch
         self.policy = make_dispatch_policy(name, settings.seed)
+        self.work = WorkScheduler(settings.work_scheduling)
         self.seq = 0
 
     def may_dispatch(self, received: int) -> bool:
@@ -149,6 +156,11 @@ class Dispatcher:
             config = merge_train_config(
                 self.train_config, self.train_config_fn, node.node_id, version, received
             )
+        # Work scheduling sets the message's local work last, over train_config_fn's.
+        steps = self.work.steps_for(pid, self.members.active_ids())
+        if steps is not None:
+            config["local-steps"] = steps
+            config["local-epochs"] = 0
         index = node.dispatches
         node.dispatches += 1
         config["model-version"] = version
@@ -164,14 +176,20 @@ class Dispatcher:
             version,
             dict(config),
             weights if self.settings.checkpoint_every or config.get("mode") == "weights" else None,
+            scheduled_steps=steps,
         )
         optimizer.on_dispatch(pid)
         self.in_flight.push_train(dispatch, node.node_id, weights)
 
     # --------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
-        """The dispatches counted (``seq``) and the dispatch policy's state (``dispatch``)."""
-        return {"seq": self.seq, "dispatch": self.policy.state_dict()}
+        """The dispatches counted (``seq``), the dispatch policy's state (``dispatch``)
+        and work scheduling's measurements (``work_scheduling``)."""
+        return {
+            "seq": self.seq,
+            "dispatch": self.policy.state_dict(),
+            "work_scheduling": self.work.state_dict(),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` (a checkpoint written before dispatch policies
@@ -185,3 +203,5 @@ class Dispatcher:
         self.seq = state["seq"]
         if "dispatch" in state:
             self.policy.load_state_dict(state["dispatch"])
+        if "work_scheduling" in state:  # written before work scheduling: nothing measured
+            self.work.load_state_dict(state["work_scheduling"])

@@ -48,6 +48,8 @@ class Dispatch:
     arrays: list[np.ndarray] | None = field(compare=False, default=None)
     message_id: str = field(compare=False, default="")
     node_id: int = field(compare=False, default=0)
+    # The local steps work scheduling gave this message (None: the run's own work).
+    scheduled_steps: int | None = field(compare=False, default=None)
     sent_at: float = field(compare=False, default=0.0)
 
     #: Fields that belong to one push, not to the dispatch: not checkpointed.

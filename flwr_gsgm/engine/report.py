@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from flwr_gsgm.model.optimizer import ModelOptimizer
     from flwr_gsgm.nodes.membership import Membership
     from flwr_gsgm.nodes.stats import NodeStats
+    from flwr_gsgm.scheduling.work_scheduler import WorkScheduler
 
 __all__ = ["EngineReport"]
 
@@ -38,7 +39,9 @@ class EngineReport:
     showed no divergence (None before the first, or if the first diverged): a diverged
     run's ``arrays`` are the diverged model, this is the one to keep.
     ``server_learning_rate`` is the rule's ``lr`` the run used (given, or the rule's
-    default for the client mode).
+    default for the client mode). ``work_scheduling`` is the policy the run ended
+    with: "off", "equal-time", or "equal-time, turned off: <why>" when a reply showed
+    that a ClientApp does not take part (:mod:`flwr_gsgm.scheduling.work_scheduler`).
     """
 
     arrays: ArrayRecord
@@ -56,6 +59,7 @@ class EngineReport:
     warnings: list[str] = field(default_factory=list)
     last_finite: tuple[int, ArrayRecord] | None = None
     server_learning_rate: float | None = None
+    work_scheduling: str = "off"
 
     @classmethod
     def from_parts(
@@ -71,13 +75,14 @@ class EngineReport:
         evaluator: Evaluator,
         federated: FederatedEvaluator,
         clock: Clock,
+        work: WorkScheduler | None = None,
     ) -> EngineReport:
         """The report of a run from the parts that own its figures: the final weights
         and rule (``optimizer``, arrays named by ``keys``), the ``received`` updates and
         the ledger's counters, how it ended (``end``), the per-node counts and
         warnings (``stats`` over ``members``' nodes), the rows and the last finite
         model (``evaluator``), the federated results and the engine and wall time
-        (``clock``)."""
+        (``clock``), and how work was scheduled (``work``)."""
         mean, worst = ledger.staleness_overall()
         counters = ledger.report_counters(
             optimizer.counters, received, optimizer.version, end.diverged
@@ -98,4 +103,5 @@ class EngineReport:
             warnings=list(stats.warnings),
             last_finite=evaluator.last_finite,
             server_learning_rate=float(optimizer.rule.params["lr"]),
+            work_scheduling=work.describe() if work is not None else "off",
         )

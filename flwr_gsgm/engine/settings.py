@@ -11,6 +11,7 @@ from flwr_gsgm.config.run_config import RUN_CONFIG, check_deadlines
 from flwr_gsgm.engine.dispatch_policy import DISPATCH_POLICIES
 from flwr_gsgm.evaluation.federated import FederatedEvaluation
 from flwr_gsgm.nodes.backoff import Backoff
+from flwr_gsgm.scheduling.work_scheduler import WORK_SCHEDULING
 from flwr_gsgm.simulation.virtual_clock import VirtualClock
 
 __all__ = ["EngineSettings"]
@@ -121,6 +122,11 @@ class EngineSettings:
         multiple of ``eval_every``), without pausing training
         [``federated-eval-every``, ``fraction-evaluate``]; None (default) = none.
         See :mod:`flwr_gsgm.evaluation.federated`.
+    work_scheduling : str
+        "off" or "equal-time" [``work-scheduling``]: size each train message's
+        ``local-steps`` by its node's measured speed so that every node computes for
+        the same time, and weigh each update by its steps
+        (:mod:`flwr_gsgm.scheduling.work_scheduler`). Delta and weights modes only.
     prefetch : bool
         Deployment only: keep two train dispatches per node in flight instead of one
         [``prefetch``], so that the next message already waits on the SuperLink when
@@ -161,6 +167,7 @@ class EngineSettings:
     dispatch: str = _run_default("dispatch")
     federated_evaluation: FederatedEvaluation | None = None
     prefetch: bool = _run_default("prefetch")
+    work_scheduling: str = _run_default("work-scheduling")
     run_config: Mapping[str, Any] | None = None
     resume_allow_changes: tuple[str, ...] = ()
 
@@ -211,6 +218,11 @@ class EngineSettings:
                 f"got {self.dispatch!r}"
             )
 
+        if self.work_scheduling not in WORK_SCHEDULING:
+            raise ValueError(
+                f"work-scheduling must be one of {', '.join(WORK_SCHEDULING)}, "
+                f"got {self.work_scheduling!r}"
+            )
         if self.prefetch and (self.virtual or self.in_flight_limit):
             raise ValueError(
                 "prefetch needs virtual-clock = false and max-in-flight = 0, got "

@@ -34,7 +34,10 @@ __all__ = [
 #: Metric a train reply must carry: Flower's standard reply is arrays + num-examples.
 REQUIRED_REPLY_METRICS = ("num-examples",)
 #: Integer metadata checked when present (the protocol of clients/client_app.py).
-CHECKED_REPLY_METRICS = ("partition-id", "model-version", "num-examples")
+CHECKED_REPLY_METRICS = ("partition-id", "model-version", "num-examples", "train-steps")
+#: What a reply reports of its local work, read by work scheduling when present
+#: (docs/PORTING.md, "Work scheduling"): the steps done, and the seconds they took.
+WORK_METRICS = ("train-steps", "train-seconds")
 #: The train loss, under the protocol's key or Flower's quickstarts' key.
 TRAIN_LOSS_METRICS = ("train-loss", "train_loss")
 
@@ -182,6 +185,18 @@ class ReplyIntake:
                 f"metadata {key!r} is {loss!r} ({type(loss).__name__}); expected a number "
                 "(a non-finite one is left out of the train-loss mean)",
             )
+        seconds = metrics.get("train-seconds")
+        if seconds is not None and (
+            isinstance(seconds, bool)
+            or not isinstance(seconds, (int, float))
+            or not math.isfinite(seconds)
+            or seconds < 0
+        ):
+            raise ReplyRejected(
+                "metadata",
+                f"metadata 'train-seconds' is {seconds!r}; expected a finite number of "
+                "seconds >= 0",
+            )
         if identified and said.get("partition-id", dispatch.partition_id) != dispatch.partition_id:
             raise ReplyRejected(
                 "partition-id",
@@ -194,6 +209,16 @@ class ReplyIntake:
                 f"reply says model-version={metrics['model-version']}, "
                 f"message carried version {dispatch.base_version}",
             )
+
+    def work_report(self, reply: Message) -> tuple[int | None, float | None]:
+        """The reply's ``train-steps`` and ``train-seconds`` (each None if not
+        reported), checked by :meth:`unpack` before."""
+        metrics = reply.content["metrics"]
+        steps, seconds = metrics.get("train-steps"), metrics.get("train-seconds")
+        return (
+            None if steps is None else metadata_int("train-steps", steps),
+            None if seconds is None else float(seconds),
+        )
 
     def train_loss(self, reply: Message) -> Any:
         """The reply's ``train-loss`` (or ``train_loss``) metric, or None (after :meth:`unpack`)."""

@@ -229,6 +229,11 @@ class AsyncStrategy:
         self.virtual_clock = virtual_clock
         self.engine = engine or EngineSettings()
         check_prefetch(optimizer, self.engine, virtual_clock)
+        if self.engine.work_scheduling != "off" and client_mode not in DISPLACEMENT_MODES:
+            raise ValueError(
+                f"work-scheduling = {self.engine.work_scheduling!r} sizes each message's "
+                f"local SGD steps: it needs client-mode delta or weights, got {client_mode!r}"
+            )
         self.seed = int(seed)
         self.trainable_keys = _trainable_keys(trainable_keys)
         self.federated_evaluation = federated_evaluation
@@ -265,6 +270,13 @@ class AsyncStrategy:
         lr, source = self.server_learning_rate, self.server_learning_rate_source
         log(INFO, "\t├── Server learning rate: %g (%s)", lr, source)
         log(INFO, "\t├── Client work: mode=%s %s", self.client_mode, self.client_work)
+        if self.engine.work_scheduling != "off":
+            log(
+                INFO,
+                "\t├── Work scheduling: %s (local-steps per message from its node's "
+                "measured speed; updates weighed by their steps)",
+                self.engine.work_scheduling,
+            )
         log(INFO, "\t├── Federated evaluation: %s", self.federated_evaluation)
         if self.train_config_fn is not None or self.on_evaluate is not None:
             hooks = {"train_config_fn": self.train_config_fn, "on_evaluate": self.on_evaluate}

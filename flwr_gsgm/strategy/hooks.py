@@ -41,7 +41,7 @@ OnEvaluate = Callable[[int, ArrayRecord, MetricRecord], Any]
 #: Train config keys a ``train_config_fn`` may not set: the engine sets
 #: ``model-version``, ``seed`` and ``virtual-duration`` for each dispatch, and the
 #: server reads every reply in the strategy's ``mode``.
-ENGINE_TRAIN_KEYS = ("mode", "model-version", "seed", "virtual-duration")
+ENGINE_TRAIN_KEYS = ("mode", "model-version", "seed", "virtual-duration", "virtual-train-seconds")
 
 
 class HookFailed(RuntimeError):

@@ -110,6 +110,8 @@ def test_train_gradient_round_trip(weights):
         "num-partitions",
         "train-loss",
         "compute-time",
+        "train-steps",
+        "train-seconds",
         "virtual-duration",
     }
     assert metrics["num-examples"] == 64 and isinstance(metrics["num-examples"], int)
@@ -117,6 +119,10 @@ def test_train_gradient_round_trip(weights):
     assert (metrics["partition-id"], metrics["num-partitions"]) == (3, 10)
     assert metrics["virtual-duration"] == 2.5
     assert 0.0 < metrics["compute-time"] < 30.0
+    # Two mini-batches of 32 (num-examples 64); no virtual-train-seconds was sent, so
+    # the seconds are the wall compute time.
+    assert metrics["train-steps"] == 2
+    assert metrics["train-seconds"] == metrics["compute-time"]
     # the update is exactly what compute_update gives on the node's partition
     torch.set_num_threads(1)
     model = build_model("fashion-mnist")

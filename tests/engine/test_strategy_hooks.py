@@ -117,6 +117,7 @@ def test_train_config_fn_schedule_reaches_each_node():
             "model-version",
             "seed",
             "virtual-duration",
+            "virtual-train-seconds",
         }
     assert sorted(c["call"] for _, c in received) == list(range(12))
 
