@@ -40,7 +40,7 @@ from flwr_gsgm.config.keys import (
 from flwr_gsgm.core import OPTIMIZERS
 from flwr_gsgm.intake.norm_bound import INITIAL_ROOM, NEW_NODE_ROOM, NODE_MIN, WARMUP, WINDOW
 from flwr_gsgm.scheduling.work_scheduler import WORK_SCHEDULING
-from flwr_gsgm.simulation.virtual_clock import DEVICE_PROFILES
+from flwr_gsgm.simulation.virtual_clock import DEVICE_PROFILE_EXPECTED, is_device_profile
 
 __all__ = [
     "RunConfigKey",
@@ -138,9 +138,10 @@ RUN_CONFIG: dict[str, RunConfigKey] = {
     "jitter": _key(0.1, lambda v: 0 <= v < 1, "in [0, 1)", "relative jitter of each duration"),
     "device-profile": _key(
         "uniform",
-        one_of(*DEVICE_PROFILES),
-        f"one of {', '.join(DEVICE_PROFILES)}",
-        "time model: compute speeds, latency, bandwidth (docs/GSGM.md, Time model)",
+        is_device_profile,
+        DEVICE_PROFILE_EXPECTED,
+        "time model: compute speeds, latency, bandwidth; a file: partition-id, step-seconds, "
+        "bandwidth (bytes/s), latency-seconds per node (docs/GSGM.md, Time model)",
     ),
     "step-seconds": _key(
         0.0,

@@ -16,7 +16,8 @@ gradient mode, SGD steps in delta and weights modes, see :meth:`VirtualClock.wor
 and ``message_bytes`` the model's bytes, charged once down and once up (a reply in
 every client mode is model-sized). The device profile (:data:`DEVICE_PROFILES`)
 gives the seconds per step, the per-node speed factors and bandwidths and the
-latency.
+latency; run config ``device-profile`` names one, or the path of a ``.csv`` or
+``.toml`` file with each node's own figures (:mod:`flwr_gsgm.simulation.profile_file`).
 
 Every draw depends only on ``(seed, partition_id, dispatch_index)`` (each quantity
 from its own derived stream), never on the order in which draws are made, so two
@@ -29,18 +30,29 @@ bit, as before.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
+from flwr_gsgm.simulation.profile_file import (
+    PROFILE_FILE_SUFFIXES,
+    NodeProfile,
+    read_profile_file,
+)
+
 __all__ = [
+    "APPFL10_STEP_SECONDS",
     "DEVICE_PROFILES",
+    "DEVICE_PROFILE_EXPECTED",
     "LOOPBACK_LATENCY_SECONDS",
     "LOOPBACK_STEP_SECONDS",
     "DeviceProfile",
     "VirtualClock",
     "derive_seed",
+    "is_device_profile",
 ]
 
 
@@ -87,6 +99,12 @@ LOOPBACK_STEP_SECONDS = 0.018
 #: the median round trip per update with 2 SuperNodes, 2.200 s, less its measured
 #: compute, 0.033 s (``docs/DEPLOYMENT.md`` section 8).
 LOOPBACK_LATENCY_SECONDS = 2.167
+#: Seconds per local step of APPFL's 10 clients, as measured for FedCompass's
+#: efficiency benchmark (CIFAR-10, ResNet-18): Li et al., "FedCompass: Efficient
+#: Cross-Silo Federated Learning on Heterogeneous Client Devices Using a
+#: Computing Power-Aware Scheduler", ICLR 2024, arXiv 2309.14675; APPFL
+#: (github.com/APPFL/APPFL). Slowest / fastest: 0.889 / 0.099 = 9.0x; median 0.312 s.
+APPFL10_STEP_SECONDS = (0.244, 0.340, 0.112, 0.102, 0.581, 0.727, 0.865, 0.889, 0.099, 0.284)
 
 
 @dataclass(frozen=True)
@@ -107,12 +125,16 @@ class DeviceProfile:
     speeds : str
         ``"slow-set"``: a seeded ``slow_fraction`` of the nodes are ``slow_factor``
         times slower, the rest factor 1; ``"log-normal"``: each node's factor is
-        ``exp(speed_sigma * z)``, z standard normal (median 1).
+        ``exp(speed_sigma * z)``, z standard normal (median 1); ``"table"``: node
+        ``p``'s factor is ``speed_table[p % len(speed_table)]``; ``"file"``: each
+        node's from a profile file (the clock builds that profile itself).
     speed_sigma, bandwidth_sigma : float
         Log-normal spread (sigma of the log) of the per-node compute factor and of the
         per-node bandwidth (0: every node the median).
     source : str
         Where the figures come from (``docs/GSGM.md``, "Time model").
+    speed_table : tuple[float, ...]
+        ``"table"`` speeds: the factors (dimensionless, 1 = ``step_seconds``).
     """
 
     name: str
@@ -123,6 +145,7 @@ class DeviceProfile:
     speed_sigma: float = 0.0
     bandwidth_sigma: float = 0.0
     source: str = ""
+    speed_table: tuple[float, ...] = ()
 
 
 #: The named device profiles (run config ``device-profile``); ``docs/GSGM.md``,
@@ -156,10 +179,46 @@ DEVICE_PROFILES: dict[str, DeviceProfile] = {
             speeds="slow-set",
             source="measured on the project's machine (docs/DEPLOYMENT.md section 8)",
         ),
+        DeviceProfile(
+            "appfl10",
+            # The median device's seconds per step is edge's (an assumption): APPFL's
+            # seconds are of ResNet-18 on CIFAR-10, not of this model; only their ratios
+            # (each client's time over the median's) are taken.
+            step_seconds=4 * LOOPBACK_STEP_SECONDS,
+            latency_seconds=0.05,
+            bandwidth=2.5e6,
+            speeds="table",
+            bandwidth_sigma=0.8,
+            source="APPFL's measured seconds per step of 10 clients (FedCompass, Li et al., "
+            "ICLR 2024, arXiv 2309.14675) over their median; edge's network",
+            speed_table=tuple(
+                s / statistics.median(APPFL10_STEP_SECONDS) for s in APPFL10_STEP_SECONDS
+            ),
+        ),
     )
 }
 
 WORK_MODES = ("gradient", "delta", "weights")
+
+#: What run config ``device-profile`` accepts, in words (error messages, the reference).
+DEVICE_PROFILE_EXPECTED = (
+    f"one of {', '.join(DEVICE_PROFILES)}, or the path of an existing "
+    f"{' or '.join(PROFILE_FILE_SUFFIXES)} profile file"
+)
+
+
+def _is_profile_path(value: str) -> bool:
+    return Path(value).suffix.lower() in PROFILE_FILE_SUFFIXES
+
+
+def is_device_profile(value: object) -> bool:
+    """Whether ``value`` may be run config ``device-profile``: a name in
+    :data:`DEVICE_PROFILES`, or the path of an existing file ending in ``.csv`` or
+    ``.toml`` (not read here: :class:`VirtualClock` reads it, and refuses a malformed
+    one)."""
+    if not isinstance(value, str):
+        return False
+    return value in DEVICE_PROFILES or (_is_profile_path(value) and Path(value).is_file())
 
 
 @dataclass(frozen=True)
@@ -176,20 +235,25 @@ class VirtualClock:
     slow_fraction : float
         Slow-set profiles (``uniform``, ``loopback``): fraction in [0, 1] of the nodes
         that are slow, a seeded choice of ``round(slow_fraction * num_nodes)``
-        partitions. Unused by ``edge``.
+        partitions. Unused by ``edge``, ``appfl10`` and profile files.
     slow_factor : float
         Slow-set profiles: how many times longer a slow node takes (>= 1).
     jitter : float
         Relative jitter in [0, 1): compute and communication times are each
         multiplied by a factor drawn uniformly from ``[1 - jitter, 1 + jitter]``.
     device_profile : str
-        A name in :data:`DEVICE_PROFILES`: ``"uniform"`` (default), ``"edge"`` or
-        ``"loopback"``.
+        A name in :data:`DEVICE_PROFILES`: ``"uniform"`` (default), ``"edge"``,
+        ``"loopback"`` or ``"appfl10"``; or the path of a ``.csv`` or ``.toml``
+        profile file (:mod:`flwr_gsgm.simulation.profile_file`), read once, here. A
+        file's node runs a step in its ``step-seconds``: its speed factor is that over
+        the median of the file's ``step-seconds`` (the profile's seconds per step);
+        its bandwidth and latency are its own.
     step_seconds : float
-        Seconds per step of local work; 0 (default): the profile's (``base_duration``
-        for ``uniform``).
+        Seconds per step of local work at speed factor 1; 0 (default): the profile's
+        (``base_duration`` for ``uniform``, the median node's for a file).
     latency_seconds : float
-        Seconds of fixed latency per message; 0 (default): the profile's.
+        Seconds of fixed latency per message, every node; 0 (default): the profile's
+        (a file: each node's own).
     partition_examples : Mapping[int, int] | None
         Training examples per partition-id, needed for epoch work
         (:meth:`work_steps` with ``local_epochs > 0``).
@@ -202,8 +266,10 @@ class VirtualClock:
     Raises
     ------
     ValueError
-        If a parameter is outside its range or the profile is unknown; the message
-        names it and what was expected.
+        If a parameter is outside its range, the profile is unknown, or its file is
+        missing or malformed (:func:`~flwr_gsgm.simulation.profile_file.read_profile_file`:
+        the message names the file, line or ``[[node]]`` and field); the message names
+        the value and what was expected.
     """
 
     seed: int = 0
@@ -215,6 +281,11 @@ class VirtualClock:
     step_seconds: float = 0.0
     latency_seconds: float = 0.0
     partition_examples: Mapping[int, int] | None = field(default=None, hash=False, repr=False)
+    # Set by __post_init__: the profile, and a profile file's nodes (None: a built-in).
+    _profile: DeviceProfile = field(init=False, repr=False, compare=False, hash=False)
+    _nodes: Mapping[int, NodeProfile] | None = field(
+        init=False, default=None, repr=False, compare=False, hash=False
+    )
 
     def __post_init__(self) -> None:
         if not self.base_duration > 0:
@@ -225,10 +296,17 @@ class VirtualClock:
             raise ValueError(f"slow-factor must be >= 1, got {self.slow_factor!r}")
         if not 0.0 <= self.jitter < 1.0:
             raise ValueError(f"jitter must be in [0, 1), got {self.jitter!r}")
-        if self.device_profile not in DEVICE_PROFILES:
+        if self.device_profile in DEVICE_PROFILES:
+            object.__setattr__(self, "_profile", DEVICE_PROFILES[self.device_profile])
+        elif isinstance(self.device_profile, str) and _is_profile_path(self.device_profile):
+            nodes = read_profile_file(self.device_profile)
+            object.__setattr__(self, "_nodes", nodes)
+            object.__setattr__(self, "_profile", _file_profile(self.device_profile, nodes))
+        else:
             raise ValueError(
                 f"device-profile {self.device_profile!r} is unknown; expected one of "
-                f"{sorted(DEVICE_PROFILES)}"
+                f"{sorted(DEVICE_PROFILES)}, or the path of a "
+                f"{' or '.join(PROFILE_FILE_SUFFIXES)} profile file"
             )
         for key, value in (
             ("step-seconds", self.step_seconds),
@@ -241,8 +319,27 @@ class VirtualClock:
 
     @property
     def profile(self) -> DeviceProfile:
-        """The :class:`DeviceProfile` named by ``device_profile``."""
-        return DEVICE_PROFILES[self.device_profile]
+        """The :class:`DeviceProfile` named by ``device_profile`` (a file: its median
+        node's seconds per step, bandwidth and latency; each node's are its own)."""
+        return self._profile
+
+    def _node(self, partition_id: int) -> NodeProfile:
+        """A profile file's entry for ``partition_id``.
+
+        Raises
+        ------
+        ValueError
+            If the file has no entry for it (naming the file and the ids it has).
+        """
+        assert self._nodes is not None
+        node = self._nodes.get(int(partition_id))
+        if node is None:
+            raise ValueError(
+                f"partition-id {int(partition_id)} has no entry in device profile file "
+                f"{self.device_profile!r}; it has partition-ids {sorted(self._nodes)}: "
+                "expected one entry per node of the run"
+            )
+        return node
 
     @property
     def seconds_per_step(self) -> float:
@@ -256,8 +353,22 @@ class VirtualClock:
     @property
     def latency(self) -> float:
         """Seconds of fixed latency per message: ``latency_seconds`` if > 0, else the
-        profile's."""
+        profile's (a file: its median node's; each node's is :meth:`latency_of`)."""
         return float(self.latency_seconds or self.profile.latency_seconds)
+
+    def latency_of(self, partition_id: int) -> float:
+        """Seconds of fixed latency per message of node ``partition_id``:
+        ``latency_seconds`` if > 0, else the file's entry for the node, else
+        :attr:`latency`.
+
+        Raises
+        ------
+        ValueError
+            A profile file without an entry for ``partition_id``.
+        """
+        if self._nodes is None or self.latency_seconds:
+            return self.latency
+        return float(self._node(partition_id).latency_seconds)
 
     def speed_factors(self, partition_ids: list[int]) -> dict[int, float]:
         """Return ``{partition_id: factor}``: how many times a step takes
@@ -266,12 +377,25 @@ class VirtualClock:
         Slow-set profiles: 1.0 for fast nodes, ``slow_factor`` for slow; the slow set
         is a seeded choice among the given partition ids (sorted first, so the order
         of the argument does not matter). Log-normal profiles: each node's own seeded
-        draw (independent of the other ids).
+        draw (independent of the other ids). ``appfl10``: entry ``p % 10`` of its
+        table (a fleet of more than 10 nodes repeats the 10 devices). A profile file:
+        the node's ``step-seconds`` over the file's median.
+
+        Raises
+        ------
+        ValueError
+            A profile file without an entry for one of ``partition_ids``.
         """
         pids = sorted(int(p) for p in partition_ids)
         profile = self.profile
         if profile.speeds == "log-normal":
             return {p: _log_normal(self.seed, _SPEED, p, profile.speed_sigma) for p in pids}
+        if profile.speeds == "table":
+            table = profile.speed_table
+            return {p: table[p % len(table)] for p in pids}
+        if profile.speeds == "file":
+            median = float(profile.step_seconds or 0.0)
+            return {p: self._node(p).step_seconds / median for p in pids}
         num_slow = int(round(self.slow_fraction * len(pids)))
         rng = np.random.default_rng(derive_seed(self.seed, _SLOW_SET))
         slow = set(rng.choice(pids, size=num_slow, replace=False).tolist()) if num_slow else set()
@@ -279,7 +403,16 @@ class VirtualClock:
 
     def bandwidth(self, partition_id: int) -> float:
         """Bytes per second of node ``partition_id``, each way (``math.inf``: free):
-        the profile's median times the node's seeded log-normal factor."""
+        the profile's median times the node's seeded log-normal factor; a profile
+        file: the node's entry.
+
+        Raises
+        ------
+        ValueError
+            A profile file without an entry for ``partition_id``.
+        """
+        if self._nodes is not None:
+            return float(self._node(partition_id).bandwidth)
         profile = self.profile
         if math.isinf(profile.bandwidth) or not profile.bandwidth_sigma:
             return float(profile.bandwidth)
@@ -340,9 +473,12 @@ class VirtualClock:
     ) -> float:
         """Virtual seconds a message and its reply spend on the network:
         ``(latency + 2 x message_bytes / bandwidth) x jitter`` (0.0 for ``uniform``,
-        with no draw)."""
+        with no draw), the node's latency (:meth:`latency_of`) and bandwidth
+        (:meth:`bandwidth`)."""
         bandwidth = self.bandwidth(partition_id)
-        seconds = self.latency + (2 * int(message_bytes) / bandwidth if message_bytes else 0.0)
+        seconds = self.latency_of(partition_id) + (
+            2 * int(message_bytes) / bandwidth if message_bytes else 0.0
+        )
         if seconds == 0.0:
             return 0.0
         rng = np.random.default_rng(
@@ -375,6 +511,19 @@ class VirtualClock:
         """
         compute = self.compute_seconds(speed_factor, partition_id, dispatch_index, work_steps)
         return compute + self.communication_seconds(partition_id, dispatch_index, message_bytes)
+
+
+def _file_profile(path: str, nodes: Mapping[int, NodeProfile]) -> DeviceProfile:
+    """The :class:`DeviceProfile` of a profile file: its medians (seconds per step,
+    bandwidth, latency), ``"file"`` speeds."""
+    return DeviceProfile(
+        path,
+        step_seconds=statistics.median(n.step_seconds for n in nodes.values()),
+        latency_seconds=statistics.median(n.latency_seconds for n in nodes.values()),
+        bandwidth=statistics.median(n.bandwidth for n in nodes.values()),
+        speeds="file",
+        source=f"the user's fleet, {len(nodes)} nodes ({path})",
+    )
 
 
 def _log_normal(seed: int, stream: int, partition_id: int, sigma: float) -> float:

@@ -85,7 +85,9 @@ def test_the_target_is_at_least_the_round_trip():
 def test_a_client_that_ignores_local_steps_turns_scheduling_off_once():
     scheduler = WorkScheduler("equal-time")
     _measured(scheduler, {0: 2.0, 1: 8.0})
-    assert scheduler.steps_for(1, [0, 1]) == 12  # 5 s (median of 2 and 8) / 0.4 = 12.5, rounded to even
+    assert (
+        scheduler.steps_for(1, [0, 1]) == 12
+    )  # 5 s (median of 2 and 8) / 0.4 = 12.5, rounded to even
     weight = scheduler.on_reply(1, 12, 20, 8.0, 8.0)  # did its own 20
     assert weight == 1.0
     assert not scheduler.active
