@@ -32,6 +32,15 @@ Figures over a run's evaluations (``metrics.csv``, virtual seconds in ``virtual_
   accuracy (fraction) of the last evaluation at or before ``max-seconds`` (the engine
   stops there and evaluates the final model at its last reply's time); NaN without a
   budget or without such an evaluation;
+- ``accuracy_at_5_rounds``, ``accuracy_at_20_rounds``: the accuracy of the last
+  evaluation at or before 5 (20) FedAvg rounds' worth of client trainings, a round
+  being the nodes that train at once (``max_in_flight`` when it binds, else every
+  node); NaN if the run did not get that far;
+- ``work_scheduling``: "on" when the run's messages had their local steps set by
+  measured speed (run config ``work-scheduling`` other than "off", or a strategy
+  whose method schedules work: FedCompass, FedNova, time-budget FedAvg), else "off";
+- ``accuracy_at_fedavg_budget``: the run's accuracy (as ``accuracy_at_budget``) at
+  the virtual seconds the speed reference's run of the same seed and setting ended at;
 - ``time_to_fedavg_accuracy``: virtual seconds at which the run first reaches the
   final accuracy of the preset's ``speed-reference`` method (FedAvg in the presets)
   with the same seed in the same setting (nodes, partition, max-in-flight, device
@@ -71,6 +80,8 @@ __all__ = [
     "RETIRED",
     "without_retired",
     "accuracy_at_budget",
+    "accuracy_at_rounds",
+    "SCHEDULING_STRATEGIES",
     "series_label",
     "setting_key",
     "frame",
@@ -78,6 +89,7 @@ __all__ = [
     "load_curve",
     "best_work",
     "times_to_reference",
+    "accuracies_at_reference_budget",
     "fill_times_to_reference",
 ]
 
@@ -128,7 +140,11 @@ RUN_COLUMNS = (
     "time_to_target",
     "updates_to_target",
     "accuracy_at_budget",
+    "work_scheduling",
+    "accuracy_at_5_rounds",
+    "accuracy_at_20_rounds",
     "time_to_fedavg_accuracy",
+    "accuracy_at_fedavg_budget",
     *SUMMARY_FIELDS,
     "rejected_by_reason",
     "status_reason",
@@ -200,6 +216,21 @@ def accuracy_at_budget(rows: Sequence[Mapping[str, float]], max_seconds: float) 
     return within[-1] if within else math.nan
 
 
+#: Strategies whose method sizes each node's local work by its measured speed.
+SCHEDULING_STRATEGIES = ("fedcompass", "fednova", "time-budget-fedavg")
+
+
+def accuracy_at_rounds(rows: Sequence[Mapping[str, float]], rounds: int, round_size: int) -> float:
+    """Accuracy of the last evaluation at or before ``rounds x round_size`` client
+    updates received; NaN if the run's last evaluation is earlier than that (it did
+    not get that far) or ``rows`` is empty."""
+    budget = rounds * round_size
+    if not rows or rows[-1].get("updates", -math.inf) < budget:
+        return math.nan
+    within = [r["accuracy"] for r in rows if r.get("updates", math.inf) <= budget]
+    return within[-1] if within else math.nan
+
+
 def run_row(
     run_dir: Path,
     base: Mapping[str, Any],
@@ -231,6 +262,10 @@ def run_row(
             row["client_work"] = row["client_work"] if "client_work" in base else client_work(cfg)
         if "device_profile" not in base:
             row["device_profile"] = cfg.get("device-profile", "uniform")
+        scheduled = cfg.get("work-scheduling", "off") != "off"
+        row["work_scheduling"] = (
+            "on" if scheduled or cfg.get("strategy") in SCHEDULING_STRATEGIES else "off"
+        )
     summary_path = run_dir / "summary.json"
     run_seconds = None
     if (run_dir / "run_seconds.txt").is_file():
@@ -270,7 +305,13 @@ def run_row(
         [r["updates"] for r in metrics], acc, target
     )
     row["accuracy_at_budget"] = accuracy_at_budget(metrics, max_seconds)
+    nodes = int(base.get("nodes") or 0)
+    if nodes:
+        size = effective_limit(nodes, int(base.get("max_in_flight") or 0)) or nodes
+        row["accuracy_at_5_rounds"] = accuracy_at_rounds(metrics, 5, size)
+        row["accuracy_at_20_rounds"] = accuracy_at_rounds(metrics, 20, size)
     row["time_to_fedavg_accuracy"] = math.nan
+    row["accuracy_at_fedavg_budget"] = math.nan
     final = row["final_accuracy"]
     if summary.get("status") == "diverged":  # the engine stopped the run: its kind first
         reason = str(summary.get("status_reason", "")).split(":")[0] or "diverged"
@@ -488,6 +529,13 @@ def best_work(rows: Sequence[Mapping[str, Any]] | pd.DataFrame, method: str) -> 
     return str(means.idxmax()) if len(means) else None
 
 
+def _reference_runs(df: pd.DataFrame, reference: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The ok rows of ``df``, and among them ``reference``'s with its best client work."""
+    work = best_work(df, reference)
+    ok = df[df["status"].eq("ok")]
+    return ok, ok[ok["method"].eq(reference) & ok["client_work"].eq(work)]
+
+
 def times_to_reference(
     rows: Sequence[Mapping[str, Any]] | pd.DataFrame, reference: str, out: Path
 ) -> dict[tuple[str, Any], float]:
@@ -502,10 +550,7 @@ def times_to_reference(
     Returns ``{(series_label(method, client work), seed): seconds}``; without client
     works the label is the method.
     """
-    df = frame(rows)
-    work = best_work(df, reference)
-    ok = df[df["status"].eq("ok")]
-    ref = ok[ok["method"].eq(reference) & ok["client_work"].eq(work)]
+    ok, ref = _reference_runs(frame(rows), reference)
     target = dict(zip(ref["seed"], numbers(ref, "final_accuracy")))  # the last run of a seed
     times = {}
     for r in ok[ok["seed"].isin(list(target))].to_dict("records"):
@@ -521,16 +566,43 @@ def times_to_reference(
     return times
 
 
+def accuracies_at_reference_budget(
+    rows: Sequence[Mapping[str, Any]] | pd.DataFrame, reference: str, out: Path
+) -> dict[tuple[str, Any], float]:
+    """Each ok run's accuracy (:func:`accuracy_at_budget`) at the virtual seconds at
+    which ``reference``'s run of the same seed (best client work, as
+    :func:`times_to_reference`) made its last evaluation; keyed as there."""
+    ok, ref = _reference_runs(frame(rows), reference)
+    budget = {}
+    for r in ref.to_dict("records"):
+        curve = load_curve(r, out)
+        if curve:
+            budget[r["seed"]] = curve[-1]["virtual_time"]
+    accuracies = {}
+    for r in ok[ok["seed"].isin(list(budget))].to_dict("records"):
+        curve = load_curve(r, out)
+        if curve:
+            key = (series_label(r["method"], r["client_work"]), r["seed"])
+            accuracies[key] = accuracy_at_budget(curve, budget[r["seed"]])
+    return accuracies
+
+
 def fill_times_to_reference(rows: Sequence[dict[str, Any]], reference: str, out: Path) -> None:
-    """Set every row's ``time_to_fedavg_accuracy`` (:func:`times_to_reference` per
-    setting, :func:`setting_key`); NaN for a row that is not timed or without
-    ``reference`` (an empty name)."""
+    """Set every row's ``time_to_fedavg_accuracy`` (:func:`times_to_reference`) and
+    ``accuracy_at_fedavg_budget`` (:func:`accuracies_at_reference_budget`), per setting
+    (:func:`setting_key`); NaN for a row that is not timed or without ``reference``
+    (an empty name)."""
     df = frame(rows)
     times = pd.Series(math.nan, index=df.index, dtype=object)
+    accuracies = pd.Series(math.nan, index=df.index, dtype=object)
     if reference and len(df):
         for _, srows in df.groupby("setting", sort=False):
             timed = times_to_reference(srows, reference, out)
-            keys = zip(map(series_label, srows["method"], srows["client_work"]), srows["seed"])
+            at_budget = accuracies_at_reference_budget(srows, reference, out)
+            labels = map(series_label, srows["method"], srows["client_work"])
+            keys = list(zip(labels, srows["seed"]))
             times[srows.index] = [timed.get(key, math.nan) for key in keys]
-    for r, t in zip(rows, times, strict=True):
+            accuracies[srows.index] = [at_budget.get(key, math.nan) for key in keys]
+    for r, t, a in zip(rows, times, accuracies, strict=True):
         r["time_to_fedavg_accuracy"] = t
+        r["accuracy_at_fedavg_budget"] = a

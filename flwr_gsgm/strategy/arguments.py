@@ -61,14 +61,20 @@ def client_work(
     optimizer: str,
     client_mode: str,
     *,
-    batch_size: int,
-    local_batches: int,
-    local_steps: int,
-    local_epochs: int,
-    local_lr: float,
-    local_momentum: float,
+    batch_size: int | None = None,
+    local_batches: int | None = None,
+    local_steps: int | None = None,
+    local_epochs: int | None = None,
+    local_lr: float | None = None,
+    local_momentum: float | None = None,
 ) -> dict[str, Any]:
     """The client work every train message carries, by its run config key, checked.
+
+    Gradient and delta modes (the project's protocol): every key, None read as the
+    protocol's default (batch 32, one batch, one step, no epochs, lr 0.05, no
+    momentum). Weights mode (a FedAvg ClientApp): only the keys given (not None);
+    what the strategy does not set is the ClientApp's own (its epochs, learning rate
+    and momentum), and a message never carries a default the user did not choose.
 
     Raises
     ------
@@ -86,22 +92,32 @@ def client_work(
         "local-batches": local_batches,
         "local-steps": local_steps,
     }.items():
-        if int(value) < 1:
+        if value is not None and int(value) < 1:
             raise ValueError(f"{key} must be >= 1, got {value!r}")
-    if not local_lr > 0:
+    if local_lr is not None and not local_lr > 0:
         raise ValueError(f"local-lr must be > 0, got {local_lr!r}")
-    if isinstance(local_epochs, bool) or int(local_epochs) != local_epochs or local_epochs < 0:
+    if local_epochs is not None and (
+        isinstance(local_epochs, bool) or int(local_epochs) != local_epochs or local_epochs < 0
+    ):
         raise ValueError(f"local-epochs must be an integer >= 0, got {local_epochs!r}")
-    if not 0 <= local_momentum < 1:
+    if local_momentum is not None and not 0 <= local_momentum < 1:
         raise ValueError(f"local-momentum must be in [0, 1), got {local_momentum!r}")
-    return {
-        "batch-size": int(batch_size),
-        "local-batches": int(local_batches),
-        "local-steps": int(local_steps),
-        "local-epochs": int(local_epochs),
-        "local-lr": float(local_lr),
-        "local-momentum": float(local_momentum),
+    if client_mode != "weights":  # the protocol's client work: sent in full
+        batch_size = 32 if batch_size is None else batch_size
+        local_batches = 1 if local_batches is None else local_batches
+        local_steps = 1 if local_steps is None else local_steps
+        local_epochs = 0 if local_epochs is None else local_epochs
+        local_lr = 0.05 if local_lr is None else local_lr
+        local_momentum = 0.0 if local_momentum is None else local_momentum
+    work = {
+        "batch-size": None if batch_size is None else int(batch_size),
+        "local-batches": None if local_batches is None else int(local_batches),
+        "local-steps": None if local_steps is None else int(local_steps),
+        "local-epochs": None if local_epochs is None else int(local_epochs),
+        "local-lr": None if local_lr is None else float(local_lr),
+        "local-momentum": None if local_momentum is None else float(local_momentum),
     }
+    return {key: value for key, value in work.items() if value is not None}
 
 
 def resolve_optimizer_params(
@@ -109,7 +125,7 @@ def resolve_optimizer_params(
     server_learning_rate: float | None,
     given: dict[str, Any],
     client_mode: str = "gradient",
-    local_lr: float = 0.05,
+    local_lr: float | None = None,
 ) -> dict[str, Any]:
     """Every declared parameter of ``optimizer``: given values over declared defaults.
 
@@ -117,6 +133,13 @@ def resolve_optimizer_params(
     learning rate has one for gradients, one for displacements); a rule that reads
     its updates' scale (``update_scale``, DC-ASGD) gets ``local_lr`` in the
     displacement modes unless given.
+
+    Raises
+    ------
+    ValueError
+        An unknown keyword; DC-ASGD in a displacement mode with neither
+        ``update_scale`` nor ``local_lr`` (its gradient estimate is the displacement
+        over the client's learning rate, which it must know).
     """
     declared = {p.name: p.default_for(client_mode) for p in declared_params(optimizer)}
     unknown = sorted(k for k in given if k not in declared or k == "lr")
@@ -129,6 +152,14 @@ def resolve_optimizer_params(
         )
     params = {**declared, **given}
     if "update_scale" in declared and "update_scale" not in given:
+        if client_mode == "delta" and local_lr is None:
+            local_lr = 0.05  # the protocol's default, which a delta-mode client uses
+        if client_mode in DISPLACEMENT_MODES and local_lr is None:
+            raise ValueError(
+                f"strategy {optimizer!r} in {client_mode} mode estimates a gradient as the "
+                "displacement / the client's learning rate: expected local_lr (the "
+                "ClientApp's SGD learning rate) or update_scale"
+            )
         params["update_scale"] = local_lr if client_mode in DISPLACEMENT_MODES else None
     if server_learning_rate is not None:
         params["lr"] = server_learning_rate

@@ -48,6 +48,14 @@ from flwr_gsgm.strategy.hooks import OnEvaluate, TrainConfigFn, check_hook
 
 __all__ = ["AsyncStrategy", "AsyncResult", "CLIENT_MODES", "DISPLACEMENT_MODES"]
 
+#: The client work keys that matter in each mode (the summary names those left to
+#: the ClientApp).
+_CLIENT_WORK_KEYS = {
+    "gradient": (),
+    "delta": (),
+    "weights": ("batch-size", "local-steps", "local-epochs", "local-lr", "local-momentum"),
+}
+
 
 @dataclass
 class AsyncResult(Result):
@@ -91,17 +99,24 @@ class AsyncStrategy:
         that returns its model (it costs the server one model copy per message in
         flight); "delta" for the same local work with half the server memory;
         "gradient" for the cheapest client step (one gradient, no local SGD).
-    batch_size, local_batches, local_steps : int
+    batch_size, local_batches, local_steps : int | None
         Client work per update, sent in every train message (each >= 1).
-    local_epochs : int
+    local_epochs : int | None
         Delta and weights modes: passes over the node's partition per message, each
-        ``ceil(N / batch_size)`` SGD steps; 0 (default): ``local_steps`` steps.
-    local_lr : float
+        ``ceil(N / batch_size)`` SGD steps; 0: ``local_steps`` steps.
+    local_lr : float | None
         Client learning rate of delta and weights modes (> 0; DC-ASGD's gradient
-        estimate is ``displacement / local_lr``).
-    local_momentum : float
-        SGD momentum of the local steps in [0, 1), torch.optim.SGD's; 0 (default):
-        plain SGD; FedAvg-style clients use 0.9.
+        estimate is ``displacement / local_lr``: DC-ASGD needs it in those modes).
+    local_momentum : float | None
+        SGD momentum of the local steps in [0, 1), torch.optim.SGD's; 0: plain SGD;
+        FedAvg-style clients use 0.9.
+
+        None (the default): in gradient and delta modes the protocol's default (batch
+        32, one batch, one step, no epochs, lr 0.05, no momentum), sent; in weights
+        mode not sent: the ClientApp's own (a FedAvg ClientApp keeps its epochs,
+        learning rate and momentum; the strategy's summary names them). Work
+        scheduling (``EngineSettings.work_scheduling``) sets ``local-steps`` per
+        message once a node's speed is measured.
     virtual_clock : VirtualClock | None
         Simulation clock (reproducible order) or None for real arrival order.
     engine : EngineSettings | None
@@ -188,12 +203,12 @@ class AsyncStrategy:
         *,
         server_learning_rate: float | None = None,
         client_mode: str = "gradient",
-        batch_size: int = 32,
-        local_batches: int = 1,
-        local_steps: int = 1,
-        local_epochs: int = 0,
-        local_lr: float = 0.05,
-        local_momentum: float = 0.0,
+        batch_size: int | None = None,
+        local_batches: int | None = None,
+        local_steps: int | None = None,
+        local_epochs: int | None = None,
+        local_lr: float | None = None,
+        local_momentum: float | None = None,
         virtual_clock: VirtualClock | None = None,
         engine: EngineSettings | None = None,
         seed: int = 0,
@@ -221,7 +236,7 @@ class AsyncStrategy:
         )
         self.optimizer_name = optimizer
         self.optimizer_params = resolve_optimizer_params(
-            optimizer, server_learning_rate, optimizer_params, client_mode, float(local_lr)
+            optimizer, server_learning_rate, optimizer_params, client_mode, local_lr
         )
         self.server_learning_rate = float(self.optimizer_params["lr"])
         self.server_learning_rate_source = learning_rate_source(server_learning_rate, client_mode)
@@ -269,7 +284,14 @@ class AsyncStrategy:
         log(INFO, "\t├── Server optimizer: %s %s", self.optimizer_name, self.optimizer_params)
         lr, source = self.server_learning_rate, self.server_learning_rate_source
         log(INFO, "\t├── Server learning rate: %g (%s)", lr, source)
-        log(INFO, "\t├── Client work: mode=%s %s", self.client_mode, self.client_work)
+        own = [k for k in _CLIENT_WORK_KEYS[self.client_mode] if k not in self.client_work]
+        log(
+            INFO,
+            "\t├── Client work: mode=%s %s%s",
+            self.client_mode,
+            self.client_work,
+            f"; the ClientApp's own: {', '.join(own)}" if own else "",
+        )
         if self.engine.work_scheduling != "off":
             log(
                 INFO,

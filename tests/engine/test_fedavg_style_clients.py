@@ -54,7 +54,8 @@ def fedavg_app(returned=None, train_loss: float = 0.25, query: str = "none") -> 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
         pid = int(context.node_config["partition-id"])
-        lr = float(msg.content["config"]["local-lr"])
+        # The server's local-lr if it sends one; otherwise the client's own, 0.05.
+        lr = float(msg.content["config"].get("local-lr", 0.05))
         w = msg.content["arrays"]["w"].numpy()
         b = msg.content["arrays"]["b"].numpy()
         if returned is not None:
@@ -171,7 +172,9 @@ def test_each_rule_takes_its_declared_default_of_the_client_mode(mode):
     for name, cls in STRATEGIES.items():
         lr = next(p for p in declared_params(name) if p.name == "lr")
         expected = lr.default if mode == "gradient" else lr.displacement_default
-        assert cls(client_mode=mode).server_learning_rate == expected, name
+        # local_lr: DC-ASGD reads displacements through it (refused without it in
+        # weights mode, where the ClientApp's own is not known)
+        assert cls(client_mode=mode, local_lr=0.05).server_learning_rate == expected, name
         # the run config's server-learning-rate = 0: the same default
         cfg = parse_app_config({"strategy": name, "client-mode": mode})
         assert build_strategy(cfg).server_learning_rate == expected, name
@@ -187,6 +190,23 @@ def test_dcasgd_reads_displacements_through_the_client_learning_rate():
     assert DCASGD(client_mode="weights", local_lr=0.01).optimizer_params["update_scale"] == 0.01
     assert DCASGD(client_mode="delta", local_lr=0.2).optimizer_params["update_scale"] == 0.2
     assert DCASGD(client_mode="gradient", local_lr=0.2).optimizer_params["update_scale"] is None
+    with pytest.raises(ValueError, match="in weights mode estimates a gradient as the "):
+        DCASGD(client_mode="weights")
+
+
+def test_weights_mode_sends_only_the_client_work_it_was_given():
+    from flwr_gsgm.strategy.strategies import GSGM
+
+    assert GSGM(client_mode="weights").client_work == {}
+    assert GSGM(client_mode="weights", local_lr=0.1).client_work == {"local-lr": 0.1}
+    assert GSGM(client_mode="delta").client_work == {
+        "batch-size": 32,
+        "local-batches": 1,
+        "local-steps": 1,
+        "local-epochs": 0,
+        "local-lr": 0.05,
+        "local-momentum": 0.0,
+    }
 
 
 def test_local_epochs_and_momentum_are_sent_in_every_train_message():

@@ -97,12 +97,9 @@ def test_train_config_fn_schedule_reaches_each_node():
 
     base = {
         "mode": "weights",
-        "batch-size": 32,
-        "local-batches": 1,
-        "local-steps": 1,
-        "local-epochs": 0,
-        "local-momentum": 0.0,
-        "optimizer": "sgd",  # start()'s train_config, kept
+        # The client work the strategy was given (local_lr only: the rest is the
+        # ClientApp's own and not sent) and start()'s train_config, kept.
+        "optimizer": "sgd",
     }
     for node_id, config in received:
         hook_node, version, updates = calls[config["call"]]

@@ -118,7 +118,7 @@ def test_stated_defaults_hand_made():
 def test_async_strategy_docstring_states_the_signature_defaults():
     params = inspect.signature(AsyncStrategy.__init__).parameters
     stated = _stated_defaults(_described(AsyncStrategy.__doc__, "Parameters"))
-    assert {"local_epochs", "local_momentum", "trainable_keys"} <= set(stated)
+    assert {"local_momentum", "trainable_keys"} <= set(stated)
     for name, token in stated.items():
         if name in params:
             assert _literal(token) == params[name].default, name
