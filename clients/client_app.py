@@ -39,6 +39,8 @@ Run config (``context.run_config``, ``[tool.flwr.app.config]``), all optional:
   ``dirichlet`` (:mod:`clients.partitioning`).
 - ``classes-per-node`` (int, 2): k of ``pathological``, in 1..num_classes.
 - ``dirichlet-alpha`` (float, 0.5): alpha of ``dirichlet``, > 0.
+- ``examples-per-node`` (int, 0): at most this many training examples per node, a
+  seeded subset of its partition (0: all).
 - ``seed`` (int, 0): partitioning seed (and fallback mini-batch seed, see below).
 - ``client-threads`` (int, 1): torch CPU threads of this process.
 - ``eval-max-examples`` (int, 1000): cap of the evaluate set.
@@ -166,6 +168,7 @@ DEFAULT_RUN_CONFIG: dict[str, object] = {
     "partitioner": "pathological",
     "classes-per-node": 2,
     "dirichlet-alpha": 0.5,
+    "examples-per-node": 0,
     "seed": 0,
     "client-threads": 1,
     "eval-max-examples": 1000,
@@ -262,6 +265,7 @@ class RunSettings:
             classes_per_node=_get_int(rc, "classes-per-node", d["classes-per-node"]),
             dirichlet_alpha=_get_float(rc, "dirichlet-alpha", d["dirichlet-alpha"]),
             seed=_get_int(rc, "seed", d["seed"]),
+            examples_per_node=_get_int(rc, "examples-per-node", d["examples-per-node"]),
         )
         partition.validate(info.num_classes)
         device = _get_str(nc, "device", "auto")

@@ -46,6 +46,7 @@ import torch
 from cachetools.func import lru_cache
 
 from clients.datasets import load_dataset
+from flwr_gsgm.simulation.virtual_clock import derive_seed
 
 __all__ = [
     "DIRICHLET_MIN_PARTITION_SIZE",
@@ -94,6 +95,11 @@ class PartitionConfig:
         Dirichlet concentration for ``"dirichlet"``, > 0 [``dirichlet-alpha``].
     seed : int
         Partitioning seed [``seed``].
+    examples_per_node : int
+        At most this many training examples per node, a seeded random subset of its
+        partition (0: the whole partition) [``examples-per-node``]: a smaller epoch for
+        sweeps that must fit a session, with each node's label mix unchanged in
+        expectation.
     """
 
     partitioner: str = "pathological"
@@ -101,6 +107,7 @@ class PartitionConfig:
     classes_per_node: int = 2
     dirichlet_alpha: float = 0.5
     seed: int = 0
+    examples_per_node: int = 0
 
     def validate(self, num_classes: int, num_examples: int | None = None) -> None:
         """Check every field.
@@ -145,6 +152,11 @@ class PartitionConfig:
             raise ValueError(f"Invalid dirichlet-alpha={alpha!r}: expected a finite number > 0")
         if not _is_int(self.seed):
             raise ValueError(f"Invalid seed={self.seed!r}: expected an integer")
+        if not _is_int(self.examples_per_node) or self.examples_per_node < 0:
+            raise ValueError(
+                f"Invalid examples-per-node={self.examples_per_node!r}: expected an integer "
+                ">= 0 (0 = the whole partition)"
+            )
 
 
 def _check_partition_id(partition_id: object, num_partitions: int) -> None:
@@ -394,7 +406,8 @@ def partition_indices(
         num_classes = int(labels_np.max()) + 1 if len(labels_np) else 1
     config.validate(num_classes, len(labels_np))
     _check_partition_id(partition_id, config.num_partitions)
-    return _load_index(_build_partitioner(labels_np, num_classes, config), partition_id)
+    index = _load_index(_build_partitioner(labels_np, num_classes, config), partition_id)
+    return capped(index, config.examples_per_node, config.seed, partition_id)
 
 
 def all_partition_indices(
@@ -418,7 +431,10 @@ def all_partition_indices(
         num_classes = int(labels_np.max()) + 1 if len(labels_np) else 1
     config.validate(num_classes, len(labels_np))
     partitioner = _build_partitioner(labels_np, num_classes, config)
-    return [_load_index(partitioner, p) for p in range(config.num_partitions)]
+    return [
+        capped(_load_index(partitioner, p), config.examples_per_node, config.seed, p)
+        for p in range(config.num_partitions)
+    ]
 
 
 @lru_cache(maxsize=8)
@@ -437,7 +453,19 @@ def _cached_partitioner(dataset: str, root: str, config: PartitionConfig):
 def _cached_index(
     dataset: str, root: str, config: PartitionConfig, partition_id: int
 ) -> torch.Tensor:
-    return _load_index(_cached_partitioner(dataset, root, config), partition_id)
+    index = _load_index(_cached_partitioner(dataset, root, config), partition_id)
+    return capped(index, config.examples_per_node, config.seed, partition_id)
+
+
+def capped(index: torch.Tensor, cap: int, seed: int, partition_id: int) -> torch.Tensor:
+    """``index`` itself if ``cap`` is 0 or ``index`` has at most ``cap`` rows, else a
+    random subset of ``cap`` of its rows (a permutation seeded by ``(seed,
+    partition_id)``), in ascending order."""
+    if not cap or len(index) <= cap:
+        return index
+    generator = torch.Generator().manual_seed(derive_seed(seed, 0xCA9, partition_id, bits=63))
+    keep = torch.randperm(len(index), generator=generator)[:cap]
+    return torch.sort(index[keep]).values
 
 
 def load_partition(

@@ -81,6 +81,12 @@ NODE_KEYS: dict[str, RunConfigKey] = {
         2, positive, "an integer in [1, number of classes]", "pathological: classes per node"
     ),
     "dirichlet-alpha": RunConfigKey(0.5, positive, "> 0", "dirichlet: concentration alpha"),
+    "examples-per-node": RunConfigKey(
+        0,
+        non_negative,
+        "an integer >= 0 (0 = the whole partition)",
+        "at most this many training examples per node (a seeded subset: a smaller epoch)",
+    ),
 }
 
 #: Every key of the app's own (not the library's).

@@ -103,6 +103,7 @@ def _partition_config(cfg: Mapping[str, Any], num_nodes: int) -> PartitionConfig
         classes_per_node=cfg["classes-per-node"],
         dirichlet_alpha=cfg["dirichlet-alpha"],
         seed=cfg["seed"],
+        examples_per_node=cfg["examples-per-node"],
     )
 
 

@@ -120,7 +120,11 @@ def replies(workers: int) -> list[dict]:
         arrays = content.array_records.get("arrays")
         out.append(
             {
-                "metrics": {k: v for k, v in content["metrics"].items() if k != "compute-time"},
+                "metrics": {
+                    k: v
+                    for k, v in content["metrics"].items()
+                    if k not in ("compute-time", "train-seconds")
+                },
                 "arrays": [a.copy() for a in arrays.to_numpy_ndarrays()] if arrays else [],
             }
         )
