@@ -95,7 +95,7 @@ def floor_arrays(opt: Any, rule: str, kind: str, extra: dict[str, int]) -> int:
         return v + 5  # g, v, w; v, w
     if rule in ("dcasgd", "fedasync"):
         return v + 4  # g, w, w sent; w
-    if rule == "fedbuff":
+    if rule in ("fedbuff", "fedcompass"):  # FedCompass alone: its FedBuff-like fallback
         return v + (3 if kind == "into buffer" else 5)  # g, B; B (flush: + w; w)
     if rule == "ca2fl":
         arrival = v + 5  # g, cache, B; B, cache
@@ -150,7 +150,7 @@ def classify(rule: str, opt: Any, outcome: str, before: dict[str, Any]) -> str:
         if outcome == "applied":
             return "applied"
         return "into slot" if before["had_slot"] else "new slot"
-    if rule in ("fedbuff", "ca2fl"):
+    if rule in ("fedbuff", "ca2fl", "fedcompass"):
         return "flush" if outcome == "applied" else "into buffer"
     return "applied"
 

@@ -238,6 +238,10 @@ class ServerOptimizer(RangeGuard, abc.ABC):
     #: Parameters that shape the state (which buffers exist and what they mean): a
     #: state is loaded only into an optimizer with the same values of these.
     STATE_LAYOUT: ClassVar[tuple[str, ...]] = ()
+    #: The work scheduler a rule needs in place of the run's work-scheduling (FedCompass:
+    #: "compass"), or None. The engine builds it from :meth:`schedule_params` and hands
+    #: the state the two share to :meth:`share_schedule`.
+    WORK_SCHEDULER: ClassVar[str | None] = None
     _counter_names: ClassVar[tuple[str, ...]] = (
         "arrivals",
         "applied",
@@ -420,6 +424,14 @@ class ServerOptimizer(RangeGuard, abc.ABC):
         No-op by default; DC-ASGD and FedAsync keep a copy of the weights sent.
         """
         return None
+
+    def schedule_params(self) -> dict[str, Any]:
+        """Keyword arguments of the :attr:`WORK_SCHEDULER` this rule needs (none here)."""
+        return {}
+
+    def share_schedule(self, book: Any) -> None:
+        """Hook: the state this rule shares with its :attr:`WORK_SCHEDULER` (given by the
+        engine before the first dispatch). Ignored here: a rule without one needs none."""
 
     def on_update(
         self,

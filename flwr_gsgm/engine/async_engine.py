@@ -70,6 +70,7 @@ from flwr_gsgm.model.layout import ModelLayout
 from flwr_gsgm.model.optimizer import ModelOptimizer
 from flwr_gsgm.nodes.membership import Membership, Node, NodeListener
 from flwr_gsgm.nodes.stats import NodeStats
+from flwr_gsgm.scheduling.compass import CompassScheduler
 from flwr_gsgm.strategy.hooks import OnEvaluate, TrainConfigFn
 
 __all__ = ["EngineSettings", "AsyncEngine", "EngineReport", "EvaluateFn", "OptimizerFactory"]
@@ -226,6 +227,7 @@ class AsyncEngine:
         model_bytes = sum(int(a.nbytes) for a in self.initial)
         self.optimizer = ModelOptimizer(self.layout, self.initial, self.make_optimizer, pids)
         self.initial = []  # the optimizer holds its own copy: no model copy kept here
+        self._rule_work_scheduler()
         self._estimate_memory(pids, model_bytes)
         self.members.start(pids, self._node_listener())
         self.dispatcher.describe()
@@ -237,6 +239,37 @@ class AsyncEngine:
         self._log_resolved_choices()
         self._evaluate()
         self.dispatcher.start(self.optimizer, self.received)
+
+    def _rule_work_scheduler(self) -> None:
+        """A rule that schedules its nodes' work itself (``WORK_SCHEDULER``: FedCompass's
+        "compass") gets its scheduler in the dispatcher, in place of work-scheduling's;
+        the engine hands the state they share (the arrival groups) to both.
+
+        Raises
+        ------
+        ValueError
+            If the rule names a work scheduler this engine does not have.
+        """
+        assert self.optimizer is not None
+        rule = self.optimizer.rule
+        if rule.WORK_SCHEDULER is None:
+            return
+        if rule.WORK_SCHEDULER not in CompassScheduler.POLICIES:
+            raise ValueError(
+                f"rule {rule.name!r} asks for work scheduler {rule.WORK_SCHEDULER!r}; "
+                f"expected one of {CompassScheduler.POLICIES}"
+            )
+        if self.settings.work_scheduling != "off":
+            log(
+                WARNING,
+                "[async] work-scheduling = %r is replaced by %s's own scheduler (%s)",
+                self.settings.work_scheduling,
+                rule.name,
+                rule.WORK_SCHEDULER,
+            )
+        work = CompassScheduler(**rule.schedule_params())
+        rule.share_schedule(work.book)
+        self.dispatcher.work = work
 
     def _node_listener(self) -> NodeListener:
         """Who hears of a node's transitions: the optimizer (joined, left), the norm

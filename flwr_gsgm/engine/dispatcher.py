@@ -36,8 +36,10 @@ class Dispatcher:
 
     Each message's local work is the run's train config, unless work scheduling
     (``work``, :class:`~flwr_gsgm.scheduling.work_scheduler.WorkScheduler`) sizes it
-    by the node's measured speed: then ``local-steps`` is its assignment and
-    ``local-epochs`` 0.
+    by the node's measured speed at the engine clock's now: then ``local-steps`` is
+    its assignment and ``local-epochs`` 0. A rule that schedules its own work
+    (FedCompass) has the engine replace ``work`` with its scheduler, which may also
+    hold idle nodes back and order them (:meth:`WorkScheduler.ready`).
 
     ``seq`` counts dispatches sent (their tie-break order); it is checkpointed with
     the dispatch policy's state (:meth:`state_dict`). The update budget is
@@ -126,7 +128,7 @@ class Dispatcher:
         is topped up to two dispatches.
         """
         depth = self.settings.dispatches_per_node  # 2 with prefetch (no limit then)
-        idle = self.members.idle_active(depth)
+        idle = self.work.ready(self.members.idle_active(depth))
         limit = self.settings.in_flight_limit
         if limit is None or len(self.in_flight) + len(idle) <= limit:
             for pid in idle:
@@ -157,7 +159,7 @@ class Dispatcher:
                 self.train_config, self.train_config_fn, node.node_id, version, received
             )
         # Work scheduling sets the message's local work last, over train_config_fn's.
-        steps = self.work.steps_for(pid, self.members.active_ids())
+        steps = self.work.steps_for(pid, self.members.active_ids(), now=self.clock.now())
         if steps is not None:
             config["local-steps"] = steps
             config["local-epochs"] = 0

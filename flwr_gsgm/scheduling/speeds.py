@@ -31,10 +31,20 @@ class NodeSpeeds:
     """Seconds per local step of each node, from its replies.
 
     Nodes are keyed by partition-id (any int). Every figure is in seconds; a step is
-    one mini-batch of local SGD.
+    one mini-batch of local SGD. ``smoothing`` is the weight of the newest measurement
+    in the moving average, in (0, 1] (default :data:`SMOOTHING`; FedCompass's server
+    uses 0.9).
+
+    Raises
+    ------
+    ValueError
+        If ``smoothing`` is not in (0, 1].
     """
 
-    def __init__(self) -> None:
+    def __init__(self, smoothing: float = SMOOTHING) -> None:
+        if not 0.0 < smoothing <= 1.0:
+            raise ValueError(f"smoothing must be in (0, 1], got {smoothing!r}")
+        self.smoothing = float(smoothing)
         self._seconds_per_step: dict[int, float] = {}
         self._round_trips: deque[float] = deque(maxlen=ROUND_TRIP_WINDOW)
 
@@ -72,7 +82,7 @@ class NodeSpeeds:
             return
         old = self._seconds_per_step.get(partition_id)
         self._seconds_per_step[partition_id] = (
-            sample if old is None else (1.0 - SMOOTHING) * old + SMOOTHING * sample
+            sample if old is None else (1.0 - self.smoothing) * old + self.smoothing * sample
         )
 
     def seconds_per_step(self, partition_id: int) -> float | None:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Any
+from typing import Any, ClassVar
 
 from flwr_gsgm.scheduling.speeds import NodeSpeeds
 
@@ -108,10 +108,15 @@ class WorkScheduler:
         On an unknown policy.
     """
 
+    #: The policies this class schedules (a subclass schedules its own).
+    POLICIES: ClassVar[tuple[str, ...]] = WORK_SCHEDULING
+    #: What the run does once a reply showed that a ClientApp cannot take part.
+    OFF_CONSEQUENCE: ClassVar[str] = "every node keeps its own work"
+
     def __init__(self, policy: str = "off") -> None:
-        if policy not in WORK_SCHEDULING:
+        if policy not in self.POLICIES:
             raise ValueError(
-                f"work-scheduling {policy!r} is unknown; expected one of {WORK_SCHEDULING}"
+                f"work-scheduling {policy!r} is unknown; expected one of {self.POLICIES}"
             )
         self.policy = policy
         self.speeds = NodeSpeeds()
@@ -144,10 +149,14 @@ class WorkScheduler:
             return None
         return max(float(statistics.median(times)), self.speeds.round_trip())
 
-    def steps_for(self, partition_id: int, partition_ids: list[int]) -> int | None:
+    def steps_for(
+        self, partition_id: int, partition_ids: list[int], now: float | None = None
+    ) -> int | None:
         """Local steps of ``partition_id``'s next message (:func:`equal_time_steps` for
         the target of ``partition_ids``, the active nodes), or None: the run's own
-        client work (scheduling off, or this node not measured yet)."""
+        client work (scheduling off, or this node not measured yet). ``now``, the
+        engine clock's seconds at the dispatch, is not needed here (FedCompass's
+        scheduler reads it)."""
         if not self.active or partition_id not in self.own_steps:
             return None
         speed = self.speeds.seconds_per_step(partition_id)
@@ -155,6 +164,11 @@ class WorkScheduler:
         if speed is None or not speed > 0 or target is None or not target > 0:
             return None
         return equal_time_steps(speed, target, self.own_steps[partition_id])
+
+    def ready(self, idle: list[int]) -> list[int]:
+        """The idle nodes that may get work now, in the order to send it: all of
+        ``idle``, as given (FedCompass's scheduler holds some back and reorders)."""
+        return idle
 
     def on_reply(
         self,
@@ -184,30 +198,49 @@ class WorkScheduler:
             :func:`normalisation_weight` of its steps against the mean of every
             node's latest steps.
         """
-        if not self.active:
+        if not self.active or not self._record(
+            partition_id, scheduled_steps, train_steps, train_seconds, total_seconds
+        ):
             return 1.0
-        if train_steps is None or train_steps < 1:
-            self.off_reason = (
-                f"partition {partition_id}'s reply reports no train-steps (got "
-                f"{train_steps!r}): work scheduling needs the steps each ClientApp did "
-                "(docs/PORTING.md, 'Work scheduling'); every node keeps its own work"
-            )
-            return 1.0
-        if scheduled_steps is not None and train_steps != scheduled_steps:
-            self.off_reason = (
-                f"partition {partition_id} did {train_steps} local steps where "
-                f"{scheduled_steps} were asked: its ClientApp ignores local-steps "
-                "(docs/PORTING.md, 'Work scheduling'); every node keeps its own work"
-            )
-            return 1.0
-        if scheduled_steps is None:
-            self.own_steps.setdefault(partition_id, int(train_steps))
-        self.last_steps[partition_id] = int(train_steps)
-        self.speeds.observe(partition_id, int(train_steps), train_seconds, total_seconds)
         if scheduled_steps is None:
             return 1.0
         reference = statistics.fmean(self.last_steps.values())
         return normalisation_weight(int(train_steps), reference)
+
+    def _record(
+        self,
+        partition_id: int,
+        scheduled_steps: int | None,
+        train_steps: int | None,
+        train_seconds: float | None,
+        total_seconds: float | None,
+    ) -> bool:
+        """Check a reply's report and record its steps and speed; False (and
+        scheduling turned off, :meth:`_turn_off`) if it shows that the ClientApp
+        cannot take part (no ``train-steps``, or other steps than asked)."""
+        if train_steps is None or train_steps < 1:
+            self._turn_off(
+                f"partition {partition_id}'s reply reports no train-steps (got "
+                f"{train_steps!r}): work scheduling needs the steps each ClientApp did "
+                f"(docs/PORTING.md, 'Work scheduling'); {self.OFF_CONSEQUENCE}"
+            )
+            return False
+        if scheduled_steps is not None and train_steps != scheduled_steps:
+            self._turn_off(
+                f"partition {partition_id} did {train_steps} local steps where "
+                f"{scheduled_steps} were asked: its ClientApp ignores local-steps "
+                f"(docs/PORTING.md, 'Work scheduling'); {self.OFF_CONSEQUENCE}"
+            )
+            return False
+        if scheduled_steps is None:
+            self.own_steps.setdefault(partition_id, int(train_steps))
+        self.last_steps[partition_id] = int(train_steps)
+        self.speeds.observe(partition_id, int(train_steps), train_seconds, total_seconds)
+        return True
+
+    def _turn_off(self, reason: str) -> None:
+        """Scheduling stops for the rest of the run, for ``reason`` (said once by the engine)."""
+        self.off_reason = reason
 
     def state_dict(self) -> dict[str, Any]:
         """Plain data for a checkpoint."""

@@ -59,7 +59,10 @@ def test_core_imports_and_runs_without_flwr_and_torch():
         timeout=120,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.strip() == "ok ace,asgd,ca2fl,daasgd,dcasgd,fedasync,fedbuff,gsgm,masgd"
+    assert (
+        proc.stdout.strip()
+        == "ok ace,asgd,ca2fl,daasgd,dcasgd,fedasync,fedbuff,fedcompass,gsgm,masgd"
+    )
 
 
 def test_core_sources_import_numpy_only():

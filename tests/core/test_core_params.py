@@ -215,6 +215,7 @@ def test_the_server_learning_rate_has_a_default_per_kind_of_update():
         "ca2fl": (0.1, 0.25),
         "ace": (0.02, 0.1),
         "daasgd": (0.02, 0.1),
+        "fedcompass": (0.2, 0.9),
     }
     assert "lr : float = 0.1 (gradient mode); 0.25 (delta and weights modes)" in (
         OPTIMIZERS["gsgm"].__doc__

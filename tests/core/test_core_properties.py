@@ -60,6 +60,10 @@ other_params = {
         }
     ),
     "daasgd": st.fixed_dictionaries({"delay_threshold": st.one_of(st.none(), st.integers(1, 3))}),
+    # Without a scheduler (a rule alone): its FedBuff-like fallback.
+    "fedcompass": st.fixed_dictionaries(
+        {"buffer_size": st.integers(1, 4), "max_staleness": st.one_of(st.none(), st.integers(0, 3))}
+    ),
 }
 all_params = dict(other_params, gsgm=gsgm_params)
 # GSGM has the most state: it gets most of the examples.

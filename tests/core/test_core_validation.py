@@ -244,6 +244,7 @@ def test_registry_names_and_building_every_optimizer():
         "dcasgd",
         "fedasync",
         "fedbuff",
+        "fedcompass",
         "gsgm",
         "masgd",
     ]

@@ -1,0 +1,341 @@
+"""FedCompass: semi-asynchronous aggregation of arrival groups, weighted by staleness.
+
+Reference:
+    Z. Li, P. Chaturvedi, S. He, H. Chen, G. Singh, V. Kindratenko, E. A. Huerta,
+    K. Kim, R. Madduri, "FedCompass: Efficient Cross-Silo Federated Learning on
+    Heterogeneous Client Devices Using a Computing Power-Aware Scheduler", ICLR 2024,
+    arXiv 2309.14675. Public code: APPFL (github.com/APPFL/APPFL), its
+    ``CompassScheduler`` and ``FedCompassAggregator``, and the original server
+    ``ServerFedCompass``; defaults from its FedCompass configuration (alpha 0.9,
+    polynomial staleness with a = 0.5, equal client weights, lambda 1.5,
+    Q_min = 0.2 Q_max, speed momentum 0.9).
+
+The COMPASS scheduler (the step assignment, its arrival groups and their deadlines)
+lives in :mod:`flwr_gsgm.scheduling.compass`: the engine builds it for this rule
+(:attr:`FedCompassRule.WORK_SCHEDULER`) and hands both the same book of arrival
+groups (:meth:`FedCompassRule.share_schedule`). This module is the aggregation:
+
+- each valid update Delta_i (a descent direction: a gradient or the displacement
+  ``w_sent - w_local``) counts with ``c_i = s(tau_i) / N``, ``s(tau) = (1 + tau)^-a``
+  (APPFL's polynomial staleness), ``tau_i`` its staleness in versions and N the
+  number of active nodes (APPFL's equal weights ``1 / num_clients``);
+- a node without a group (its first, unscheduled, message) is applied alone on
+  arrival: ``w <- w - eta * c_i * Delta_i`` (APPFL ``_single_update``);
+- a group member back by its group's deadline is buffered in its group; a member
+  back after it goes to the general buffer;
+- a group is aggregated once every member is back, or at the first event after its
+  deadline with the members back by then: ``w <- w - eta * (G + B)``, G the group's
+  sum of ``c_i * Delta_i``, B the general buffer's; both are emptied and ``version``
+  moves by one (APPFL ``_group_aggregation``, ``gradient_based``);
+- without a scheduler (a rule built alone), or once it turned itself off (a ClientApp
+  that reports no ``train-steps``), every arrival goes to the general buffer,
+  aggregated every ``buffer_size`` arrivals: FedBuff-like, with the same ``c_i``.
+
+eta is APPFL's ``alpha`` (0.9) in the displacement modes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, ClassVar, Protocol
+
+import numpy as np
+
+from .base import Outcome, Parts, ServerOptimizer, chunks
+from .params import Param, server_learning_rate
+
+__all__ = ["ArrivalBook", "FedCompassRule"]
+
+# What an arrival is, as the shared book answers (flwr_gsgm.scheduling.compass, which
+# this numpy-only package does not import; a test checks the two agree).
+GROUP, LATE, SINGLE, OFF = "group", "late", "single", "off"
+
+
+class ArrivalBook(Protocol):
+    """What the rule reads and writes of the arrival groups it shares with the
+    scheduler (:class:`flwr_gsgm.scheduling.compass.ArrivalGroups`)."""
+
+    def arrive(self, partition_id: int, now: float) -> tuple[str, int | None]: ...
+
+    def due(self, now: float) -> list[int]: ...
+
+    def close(self, gid: int) -> list[int]: ...
+
+    def leave(self, partition_id: int) -> None: ...
+
+    def release(self, partition_id: int) -> None: ...
+
+
+class FedCompassRule(ServerOptimizer):
+    """FedCompass: ``w <- w - lr * (G + B)`` once a group is back, each update ``(1+tau)^-a / N``.
+
+    G is the group's sum, B the general buffer's (late members); the module docstring
+    has the rule.
+
+    Outcomes: an update applied by this call (alone, or closing its group, or filling
+    the fallback buffer) is :attr:`Outcome.APPLIED`; a buffered one
+    :attr:`Outcome.DEFERRED`. A group whose deadline passed is aggregated at the
+    rule's next event (an arrival, a join or a loss), before that event.
+
+    Simplifications against the paper and APPFL (docs/GSGM.md, "Baselines"):
+
+    - a deadline is acted on at the first event after it, not by a timer at the
+      instant; the members released then get new work at that event;
+    - the staleness weight of a buffered update is taken at its arrival (APPFL's
+      original ``ServerFedCompass.buffer``), not at aggregation (its current
+      aggregator): they differ only for a member buffered while another group
+      aggregated;
+    - N is the number of active nodes when the update arrives (APPFL: the fixed
+      number of clients); the weights are equal (APPFL's ``weights: equal``), not by
+      sample count;
+    - the fallback without a scheduler (FedBuff-like, ``buffer_size``) is this
+      project's; APPFL has none.
+
+    Args:
+        weights: initial weights, a sequence of numpy arrays (copied to float32).
+        partition_ids: partition-ids of the initially active nodes.
+        lr: eta, > 0 (displacement modes: APPFL's alpha, 0.9).
+        q_min, q_max: Q_min and Q_max of the scheduler as fractions / multiples of a
+            node's own work (``q_min <= q_max``).
+        latest_factor: lambda >= 1 of a group's deadline.
+        staleness_exponent: a >= 0 of ``s(tau) = (1 + tau)^-a``.
+        speed_momentum: the scheduler's weight of a node's newest speed measurement.
+        buffer_size: K >= 1 of the fallback without a scheduler.
+        max_staleness, max_norm: see :class:`ServerOptimizer`.
+
+    Raises:
+        ValueError: a parameter out of range, or ``q_min > q_max``; the message
+            names it.
+
+    Memory: ``w``, the general buffer, and one sum per group with members back
+    (at most one per active node) while a scheduler is shared: ``2 + |A|`` copies;
+    ``2`` without one.
+    """
+
+    name: ClassVar[str] = "fedcompass"
+    WORK_SCHEDULER: ClassVar[str | None] = "compass"
+    PARAMS: ClassVar[tuple[Param, ...]] = (
+        # Displacement modes: APPFL's alpha, 0.9, on sum_i Delta_i / N: a round in which
+        # every node arrives once moves w by 0.9 of the nodes' mean displacement.
+        # Gradient mode (not the paper's: no local steps to schedule): 0.2 / N per
+        # gradient, 0.02 at 10 nodes, ASGD's step.
+        server_learning_rate(0.2, displacement=0.9),
+        Param(
+            "q_min",
+            0.2,
+            "Q_min, least local steps of a scheduled message, times a node's own work",
+            low=0.0,
+            low_open=True,
+            run_config_key="fedcompass-q-min",
+        ),
+        Param(
+            "q_max",
+            1.0,
+            "Q_max, most local steps of a scheduled message, times a node's own work",
+            low=0.0,
+            low_open=True,
+            run_config_key="fedcompass-q-max",
+        ),
+        Param(
+            "latest_factor",
+            1.5,
+            "deadline factor lambda: a group's latest over its expected arrival",
+            low=1.0,
+            run_config_key="fedcompass-lambda",
+        ),
+        Param(
+            "staleness_exponent",
+            0.5,
+            "staleness exponent a of the weight (1 + tau)^-a",
+            low=0.0,
+            run_config_key="fedcompass-a",
+        ),
+        Param(
+            "speed_momentum",
+            0.9,
+            "weight of a node's newest speed measurement",
+            low=0.0,
+            low_open=True,
+            high=1.0,
+        ),
+        Param("buffer_size", 5, "buffer size K", kind=int, low=1, run_config_key="fedbuff-k"),
+    )
+
+    def __init__(
+        self, weights: Sequence[np.ndarray], partition_ids: Iterable[int], **params: Any
+    ) -> None:
+        super().__init__(weights, partition_ids, **params)
+        if self._q_min > self._q_max:
+            raise ValueError(
+                f"q_min ({self._q_min!r}) must be at most q_max ({self._q_max!r}): Q_min <= Q_max"
+            )
+        self._general = np.zeros(self._size, dtype=np.float32)
+        self._general_count = 0
+        self._groups: dict[int, np.ndarray] = {}  # group id -> sum of c_i * Delta_i
+        self._group_counts: dict[int, int] = {}
+        self._book: ArrivalBook | None = None
+
+    _LABELS: ClassVar[dict[str, str]] = {"_general": "general buffer", "_groups": "group buffer"}
+
+    # ------------------------------------------------------------ the scheduler
+    def schedule_params(self) -> dict[str, Any]:
+        """The :class:`~flwr_gsgm.scheduling.compass.CompassScheduler`'s arguments."""
+        return {
+            "q_min": self._q_min,
+            "q_max": self._q_max,
+            "latest_factor": self._latest_factor,
+            "smoothing": self._speed_momentum,
+        }
+
+    def share_schedule(self, book: Any) -> None:
+        """Read the arrival groups from ``book`` (an :class:`ArrivalBook`) from now on."""
+        self._book = book
+
+    # ------------------------------------------------------------------ figures
+    def _copies(self, nodes: int) -> int:
+        """``w``, the general buffer and, with a scheduler, a group sum per node."""
+        return 2 + (nodes if self._book is not None else 0)
+
+    @property
+    def buffered(self) -> dict[Any, int]:
+        """Updates waiting: ``{"general": count, group id: count, ...}``."""
+        return {"general": self._general_count, **self._group_counts}
+
+    def weight(self, staleness: int) -> float:
+        """``c = (1 + staleness)^-a / N`` of an update arriving now (N active nodes)."""
+        return (1.0 + staleness) ** (-self._staleness_exponent) / max(1, len(self._active))
+
+    def _step_bound(self, norm: float) -> tuple[float, float]:
+        # Every buffered entry and the new one weigh c <= 1; this call may aggregate
+        # them all (in several groups), each entry at most once.
+        k = self._general_count + sum(self._group_counts.values()) + 1
+        u = max(self._bound_u, norm)
+        w_after = self._bound_w + self._lr * k * u
+        return w_after + (1.0 + self._lr) * k * u, w_after
+
+    # ---------------------------------------------------------------- the rule
+    def _tick(self, now: float) -> None:
+        # Groups whose deadline passed are aggregated before the event (APPFL's timer).
+        self._aggregate_due(now)
+
+    def _on_valid(
+        self, partition_id: int, parts: Parts, base_version: int, staleness: int, now: float
+    ) -> Outcome:
+        c = self.weight(staleness)
+        book = self._book
+        kind, gid = book.arrive(partition_id, now) if book is not None else (OFF, None)
+        if kind == SINGLE:
+            self._single_step(parts, c)
+            return Outcome.APPLIED
+        if kind == GROUP:
+            assert gid is not None
+            buf = self._groups.get(gid)
+            if buf is None:
+                buf = self._groups[gid] = self._new_buffer()
+                buf.fill(0.0)
+                self._group_counts[gid] = 0
+            self._accumulate(buf, parts, c)
+            self._group_counts[gid] += 1
+            return Outcome.APPLIED if gid in self._aggregate_due(now) else Outcome.DEFERRED
+        self._accumulate(self._general, parts, c)  # late, or no scheduler
+        self._general_count += 1
+        if kind == OFF and self._general_count >= self._buffer_size:
+            self._aggregate(None)
+            return Outcome.APPLIED
+        return Outcome.DEFERRED
+
+    def _on_stale(self, partition_id: int, now: float) -> Outcome:
+        # Dropped: its group waits for it no more (and may be complete now).
+        if self._book is not None:
+            self._book.leave(partition_id)
+            self._aggregate_due(now)
+        return Outcome.STALE
+
+    def _lost(self, partition_id: int, now: float) -> None:
+        # Its group waits for it no more; an update it left in a buffer stays.
+        if self._book is not None:
+            self._book.leave(partition_id)
+            self._book.release(partition_id)
+            self._aggregate_due(now)
+
+    def _aggregate_due(self, now: float) -> list[int]:
+        """Aggregate the groups the book says are due at ``now``; their ids."""
+        if self._book is None:
+            return []
+        done = self._book.due(now)
+        for gid in done:
+            self._aggregate(gid)
+            self._book.close(gid)
+        return done
+
+    def _aggregate(self, gid: int | None) -> None:
+        """``w <- w - lr * (G + B)``: group ``gid``'s sum (none: the general buffer
+        alone) and the general buffer, both emptied; one version."""
+        buf = self._groups.pop(gid, None) if gid is not None else None
+        self._group_counts.pop(gid, None)
+        w, a, gen, lr = self._w, self._scr_a, self._general, self._lr
+        for lo, hi, ws in chunks([(0, w)]):
+            t = a[: hi - lo]
+            if buf is None:
+                np.copyto(t, gen[lo:hi])
+            else:
+                np.add(buf[lo:hi], gen[lo:hi], out=t)
+            np.multiply(t, lr, out=t)
+            np.subtract(ws, t, out=ws)
+        gen.fill(0.0)
+        self._general_count = 0
+        if buf is not None:
+            self._release(buf)
+        self._version += 1
+
+    def _single_step(self, parts: Parts, c: float) -> None:
+        """``w <- w - lr * (c * Delta)``: an update without a group, alone."""
+        w, a, lr = self._w, self._scr_a, self._lr
+        for lo, hi, u in chunks(parts):
+            t = a[: hi - lo]
+            np.multiply(u, c, out=t)
+            np.multiply(t, lr, out=t)
+            ws = w[lo:hi]
+            np.subtract(ws, t, out=ws)
+        self._version += 1
+
+    def _accumulate(self, buf: np.ndarray, parts: Parts, c: float) -> None:
+        """``buf <- buf + c * Delta``."""
+        a = self._scr_a
+        for lo, hi, u in chunks(parts):
+            t = a[: hi - lo]
+            np.multiply(u, c, out=t)
+            bs = buf[lo:hi]
+            np.add(bs, t, out=bs)
+
+    # ---------------------------------------------------------------- checkpoints
+    def _extra_state(self) -> dict[str, Any]:
+        return {
+            "general_sum": self._general.copy(),
+            "general_count": self._general_count,
+            "group_ids": list(self._groups),
+            "group_sums": [b.copy() for b in self._groups.values()],
+            "group_counts": [self._group_counts[g] for g in self._groups],
+        }
+
+    def _check_state_extra(self, state: dict[str, Any], version: int, active: set[int]) -> None:
+        ids, sums, counts = state["group_ids"], state["group_sums"], state["group_counts"]
+        if not len(ids) == len(sums) == len(counts):
+            raise ValueError(
+                f"state group_ids, group_sums and group_counts differ in length "
+                f"({len(ids)}, {len(sums)}, {len(counts)})"
+            )
+        named = [("general_count", state["general_count"])]
+        named += [("group_counts", c) for c in counts]
+        for what, n in named:
+            if isinstance(n, bool) or int(n) != n or n < 0:
+                raise ValueError(f"state {what} must hold integers >= 0, got {n!r}")
+
+    def _load_extra(self, state: dict[str, Any]) -> None:
+        general = self._flat_array(state["general_sum"], "general_sum")
+        sums = [self._flat_array(v, "group_sums") for v in state["group_sums"]]
+        self._general[...] = general
+        self._general_count = int(state["general_count"])
+        ids = [int(g) for g in state["group_ids"]]
+        self._groups = dict(zip(ids, sums))
+        self._group_counts = {g: int(c) for g, c in zip(ids, state["group_counts"])}

@@ -1,0 +1,389 @@
+"""FedCompass's COMPASS scheduler: local steps that make groups of nodes arrive together.
+
+Reference:
+    Z. Li, P. Chaturvedi, S. He, H. Chen, G. Singh, V. Kindratenko, E. A. Huerta,
+    K. Kim, R. Madduri, "FedCompass: Efficient Cross-Silo Federated Learning on
+    Heterogeneous Client Devices Using a Computing Power-Aware Scheduler", ICLR 2024,
+    arXiv 2309.14675; APPFL's ``CompassScheduler`` (github.com/APPFL/APPFL).
+
+The server estimates each node's seconds per local step s_i (an exponential moving
+average of its replies, :class:`~flwr_gsgm.scheduling.speeds.NodeSpeeds` with
+FedCompass's momentum 0.9 on the newest measurement) and, at each dispatch, puts the
+node in an *arrival group*: a set of nodes expected back at the group's expected
+arrival time E, with a deadline, the latest arrival time L. Times are the engine
+clock's seconds (virtual in simulation); a message of Q steps to node i is expected
+to take ``r_i + Q * s_i``, r_i the node's measured round trip (arrival less training
+time, a moving average; the fleet's median before the node's own). Q_min and Q_max
+are each node's own work (the steps of its first, unscheduled, reply) times
+``q_min`` and ``q_max``.
+
+- Join (APPFL ``_join_group``): over the open groups, in creation order, the steps
+  ``Q = floor((E - now - r_i) / s_i)``; the node joins the group with the most steps
+  among those with ``Q_min <= Q <= Q_max`` (ties: the later group).
+- Create (``_create_group``), when no group can be joined: for each open group whose
+  deadline has not passed, with f its fastest member (least s_f), the steps that bring
+  node i back when f, sent at L, would come back from Q_max(f) steps:
+  ``Q = floor((L + r_f + Q_max(f) s_f - now - r_i) / s_i)``; Q is the largest of those
+  <= Q_max, raised to Q_min if below it, and Q_max if there is none. The new group
+  expects the node at ``E = now + d`` with ``d = r_i + Q s_i``, at the latest
+  ``L = now + lambda * d`` (lambda = 1.5 in APPFL).
+
+What the scheduler and FedCompass's rule (:mod:`flwr_gsgm.core.fedcompass`) know of
+the groups is one :class:`ArrivalGroups` object, which the engine hands to both: the
+scheduler writes memberships at dispatch, the rule reads them at arrival (on time:
+buffered in the group; after L: the general buffer; no group: a single update) and
+closes a group when it aggregates it (every member arrived, or its deadline passed).
+A member that arrived on time waits, as in APPFL, for its group's aggregation before
+it gets new work (:meth:`CompassScheduler.ready`); the members released by an
+aggregation are sent work fastest first, as APPFL assigns them.
+
+A node's first message carries the run's own work (its speed is unknown). A ClientApp
+that reports no ``train-steps``, or does other steps than asked, turns the scheduler
+off, said once (:class:`~flwr_gsgm.scheduling.work_scheduler.WorkScheduler`): every
+open group is then due, every node keeps the run's own work, and the rule falls back
+to FedBuff-like buffered aggregation.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from flwr_gsgm.scheduling.speeds import NodeSpeeds
+from flwr_gsgm.scheduling.work_scheduler import WorkScheduler
+
+__all__ = ["ArrivalGroup", "ArrivalGroups", "CompassScheduler", "GROUP", "LATE", "OFF", "SINGLE"]
+
+#: What an arrival is (:meth:`ArrivalGroups.arrive`): on time in its group, after its
+#: group's deadline, without a group (an unscheduled message), or scheduling is off.
+GROUP, LATE, SINGLE, OFF = "group", "late", "single", "off"
+
+# Times and steps are floats of seconds: a quotient meant to be an integer (4.0 s at
+# 0.1 s per step) may come out a hair below it (39.99999...); floor() would lose a step.
+_EPS = 1e-9
+
+
+@dataclass
+class ArrivalGroup:
+    """One arrival group: ``expected`` and ``latest`` arrival times (engine seconds),
+    the members still out (``pending``) and those back on time (``arrived``).
+    ``closed``: aggregated (or expired without arrivals): nobody joins it, and a
+    member still out arrives late."""
+
+    expected: float
+    latest: float
+    pending: list[int] = field(default_factory=list)
+    arrived: list[int] = field(default_factory=list)
+    closed: bool = False
+
+
+class ArrivalGroups:
+    """The arrival groups FedCompass's scheduler and rule share (partition-ids, seconds).
+
+    ``member_of`` maps a node to the group of its message in flight; ``held`` a node
+    that arrived on time to the group whose aggregation it waits for. ``enabled`` is
+    False once scheduling turned itself off.
+    """
+
+    def __init__(self) -> None:
+        self.groups: dict[int, ArrivalGroup] = {}
+        self.member_of: dict[int, int] = {}
+        self.held: dict[int, int] = {}
+        self.next_id = 0
+        self.enabled = True
+
+    # ------------------------------------------------------------ the scheduler's
+    def open_groups(self) -> list[tuple[int, ArrivalGroup]]:
+        """``(group id, group)`` of the groups not closed, in creation order."""
+        return [(gid, g) for gid, g in self.groups.items() if not g.closed]
+
+    def create(self, expected: float, latest: float, partition_id: int) -> int:
+        """A new group with ``partition_id`` out in it; returns its id."""
+        gid = self.next_id
+        self.next_id += 1
+        self.groups[gid] = ArrivalGroup(float(expected), float(latest))
+        self.join(gid, partition_id)
+        return gid
+
+    def join(self, gid: int, partition_id: int) -> None:
+        """``partition_id`` is sent work that group ``gid`` expects back."""
+        self.groups[gid].pending.append(partition_id)
+        self.member_of[partition_id] = gid
+
+    def leave(self, partition_id: int) -> None:
+        """``partition_id``'s work of its group will not come (it is sent other work,
+        was lost or its update was dropped): its group stops waiting for it."""
+        gid = self.member_of.pop(partition_id, None)
+        if gid is not None:
+            self.groups[gid].pending.remove(partition_id)
+            self._forget_if_done(gid)
+
+    def holds(self, partition_id: int) -> bool:
+        """True while ``partition_id`` waits for its group's aggregation."""
+        return partition_id in self.held
+
+    def disable(self) -> None:
+        """Scheduling is off: no new group; every open group is due at the next event."""
+        self.enabled = False
+        for _, g in self.open_groups():
+            g.latest = -math.inf
+
+    # ----------------------------------------------------------------- the rule's
+    def arrive(self, partition_id: int, now: float) -> tuple[str, int | None]:
+        """``partition_id``'s update arrives at ``now``: ``(GROUP, group id)`` if on time
+        in an open group (it then waits in :attr:`held`), ``(LATE, None)`` after its
+        group's deadline (strictly after, as APPFL) or closing, ``(SINGLE, None)``
+        without a group, ``(OFF, None)`` once scheduling is off."""
+        gid = self.member_of.pop(partition_id, None)
+        if gid is None:
+            return (SINGLE if self.enabled else OFF), None
+        g = self.groups[gid]
+        g.pending.remove(partition_id)
+        if not self.enabled:
+            self._forget_if_done(gid)
+            return OFF, None
+        if g.closed or now > g.latest:
+            self._forget_if_done(gid)
+            return LATE, None
+        g.arrived.append(partition_id)
+        self.held[partition_id] = gid
+        return GROUP, gid
+
+    def due(self, now: float) -> list[int]:
+        """The open groups to aggregate at ``now``, by deadline: every member back, or
+        the deadline passed with some back. A group whose deadline passed with none
+        back is closed here (nothing to aggregate; its members will arrive late)."""
+        ready = []
+        for gid, g in self.open_groups():
+            expired = now > g.latest
+            if g.arrived and (expired or not g.pending):
+                ready.append(gid)
+            elif expired:
+                g.closed = True
+                self._forget_if_done(gid)
+        return sorted(ready, key=lambda gid: (self.groups[gid].latest, gid))
+
+    def close(self, gid: int) -> list[int]:
+        """Group ``gid`` was aggregated: its arrived members are released (returned)."""
+        g = self.groups[gid]
+        g.closed = True
+        released = list(g.arrived)
+        for pid in released:
+            self.held.pop(pid, None)
+        self._forget_if_done(gid)
+        return released
+
+    def release(self, partition_id: int) -> None:
+        """``partition_id`` left while it waited: it waits no more (its update stays)."""
+        self.held.pop(partition_id, None)
+
+    def _forget_if_done(self, gid: int) -> None:
+        g = self.groups[gid]
+        if g.closed and not g.pending:
+            del self.groups[gid]
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """Plain data for a checkpoint (an infinite deadline is kept as a string)."""
+        return {
+            "groups": [
+                [gid, repr(g.expected), repr(g.latest), g.pending, g.arrived, g.closed]
+                for gid, g in self.groups.items()
+            ],
+            "member_of": {str(p): gid for p, gid in self.member_of.items()},
+            "held": {str(p): gid for p, gid in self.held.items()},
+            "next_id": self.next_id,
+            "enabled": self.enabled,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` (in place: the rule keeps the same object)."""
+        self.groups = {
+            int(gid): ArrivalGroup(
+                float(expected),
+                float(latest),
+                [int(p) for p in pend],
+                [int(p) for p in arr],
+                bool(c),
+            )
+            for gid, expected, latest, pend, arr, c in state["groups"]
+        }
+        self.member_of = {int(p): int(g) for p, g in state["member_of"].items()}
+        self.held = {int(p): int(g) for p, g in state["held"].items()}
+        self.next_id = int(state["next_id"])
+        self.enabled = bool(state["enabled"])
+
+
+class CompassScheduler(WorkScheduler):
+    """FedCompass's step assignment (module docstring) as the dispatcher's work scheduler.
+
+    Parameters
+    ----------
+    q_min, q_max : float
+        Q_min and Q_max of a node as fractions / multiples of its own work (the steps
+        of its first reply): ``max(1, floor(q * own))`` steps, Q_min at most Q_max.
+        APPFL: Q_min = 0.2 Q_max, the first message Q_max (0.2 and 1.0 here).
+    latest_factor : float
+        lambda >= 1: a new group's deadline is lambda times its creator's expected
+        duration after now (APPFL's ``latest_time_factor``, 1.5).
+    smoothing : float
+        Weight of the newest measurement of a node's seconds per step and round trip,
+        in (0, 1] (APPFL's ``speed_momentum``, 0.9).
+
+    Raises
+    ------
+    ValueError
+        If ``q_min`` or ``q_max`` is not > 0, ``q_min > q_max``, ``latest_factor`` < 1
+        or ``smoothing`` not in (0, 1]; the message names the value.
+    """
+
+    POLICIES: ClassVar[tuple[str, ...]] = ("compass",)
+    OFF_CONSEQUENCE: ClassVar[str] = (
+        "every node keeps the run's own work and FedCompass aggregates every fedbuff-k "
+        "arrivals (FedBuff-like) instead of groups"
+    )
+
+    def __init__(
+        self,
+        q_min: float = 0.2,
+        q_max: float = 1.0,
+        latest_factor: float = 1.5,
+        smoothing: float = 0.9,
+    ) -> None:
+        super().__init__("compass")
+        if not (q_max > 0 and math.isfinite(q_max)):
+            raise ValueError(f"q_max must be a finite number > 0, got {q_max!r}")
+        if not 0 < q_min <= q_max:
+            raise ValueError(f"q_min must be in (0, q_max = {q_max!r}], got {q_min!r}")
+        if not (latest_factor >= 1 and math.isfinite(latest_factor)):
+            raise ValueError(f"latest_factor (lambda) must be >= 1, got {latest_factor!r}")
+        self.q_min, self.q_max = float(q_min), float(q_max)
+        self.latest_factor = float(latest_factor)
+        self.speeds = NodeSpeeds(smoothing)
+        self.round_trips: dict[int, float] = {}  # each node's arrival less training, EMA
+        self.book = ArrivalGroups()
+
+    # ------------------------------------------------------------------ measures
+    def bounds(self, partition_id: int) -> tuple[int, int]:
+        """``(Q_min, Q_max)`` of a node whose own work is known (steps)."""
+        own = self.own_steps[partition_id]
+        high = max(1, math.floor(self.q_max * own + _EPS))
+        low = min(high, max(1, math.floor(self.q_min * own + _EPS)))
+        return low, high
+
+    def round_trip(self, partition_id: int) -> float:
+        """The node's measured seconds outside training per message (the fleet's
+        median before its own is measured; 0.0 before any)."""
+        own = self.round_trips.get(partition_id)
+        return self.speeds.round_trip() if own is None else own
+
+    def _measured(self, partition_id: int) -> float | None:
+        """The node's seconds per step if it can be scheduled (own work known)."""
+        if partition_id not in self.own_steps:
+            return None
+        s = self.speeds.seconds_per_step(partition_id)
+        return s if s is not None and s > 0 else None
+
+    # --------------------------------------------------------------- assignment
+    def steps_for(
+        self, partition_id: int, partition_ids: list[int], now: float | None = None
+    ) -> int | None:
+        """Local steps of ``partition_id``'s message sent at ``now`` (engine seconds),
+        after putting it in an arrival group (join, else create); None (the run's own
+        work, no group) while scheduling is off, the node is not measured yet or
+        ``now`` is None. Any earlier group the node was out in stops waiting for it."""
+        self.book.leave(partition_id)
+        speed = self._measured(partition_id)
+        if not self.active or now is None or speed is None:
+            return None
+        joined = self._join(partition_id, speed, float(now))
+        return joined if joined is not None else self._create(partition_id, speed, float(now))
+
+    def _join(self, pid: int, speed: float, now: float) -> int | None:
+        low, high = self.bounds(pid)
+        rt = self.round_trip(pid)
+        best_gid, best = None, -1
+        for gid, g in self.book.open_groups():
+            steps = math.floor((g.expected - now - rt) / speed + _EPS)
+            if steps < low or steps < best or steps > high:
+                continue
+            best_gid, best = gid, steps
+        if best_gid is None:
+            return None
+        self.book.join(best_gid, pid)
+        return best
+
+    def _create(self, pid: int, speed: float, now: float) -> int:
+        low, high = self.bounds(pid)
+        rt = self.round_trip(pid)
+        steps = -1
+        for _, g in self.book.open_groups():
+            if not now < g.latest:
+                continue
+            members = [(s, p) for p in g.pending + g.arrived if (s := self._measured(p))]
+            if not members:
+                continue
+            s_f, fastest = min(members)
+            back = g.latest + self.round_trip(fastest) + self.bounds(fastest)[1] * s_f
+            q = math.floor((back - now - rt) / speed + _EPS)
+            if q <= high:
+                steps = max(steps, q)
+        if 0 <= steps < low:
+            steps = low
+        if steps < 0:
+            steps = high
+        duration = rt + steps * speed
+        self.book.create(now + duration, now + self.latest_factor * duration, pid)
+        return steps
+
+    def ready(self, idle: list[int]) -> list[int]:
+        """The idle nodes not waiting for their group's aggregation, fastest first (as
+        APPFL assigns a group's members; nodes not measured yet last, in given order)."""
+        free = [p for p in idle if not self.book.holds(p)]
+        return sorted(free, key=lambda p: s if (s := self._measured(p)) else math.inf)
+
+    # ---------------------------------------------------------------------- replies
+    def on_reply(
+        self,
+        partition_id: int,
+        scheduled_steps: int | None,
+        train_steps: int | None,
+        train_seconds: float | None = None,
+        total_seconds: float | None = None,
+    ) -> float:
+        """Record a train reply (speed, round trip; detection as
+        :meth:`WorkScheduler.on_reply`) and return 1.0: FedCompass weighs updates by
+        staleness in its rule, not by their steps."""
+        if not self.active or not self._record(
+            partition_id, scheduled_steps, train_steps, train_seconds, total_seconds
+        ):
+            return 1.0
+        if train_seconds is not None and total_seconds is not None:
+            sample = max(0.0, float(total_seconds) - float(train_seconds))
+            if math.isfinite(sample):
+                old = self.round_trips.get(partition_id)
+                a = self.speeds.smoothing
+                self.round_trips[partition_id] = (
+                    sample if old is None else (1.0 - a) * old + a * sample
+                )
+        return 1.0
+
+    def _turn_off(self, reason: str) -> None:
+        super()._turn_off(reason)
+        self.book.disable()
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """:meth:`WorkScheduler.state_dict`, the round trips and the arrival groups."""
+        return {
+            **super().state_dict(),
+            "round_trips": {str(p): r for p, r in self.round_trips.items()},
+            "groups": self.book.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` (the book in place: the rule shares it)."""
+        super().load_state_dict(state)
+        self.round_trips = {int(p): float(r) for p, r in state["round_trips"].items()}
+        self.book.load_state_dict(state["groups"])
