@@ -101,6 +101,10 @@ class WorkScheduler:
     policy : str
         One of :data:`WORK_SCHEDULING`: ``"off"`` (every message carries the run's
         client work, every update weighs 1) or ``"equal-time"``.
+    label : str
+        What the keys are, in the reason scheduling turned off: ``"partition"``
+        (the engine keys nodes by partition-id) or ``"node"`` (the synchronous
+        strategies of :mod:`flwr_gsgm.strategy.time_budget_fedavg` key them by node id).
 
     Raises
     ------
@@ -108,12 +112,13 @@ class WorkScheduler:
         On an unknown policy.
     """
 
-    def __init__(self, policy: str = "off") -> None:
+    def __init__(self, policy: str = "off", label: str = "partition") -> None:
         if policy not in WORK_SCHEDULING:
             raise ValueError(
                 f"work-scheduling {policy!r} is unknown; expected one of {WORK_SCHEDULING}"
             )
         self.policy = policy
+        self.label = label
         self.speeds = NodeSpeeds()
         self.own_steps: dict[int, int] = {}  # steps of each node's first unscheduled reply
         self.last_steps: dict[int, int] = {}  # steps of each node's latest reply
@@ -188,14 +193,14 @@ class WorkScheduler:
             return 1.0
         if train_steps is None or train_steps < 1:
             self.off_reason = (
-                f"partition {partition_id}'s reply reports no train-steps (got "
+                f"{self.label} {partition_id}'s reply reports no train-steps (got "
                 f"{train_steps!r}): work scheduling needs the steps each ClientApp did "
                 "(docs/PORTING.md, 'Work scheduling'); every node keeps its own work"
             )
             return 1.0
         if scheduled_steps is not None and train_steps != scheduled_steps:
             self.off_reason = (
-                f"partition {partition_id} did {train_steps} local steps where "
+                f"{self.label} {partition_id} did {train_steps} local steps where "
                 f"{scheduled_steps} were asked: its ClientApp ignores local-steps "
                 "(docs/PORTING.md, 'Work scheduling'); every node keeps its own work"
             )
