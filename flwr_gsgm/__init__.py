@@ -30,6 +30,9 @@ _PUBLIC = {
     "VirtualClock": "flwr_gsgm.simulation.virtual_clock",
     "InProcessGrid": "flwr_gsgm.simulation.inprocess_grid",
     "build_strategy": "flwr_gsgm.config.build",
+    # The synchronous time-budget anchors (subclasses of Flower's FedAvg).
+    "TimeBudgetFedAvg": "flwr_gsgm.strategy.time_budget_fedavg",
+    "FedNova": "flwr_gsgm.strategy.fednova",
 }
 __all__ = [*_STRATEGY_NAMES, *_PUBLIC, "__version__"]
 

@@ -5,7 +5,8 @@ The app layer (not part of the ``flwr-gsgm`` wheel): the project's ServerApp
 call :func:`run_experiment` with their grid, so every way of running uses the same
 code. It wires the library (:func:`flwr_gsgm.config.build.build_strategy`,
 :mod:`flwr_gsgm.config.outputs`) to the project's model and data (``clients/``), and
-runs Flower's own FedAvg / FedAvgM for the synchronous baselines.
+runs the synchronous baselines with Flower's own start(): Flower's FedAvg / FedAvgM,
+and the time-budget anchors on Flower's FedAvg (time-budget FedAvg, FedNova).
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from logging import INFO, WARNING
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, FedAvgM
@@ -35,6 +37,8 @@ from flwr_gsgm.config.run_config import SYNC_STRATEGIES, unread_settings
 from flwr_gsgm.engine.divergence import evaluation_divergence
 from flwr_gsgm.engine.run_end import DIVERGED, RunDiverged, RunFailed
 from flwr_gsgm.evaluation.federated import column_name
+from flwr_gsgm.strategy.fednova import FedNova
+from flwr_gsgm.strategy.time_budget_fedavg import TimeBudgetFedAvg
 from serverapp.app_config import parse_app_config
 from serverapp.plot import plot_accuracy
 
@@ -170,8 +174,9 @@ def run_experiment(
     examples = partition_examples(grid, cfg)
     if cfg["strategy"] in SYNC_STRATEGIES:
         diverged: RunDiverged | None = None
+        work: dict[str, str] = {}  # summary.json's work_scheduling, for the anchors
         try:
-            rows, counters = _run_synchronous(grid, cfg, initial, evaluate_fn, examples)
+            rows, counters = _run_synchronous(grid, cfg, initial, evaluate_fn, examples, work)
         except _SyncDiverged as err:
             rows, counters = err.rows, err.counters
             diverged = RunDiverged(err.reason)
@@ -183,6 +188,7 @@ def run_experiment(
             0,
             time.monotonic() - t0,
             rows[-1]["virtual_time"] if rows else 0.0,
+            report=SimpleNamespace(**work) if work else None,
             warnings=warnings,
             status=diverged and (DIVERGED, diverged.reason),
         )
@@ -318,11 +324,14 @@ def _recording_sampled(
     federated_due: Callable[[int], bool],
     federated_nodes: dict[int, int],
     budget_spent: Callable[[], bool] = lambda: False,
+    on_messages: Callable[[int, list[Message]], None] | None = None,
 ) -> type:
-    """``cls`` (FedAvg or FedAvgM) noting each round's partition-ids from its train
-    replies, with its federated evaluation only in the rounds ``federated_due`` names
-    (each such round's count of evaluate replies without error in ``federated_nodes``).
-    It starts no round once ``budget_spent()``: it raises :class:`_WallBudgetSpent`."""
+    """``cls`` (one of :data:`_SYNC_CLASSES`) noting each round's partition-ids from its
+    train replies, with its federated evaluation only in the rounds ``federated_due``
+    names (each such round's count of evaluate replies without error in
+    ``federated_nodes``). It starts no round once ``budget_spent()``: it raises
+    :class:`_WallBudgetSpent`. ``on_messages(round, messages)`` sees (and may edit the
+    configs of) each round's train messages before they are sent."""
 
     class Recording(cls):  # type: ignore[misc, valid-type]
         federated_metrics: dict[int, MetricRecord]
@@ -334,7 +343,12 @@ def _recording_sampled(
         def configure_train(self, server_round, arrays, config, grid):
             if budget_spent():
                 raise _WallBudgetSpent(server_round - 1)
-            return super().configure_train(server_round, arrays, config, grid)
+            messages = super().configure_train(server_round, arrays, config, grid)
+            if on_messages is None:
+                return messages
+            messages = list(messages)
+            on_messages(server_round, messages)
+            return messages
 
         def configure_evaluate(self, server_round, arrays, config, grid):
             if not federated_due(server_round):
@@ -365,14 +379,41 @@ def _recording_sampled(
     return Recording
 
 
+#: The synchronous strategies by run config name: Flower's, and the time-budget anchors
+#: (subclasses of Flower's FedAvg that set each node's local-steps).
+_SYNC_CLASSES: dict[str, type] = {
+    "fedavg": FedAvg,
+    "fedavgm": FedAvgM,
+    "time-budget-fedavg": TimeBudgetFedAvg,
+    "fednova": FedNova,
+}
+
+
+def _partitions_of_nodes(grid: Grid, timeout: float) -> dict[int, int]:
+    """node id -> partition-id, from each node's answer to the start-up ``query`` of
+    the message protocol (clients/client_app.py); a node that cannot answer is left out."""
+    messages = [
+        Message(RecordDict({"config": ConfigRecord()}), node_id, "query")
+        for node_id in grid.get_node_ids()
+    ]
+    found: dict[int, int] = {}
+    for reply in grid.send_and_receive(messages, timeout=timeout):
+        metrics = None if reply.has_error() else reply.content.get("metrics")
+        if isinstance(metrics, MetricRecord) and "partition-id" in metrics:
+            found[reply.metadata.src_node_id] = int(metrics["partition-id"])
+    return found
+
+
 def _run_synchronous(
     grid: Grid,
     cfg: Mapping[str, Any],
     initial: ArrayRecord,
     evaluate_fn,
     examples: Mapping[int, int] | None = None,
+    work: dict[str, str] | None = None,
 ):
-    """Flower's own FedAvg / FedAvgM with the same ClientApp ("weights" mode).
+    """A synchronous strategy (:data:`_SYNC_CLASSES`) with the same ClientApp
+    ("weights" mode): Flower's FedAvg / FedAvgM, time-budget FedAvg or FedNova.
 
     ``max-in-flight`` = m with 0 < m < nodes samples m nodes per round
     (``fraction_train = m / nodes``, FedBuff's synchronous setting); otherwise every
@@ -386,6 +427,16 @@ def _run_synchronous(
     model's for ``(p, dispatch index r - 1)``: its local work in weights mode (``examples``:
     partition-id -> training examples, for epoch work) and the model's bytes each way, as
     the asynchronous engine charges a message.
+
+    Time-budget FedAvg and FedNova set each node's ``local-steps`` per round: node p's
+    duration in round r is then that of the steps its round-r message asked for. Under
+    the virtual clock they first ask every node its partition-id (the protocol's
+    ``query``), so that each train message carries ``virtual-train-seconds``, the
+    compute part of its duration (what the simulated device reports as
+    ``train-seconds``, from which the strategy measures the node's speed).
+    ``work["work_scheduling"]`` is set to their scheduling's state at the end
+    (summary.json's ``work_scheduling``). FedAvg and FedAvgM send no query and their
+    messages are Flower's own.
 
     With the virtual clock ``max-seconds`` > 0 is a virtual budget: the run ends with the
     last round that finished within it (a round that ends later is not applied).
@@ -412,7 +463,8 @@ def _run_synchronous(
         # min_train_nodes = m: Flower samples max(int(n * m / n), min_train_nodes) nodes,
         # and int() of the float product may round m down.
         common["min_train_nodes"] = per_round
-    fedavgm = cfg["strategy"] == "fedavgm"
+    name = cfg["strategy"]
+    scheduled = issubclass(_SYNC_CLASSES[name], TimeBudgetFedAvg)
 
     def crossed(server_round: int, every: int) -> bool:
         """The round's client computations cross a multiple of ``every``."""
@@ -429,17 +481,56 @@ def _run_synchronous(
     def budget_spent() -> bool:
         return bool(wall_budget) and time.monotonic() - t0 >= wall_budget
 
-    cls = _recording_sampled(
-        FedAvgM if fedavgm else FedAvg, sampled, federated_due, federated_nodes, budget_spent
-    )
-    if fedavgm:
-        # server-learning-rate 0 = the strategy's default: Flower's FedAvgM default.
-        lr = (
-            {"server_learning_rate": cfg["server-learning-rate"]}
-            if cfg["server-learning-rate"]
-            else {}
+    clock = virtual_clock_from(cfg, examples)
+    speeds = clock.speed_factors(list(range(num_nodes)))
+    model_bytes = sum(int(a.nbytes) for a in initial.to_numpy_ndarrays())
+    # Steps each partition's message asked for, per round (scheduled strategies).
+    sent_steps: dict[int, dict[int, int]] = {}
+    partition_of: dict[int, int] = {}
+    if scheduled and cfg["virtual-clock"]:
+        partition_of = _partitions_of_nodes(grid, cfg["dispatch-timeout"])
+
+    def message_steps(p: int, config: Mapping[str, Any]) -> int:
+        """Steps of local work a train config asks of partition p (the time model's)."""
+        return clock.work_steps(
+            p,
+            "weights",
+            batch_size=cfg["batch-size"],
+            local_batches=cfg["local-batches"],
+            local_steps=int(config["local-steps"]),
+            local_epochs=int(config["local-epochs"]),
         )
+
+    def time_messages(server_round: int, messages: list[Message]) -> None:
+        """Each message's steps, and its compute seconds as ``virtual-train-seconds``
+        (node p's ``round - 1``-th draw, as :func:`seconds` times it)."""
+        steps_now = sent_steps.setdefault(server_round, {})
+        for message in messages:
+            p = partition_of.get(message.metadata.dst_node_id)
+            if p is None or p not in speeds:
+                continue  # not known to the clock: timed as the run's own work
+            config = message.content["config"]
+            steps_now[p] = message_steps(p, config)
+            config["virtual-train-seconds"] = clock.compute_seconds(
+                speeds[p], p, server_round - 1, steps_now[p]
+            )
+
+    cls = _recording_sampled(
+        _SYNC_CLASSES[name],
+        sampled,
+        federated_due,
+        federated_nodes,
+        budget_spent,
+        time_messages if partition_of else None,
+    )
+    # server-learning-rate 0 = the strategy's default (Flower's FedAvgM's, FedNova's 1.0).
+    lr = (
+        {"server_learning_rate": cfg["server-learning-rate"]} if cfg["server-learning-rate"] else {}
+    )
+    if name == "fedavgm":
         strategy = cls(server_momentum=cfg["beta"], **lr, **common)
+    elif name == "fednova":
+        strategy = cls(local_momentum=cfg["local-momentum"], **lr, **common)
     else:
         strategy = cls(**common)
     train_config = ConfigRecord(
@@ -452,20 +543,13 @@ def _run_synchronous(
             "local-momentum": cfg["local-momentum"],
         }
     )
-    clock = virtual_clock_from(cfg, examples)
-    speeds = clock.speed_factors(list(range(num_nodes)))
-    model_bytes = sum(int(a.nbytes) for a in initial.to_numpy_ndarrays())
 
     def seconds(p: int, index: int) -> float:
-        """Virtual seconds of node p's ``index``-th training (compute + communication)."""
-        steps = clock.work_steps(
-            p,
-            "weights",
-            batch_size=cfg["batch-size"],
-            local_batches=cfg["local-batches"],
-            local_steps=cfg["local-steps"],
-            local_epochs=cfg["local-epochs"],
-        )
+        """Virtual seconds of node p's ``index``-th training (compute + communication):
+        the steps its message of round ``index + 1`` asked for, else the run's own work."""
+        steps = sent_steps.get(index + 1, {}).get(p)
+        if steps is None:
+            steps = message_steps(p, train_config)
         return clock.duration(speeds[p], p, index, steps, model_bytes)
 
     rows: list[dict[str, Any]] = []
@@ -554,4 +638,6 @@ def _run_synchronous(
         if metrics is not None:
             row["federated_nodes"] = federated_nodes.get(row["version"], 0)
             row.update({column_name(k): v for k, v in metrics.items() if not isinstance(v, list)})
+    if work is not None and isinstance(strategy, TimeBudgetFedAvg):
+        work["work_scheduling"] = strategy.work.describe()
     return rows, {"updates_received": rounds * per_round, "steps_applied": rounds}

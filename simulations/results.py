@@ -63,6 +63,7 @@ import numpy as np
 import pandas as pd
 
 from flwr_gsgm.checkpoint.atomic import atomic_write
+from flwr_gsgm.config.run_config import SYNC_STRATEGIES
 from flwr_gsgm.evaluation import stability
 from simulations.preset import effective_limit
 
@@ -181,9 +182,10 @@ def divergence(
 
 def client_work(cfg: Mapping[str, Any]) -> str:
     """What one client update computes, from a run's config: ``"gradient, 1 batch"``,
-    ``"weights, 5 steps"``, ``"weights, 1 epoch"`` (FedAvg and FedAvgM train in weights
-    mode whatever ``client-mode`` says; epochs when ``local-epochs`` > 0)."""
-    sync = cfg.get("strategy") in ("fedavg", "fedavgm")
+    ``"weights, 5 steps"``, ``"weights, 1 epoch"`` (the synchronous strategies train in
+    weights mode whatever ``client-mode`` says; epochs when ``local-epochs`` > 0; for
+    time-budget FedAvg and FedNova the work of each node's first message)."""
+    sync = cfg.get("strategy") in SYNC_STRATEGIES
     mode = "weights" if sync else cfg.get("client-mode", "gradient")
     if mode == "gradient":
         count, unit = int(cfg.get("local-batches", 1)), "batch"

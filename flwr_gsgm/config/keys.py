@@ -29,11 +29,14 @@ __all__ = [
     "one_of",
 ]
 
-#: Server optimizer keys that Flower's synchronous strategies read (FedAvgM: server
-#: learning rate and momentum); they have no rule declaration.
+#: Server optimizer keys that the synchronous strategies read (FedAvgM: server
+#: learning rate and momentum; FedNova: server learning rate); they have no rule
+#: declaration.
 SYNC_STRATEGY_KEYS: dict[str, tuple[str, ...]] = {
     "fedavg": (),
     "fedavgm": ("server-learning-rate", "beta"),
+    "time-budget-fedavg": (),
+    "fednova": ("server-learning-rate",),
 }
 
 

@@ -60,7 +60,10 @@ __all__ = [
 
 #: The registered server rules, in registry order (GSGM first).
 ASYNC_STRATEGIES = tuple(OPTIMIZERS)
-SYNC_STRATEGIES = ("fedavg", "fedavgm")
+#: Synchronous strategies, run by the app layer with Flower's own start(): Flower's
+#: FedAvg and FedAvgM, and the time-budget anchors on Flower's FedAvg
+#: (flwr_gsgm/strategy/time_budget_fedavg.py, flwr_gsgm/strategy/fednova.py).
+SYNC_STRATEGIES = ("fedavg", "fedavgm", "time-budget-fedavg", "fednova")
 
 
 def _key(default: Any, check: Callable[[Any], bool], expected: str, help: str) -> RunConfigKey:
@@ -226,7 +229,8 @@ RUN_CONFIG: dict[str, RunConfigKey] = {
         one_of(*WORK_SCHEDULING),
         ", ".join(WORK_SCHEDULING),
         "delta/weights mode: equal-time sizes each message's local-steps by its node's "
-        "measured speed and weighs each update by its steps (needs train-steps replies)",
+        "measured speed and weighs each update by its steps (needs train-steps replies); "
+        "time-budget-fedavg and fednova always schedule equal-time",
     ),
     # checkpoints
     "checkpoint-every": _key(

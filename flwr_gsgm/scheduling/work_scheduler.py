@@ -101,6 +101,10 @@ class WorkScheduler:
     policy : str
         One of :data:`WORK_SCHEDULING`: ``"off"`` (every message carries the run's
         client work, every update weighs 1) or ``"equal-time"``.
+    label : str
+        What the keys are, in the reason scheduling turned off: ``"partition"``
+        (the engine keys nodes by partition-id) or ``"node"`` (the synchronous
+        strategies of :mod:`flwr_gsgm.strategy.time_budget_fedavg` key them by node id).
 
     Raises
     ------
@@ -113,12 +117,13 @@ class WorkScheduler:
     #: What the run does once a reply showed that a ClientApp cannot take part.
     OFF_CONSEQUENCE: ClassVar[str] = "every node keeps its own work"
 
-    def __init__(self, policy: str = "off") -> None:
+    def __init__(self, policy: str = "off", label: str = "partition") -> None:
         if policy not in self.POLICIES:
             raise ValueError(
                 f"work-scheduling {policy!r} is unknown; expected one of {self.POLICIES}"
             )
         self.policy = policy
+        self.label = label
         self.speeds = NodeSpeeds()
         self.own_steps: dict[int, int] = {}  # steps of each node's first unscheduled reply
         self.last_steps: dict[int, int] = {}  # steps of each node's latest reply
@@ -220,14 +225,14 @@ class WorkScheduler:
         cannot take part (no ``train-steps``, or other steps than asked)."""
         if train_steps is None or train_steps < 1:
             self._turn_off(
-                f"partition {partition_id}'s reply reports no train-steps (got "
+                f"{self.label} {partition_id}'s reply reports no train-steps (got "
                 f"{train_steps!r}): work scheduling needs the steps each ClientApp did "
                 f"(docs/PORTING.md, 'Work scheduling'); {self.OFF_CONSEQUENCE}"
             )
             return False
         if scheduled_steps is not None and train_steps != scheduled_steps:
             self._turn_off(
-                f"partition {partition_id} did {train_steps} local steps where "
+                f"{self.label} {partition_id} did {train_steps} local steps where "
                 f"{scheduled_steps} were asked: its ClientApp ignores local-steps "
                 f"(docs/PORTING.md, 'Work scheduling'); {self.OFF_CONSEQUENCE}"
             )
