@@ -27,18 +27,18 @@ case "$(cd "$FLWR_HOME" && pwd)/" in
            "Flower will pack it into the app bundle. Use .flwr/ or a folder outside." >&2
     fi ;;
 esac
-# One Ray worker per core (num-cpus = 1 per ClientApp), NUM_NODES simulated SuperNodes.
+# The local SuperLink connection; the simulation itself is set with flwr run
+# --federation-config below (Flower 1.42 deprecates options.* in config.toml).
 cat > "$FLWR_HOME/config.toml" <<TOML
 [superlink]
 default = "local"
 
 [superlink.local]
 address = ":local-in-memory:"
-options.num-supernodes = $NUM_NODES
-options.backend.client-resources.num-cpus = 1
-options.backend.client-resources.num-gpus = 0.0
-options.backend.init-args.logging-level = "ERROR"
 TOML
+# NUM_NODES simulated SuperNodes, one Ray worker per core (num-cpus = 1 per ClientApp).
+federation="num-supernodes=$NUM_NODES client-resources-num-cpus=1 client-resources-num-gpus=0.0"
+federation+=' init-args-logging-level="ERROR"'
 
 stop_superlink() {
   # The local SuperLink is the flower-superlink whose log file lies in our FLWR_HOME.
@@ -70,7 +70,7 @@ stop_run_tree() {
   done
 }
 
-args=(run . local --stream)
+args=(run . local --stream --federation-config "$federation")
 if [ $# -gt 0 ]; then args+=(--run-config "$*"); fi
 log="$FLWR_HOME/last-run.log"
 : > "$log"

@@ -11,7 +11,8 @@ their errors worded, as the library's are.
 :func:`parse_app_config` is the check every driver of the app runs before training
 (the ServerApp, :func:`serverapp.experiment.run_experiment`, the sweep's worker): the
 library's keys and the app's, defaults filled in, and a key neither declares refused
-(``run config key(s) ['sever-lr'] unknown; known keys: [...]``). :data:`RUN_CONFIG`
+(``run config key(s) ['max-update'] unknown; did you mean max-updates? known keys:
+[...]``). :data:`RUN_CONFIG`
 is every key in the order of ``pyproject.toml`` ``[tool.flwr.app.config]`` and the
 README's table (a test keeps the defaults equal). Nothing here imports torch or the
 data: the presets (``simulations/``) check their run configs with it.

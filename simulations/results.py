@@ -101,6 +101,7 @@ SUMMARY_FIELDS = (
     "accuracy_std",
     "evaluations",
     "updates_received",
+    "updates_applied",
     "steps_applied",
     "updates_deferred",
     "rejected",

@@ -74,6 +74,7 @@ import tomli_w
 from tqdm import tqdm
 
 from flwr_gsgm.checkpoint.atomic import atomic_write_text
+from flwr_gsgm.config.outputs import strict_json
 from simulations.preset import (
     Preset,
     RunSpec,
@@ -275,7 +276,7 @@ def _needs_run(run_dir: Path, spec: RunSpec) -> bool:
         "accuracy.png",
     ):
         (run_dir / stale).unlink(missing_ok=True)
-    spec_path.write_text(json.dumps(_spec_json(spec), indent=2, sort_keys=True) + "\n")
+    spec_path.write_text(strict_json(_spec_json(spec), indent=2, sort_keys=True) + "\n")
     return True
 
 
@@ -680,7 +681,7 @@ def _append_log(out: Path, entry: Mapping[str, Any]) -> None:
     path = out / "sweep_log.json"
     log = json.loads(path.read_text()) if path.is_file() else []
     log.append(dict(entry))
-    atomic_write_text(path, json.dumps(log, indent=2) + "\n")
+    atomic_write_text(path, strict_json(log, indent=2) + "\n")
 
 
 def run_sweep(
@@ -696,7 +697,7 @@ def run_sweep(
     for q in only or ():
         if q not in preset.questions:
             raise SweepError(f"--only {q!r}: no such question; known: {sorted(preset.questions)}")
-    (out / "plan.json").write_text(json.dumps(preset.to_plan(), indent=2) + "\n")
+    (out / "plan.json").write_text(strict_json(preset.to_plan(), indent=2) + "\n")
     stats = {"executed": 0, "skipped": 0, "failed": 0}
     started = time.time()
     t0 = time.monotonic()

@@ -1,14 +1,15 @@
 """Checkpoint files of a run (plain numpy/python state, no pickle) and SIGTERM.
 
-A checkpoint is an ``.npz``-style zip archive, stored uncompressed: ``state.json``,
-the state's tree of python values with every numpy array (or numpy scalar) replaced
-by a reference ``{"__ndarray__": i}``, and the arrays as ``<i>.npy`` members (numpy's
-own format, read with ``allow_pickle=False``). What JSON cannot say by itself is
-tagged: a tuple ``{"__tuple__": [...]}``, a set ``{"__set__": [...]}``, a dict whose
-keys are not all strings (a partition-id) ``{"__dict__": [[key, value], ...]}``; NaN
-and infinities are JSON's ``NaN`` / ``Infinity``; floats are written in shortest
-round-trip form, so a state loads back equal, bit for bit, with its types. Reading
-one runs no code from the file (unlike the ``torch.save`` checkpoints of earlier
+A checkpoint is an ``.npz``-style zip archive, stored uncompressed: ``state.json``, the
+state's tree of python values with every numpy array (or numpy scalar) replaced by a
+reference ``{"__ndarray__": i}``, and the arrays as ``<i>.npy`` members (numpy's own
+format, read with ``allow_pickle=False``). What JSON cannot say by itself is tagged: a
+tuple ``{"__tuple__": [...]}``, a set ``{"__set__": [...]}``, a dict whose keys are not
+all strings (a partition-id) ``{"__dict__": [[key, value], ...]}``, a NaN or infinite
+float ``{"__float__": "nan"}`` (``"inf"``, ``"-inf"``), so ``state.json`` is strict JSON
+(older checkpoints with JSON's ``NaN`` / ``Infinity`` still load); floats are written in
+shortest round-trip form, so a state loads back equal, bit for bit, with its types.
+Reading one runs no code from the file (unlike the ``torch.save`` checkpoints of earlier
 versions, which :func:`load` still reads when torch is installed).
 
 A checkpoint is written atomically (:func:`flwr_gsgm.checkpoint.atomic.atomic_write`), so a
@@ -28,6 +29,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import math
 import os
 import re
 import signal
@@ -58,7 +60,10 @@ _STATE = "state.json"
 # Every member is dated 1980-01-01 (zip's epoch): the same state gives the same bytes.
 _EPOCH = (1980, 1, 1, 0, 0, 0)
 _CONTAINERS: dict[type, str] = {tuple: "__tuple__", set: "__set__", frozenset: "__frozenset__"}
-_TAGS = frozenset({"__ndarray__", "__npscalar__", "__dict__", *_CONTAINERS.values()})
+#: A non-finite python float, tagged: strict JSON has no NaN or infinity, and a resume
+#: must get the value back (an evaluation row's NaN train loss), not null.
+_FLOAT = "__float__"
+_TAGS = frozenset({"__ndarray__", "__npscalar__", "__dict__", _FLOAT, *_CONTAINERS.values()})
 
 
 class CheckpointError(ValueError):
@@ -111,7 +116,8 @@ def save(path: Path, state: dict[str, Any]) -> None:
     """
     path = Path(path)
     arrays: list[np.ndarray] = []
-    tree = json.dumps(_encode(state, arrays, "state"), separators=(",", ":")).encode()
+    encoded = _encode(state, arrays, "state")
+    tree = json.dumps(encoded, separators=(",", ":"), allow_nan=False).encode()
     previous = path.stat().st_size if path.is_file() else None
     out: _Hashing | None = None
 
@@ -148,6 +154,8 @@ def _encode(value: Any, arrays: list[np.ndarray], where: str) -> Any:
             raise TypeError(f"checkpoint state {where}: an object array cannot be saved")
         arrays.append(array)
         return {"__npscalar__" if isinstance(value, np.generic) else "__ndarray__": len(arrays) - 1}
+    if isinstance(value, float) and not math.isfinite(value):
+        return {_FLOAT: repr(value)}  # "nan", "inf", "-inf": float() reads each back
     if value is None or isinstance(value, (str, int, float)):  # bool is an int
         return value  # json writes a str or int enum as its value, a float round-trip
     if isinstance(value, dict):
@@ -185,6 +193,8 @@ def _decode(value: Any, array: Callable[[int], np.ndarray]) -> Any:
         return array(value["__ndarray__"])
     if "__npscalar__" in value:
         return array(value["__npscalar__"])[()]
+    if _FLOAT in value:
+        return float(value[_FLOAT])
     if "__dict__" in value:
         return {_decode(k, array): _decode(v, array) for k, v in value["__dict__"]}
     for kind, tag in _CONTAINERS.items():

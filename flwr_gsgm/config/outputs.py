@@ -13,7 +13,9 @@
 - ``checkpoint.pt``: the server state, with run config ``checkpoint-every`` > 0
   (:mod:`flwr_gsgm.checkpoint.files`).
 
-Nothing here needs torch or matplotlib: the project's app writes its model as
+Every JSON file is strict JSON (:func:`strict_json`: a non-finite number is written
+as null, so ``json.loads`` of any language reads it; ``train_loss`` is NaN at 0
+updates). Nothing here needs torch or matplotlib: the project's app writes its model as
 ``model.pt`` and plots ``accuracy.png`` itself (``serverapp/``).
 """
 
@@ -39,6 +41,7 @@ __all__ = [
     "MODEL",
     "metric_columns",
     "run_dir_for",
+    "strict_json",
     "write_config",
     "write_model",
     "write_metrics",
@@ -67,6 +70,37 @@ METRIC_COLUMNS = (
 )
 
 
+def strict_json(value: Any, **dumps_kwargs: Any) -> str:
+    """``value`` as strict JSON text (RFC 8259; ``json.dumps`` with ``dumps_kwargs``).
+
+    A non-finite number (NaN, +-infinity: python or numpy floats) becomes null, where
+    ``json.dumps`` would write ``NaN`` or ``Infinity``, which strict parsers refuse;
+    numpy scalars and arrays become python numbers and lists, tuples lists. Use it for
+    every JSON file a run writes (an app's own results file too).
+
+    Raises
+    ------
+    TypeError
+        For a value JSON cannot hold (as ``json.dumps``).
+    """
+    return json.dumps(_json_value(value), allow_nan=False, **dumps_kwargs)
+
+
+def _json_value(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by None, numpy values by python's."""
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
+    elif isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {k: _json_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_value(v) for v in value]
+    return value
+
+
 def run_dir_for(cfg: Mapping[str, Any]) -> Path:
     """``<output-dir>/<run-name>`` of a run config, absolute; an empty ``run-name``
     becomes ``<strategy>-<UTC time>`` (e.g. ``gsgm-20261130-184527``)."""
@@ -75,9 +109,9 @@ def run_dir_for(cfg: Mapping[str, Any]) -> Path:
 
 
 def write_config(run_dir: Path, cfg: Mapping[str, Any]) -> Path:
-    """Write ``config.json`` (sorted keys) and return its path."""
+    """Write ``config.json`` (sorted keys, strict JSON) and return its path."""
     path = run_dir / "config.json"
-    atomic_write_text(path, json.dumps(dict(cfg), indent=2, sort_keys=True) + "\n")
+    atomic_write_text(path, strict_json(dict(cfg), indent=2, sort_keys=True) + "\n")
     return path
 
 
@@ -149,7 +183,7 @@ def write_metrics(run_dir: Path, rows: Sequence[Mapping[str, Any]]) -> Path:
 
 def summarize(
     rows: Sequence[Mapping[str, Any]],
-    counters: Mapping[str, int],
+    counters: Mapping[str, Any],
     rejections: Mapping[str, int],
     staleness_mean: float,
     staleness_max: int,
@@ -163,6 +197,8 @@ def summarize(
 
     ``counters`` uses the same names as the summary (the engine's
     :meth:`flwr_gsgm.engine.ledger.Ledger.report_counters`); a missing one counts 0.
+    ``rejected_by_reason`` is ``rejections`` (``{reason: count}``, sorted), beside
+    ``updates_received`` and ``updates_applied``, as the end-of-run log line has it.
     Accuracy figures are fractions in [0, 1]; MASD and std are over the second half
     of the evaluations; times are seconds. ``report`` (the engine's
     :class:`~flwr_gsgm.engine.async_engine.EngineReport`, absent for Flower's synchronous
@@ -188,6 +224,7 @@ def summarize(
         "accuracy_std": stability.accuracy_std(acc),
         "evaluations": len(acc),
         "updates_received": int(counters.get("updates_received", 0)),
+        "updates_applied": int(counters.get("updates_applied", 0)),
         "steps_applied": int(counters.get("steps_applied", 0)),
         "updates_deferred": int(counters.get("updates_deferred", 0)),
         "rejected": int(sum(rejections.values())),
@@ -215,8 +252,8 @@ def summarize(
 
 
 def write_summary(run_dir: Path, summary: Mapping[str, Any]) -> Path:
-    """Write ``summary.json`` (NaN written as null) and return its path."""
-    clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in summary.items()}
+    """Write ``summary.json`` (strict JSON: a non-finite number, at any depth, as null)
+    and return its path."""
     path = run_dir / "summary.json"
-    atomic_write_text(path, json.dumps(clean, indent=2) + "\n")
+    atomic_write_text(path, strict_json(dict(summary), indent=2) + "\n")
     return path

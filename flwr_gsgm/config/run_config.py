@@ -21,8 +21,9 @@ order, and turns a parsed run config back into a rule's keyword arguments
 
 from __future__ import annotations
 
+import difflib
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from flwr_gsgm.config.keys import (
@@ -52,6 +53,7 @@ __all__ = [
     "OPTIMIZER_KEYS",
     "optimizer_params_from",
     "parse_run_config",
+    "refuse_unknown_keys",
     "strategy_keys",
     "unread_settings",
     "check_deadlines",
@@ -331,6 +333,33 @@ def check_keys(run_config: Mapping[str, Any], keys: Mapping[str, RunConfigKey]) 
     return cfg
 
 
+def refuse_unknown_keys(run_config: Mapping[str, Any], known: Iterable[str]) -> None:
+    """Refuse the keys of ``run_config`` not in ``known``, naming the closest known key
+    of each (:func:`difflib.get_close_matches`), then every known key.
+
+    Raises
+    ------
+    ValueError
+        ``run config key(s) ['max-update'] unknown; did you mean max-updates? known
+        keys: [...]`` (several: ``did you mean max-updates for max-update, eval-every
+        for eval-evry?``; a key with no close match is not in that clause, which is
+        left out if none has one).
+    """
+    known = sorted(known)
+    unknown = sorted(set(run_config) - set(known))
+    if not unknown:
+        return
+    close = {k: difflib.get_close_matches(k, known, n=1) for k in unknown}
+    matches = {k: m[0] for k, m in close.items() if m}
+    if len(unknown) == 1 and matches:
+        hint = f"did you mean {matches[unknown[0]]}? "
+    elif matches:
+        hint = "did you mean " + ", ".join(f"{m} for {k}" for k, m in matches.items()) + "? "
+    else:
+        hint = ""
+    raise ValueError(f"run config key(s) {unknown} unknown; {hint}known keys: {known}")
+
+
 def parse_run_config(
     run_config: Mapping[str, Any], app_keys: Mapping[str, RunConfigKey] | None = None
 ) -> dict[str, Any]:
@@ -358,11 +387,12 @@ def parse_run_config(
     ------
     ValueError
         For a removed key (``reply-timeout``), a key unknown to both (with
-        ``app_keys``), an app key that redeclares a library key, a value of the wrong
-        type or out of range, a ``federated-eval-every`` that is not a multiple of
-        ``eval-every``, a ``resume-allow-changes`` naming a key the run config does not
-        have, or ``message-ttl`` not above ``dispatch-timeout`` (:func:`check_deadlines`);
-        the message names the key, the value and what was expected.
+        ``app_keys``; the closest known key named, :func:`refuse_unknown_keys`), an
+        app key that redeclares a library key, a value of the wrong type or out of
+        range, a ``federated-eval-every`` that is not a multiple of ``eval-every``, a
+        ``resume-allow-changes`` naming a key the run config does not have, or
+        ``message-ttl`` not above ``dispatch-timeout`` (:func:`check_deadlines`); the
+        message names the key, the value and what was expected.
     """
     removed = sorted(set(run_config) & set(REMOVED_KEYS))
     if removed:
@@ -377,9 +407,7 @@ def parse_run_config(
         if clash:
             raise ValueError(f"app run config key(s) {clash} are the library's keys already")
         known = {**RUN_CONFIG, **app_keys}
-        unknown = sorted(set(run_config) - set(known))
-        if unknown:
-            raise ValueError(f"run config key(s) {unknown} unknown; known keys: {sorted(known)}")
+        refuse_unknown_keys(run_config, known)
         cfg = check_keys(run_config, known)
     if cfg["federated-eval-every"] % cfg["eval-every"]:
         raise ValueError(

@@ -71,7 +71,7 @@ from flwr_gsgm.model.optimizer import ModelOptimizer
 from flwr_gsgm.nodes.membership import Membership, Node, NodeListener
 from flwr_gsgm.nodes.stats import NodeStats
 from flwr_gsgm.scheduling.compass import CompassScheduler
-from flwr_gsgm.strategy.hooks import OnEvaluate, TrainConfigFn
+from flwr_gsgm.strategy.hooks import OnEvaluate, OnFederatedEvaluate, TrainConfigFn
 
 __all__ = ["EngineSettings", "AsyncEngine", "EngineReport", "EvaluateFn", "OptimizerFactory"]
 
@@ -109,6 +109,9 @@ class AsyncEngine:
         ``train_config`` for each train message (:mod:`flwr_gsgm.strategy.hooks`).
     on_evaluate : callable, optional
         ``(updates, arrays, metrics) -> None`` after each evaluation row.
+    on_federated_evaluate : callable, optional
+        ``(updates, metrics) -> None`` when a federated evaluation's aggregate arrives
+        (:class:`~flwr_gsgm.evaluation.federated.FederatedEvaluator`).
 
     Raises
     ------
@@ -131,6 +134,7 @@ class AsyncEngine:
         trainable_keys: Iterable[str] | None = None,
         train_config_fn: TrainConfigFn | None = None,
         on_evaluate: OnEvaluate | None = None,
+        on_federated_evaluate: OnFederatedEvaluate | None = None,
     ) -> None:
         self.layout, self.initial = ModelLayout.from_record(initial_arrays, trainable_keys)
         self.keys = self.layout.keys
@@ -156,7 +160,9 @@ class AsyncEngine:
         self.norm_bound = RelativeNormBound(settings.max_norm_ratio, scale)
         self.intake = ReplyIntake(self.layout, lambda pid: self.members.nodes[pid].identified)
         self.evaluator = Evaluator(self.keys, evaluate_fn, settings.max_updates, on_evaluate)
-        self.federated = FederatedEvaluator(grid, self.keys, settings, self.ledger)
+        self.federated = FederatedEvaluator(
+            grid, self.keys, settings, self.ledger, on_federated_evaluate
+        )
         self.dispatcher = Dispatcher(
             settings, train_config, self.members, self.in_flight, self.clock, train_config_fn
         )
@@ -268,6 +274,7 @@ class AsyncEngine:
                 rule.WORK_SCHEDULER,
             )
         work = CompassScheduler(**rule.schedule_params())
+        work.name = self.members.name  # its reasons name nodes as the log does
         rule.share_schedule(work.book)
         self.dispatcher.work = work
 
@@ -407,8 +414,8 @@ class AsyncEngine:
         if outcome is Outcome.STALE:
             log(
                 INFO,
-                "[async] dropped stale update from partition %d (staleness %d)",
-                pid,
+                "[async] dropped stale update from %s (staleness %d)",
+                self.members.name(pid),
                 staleness,
             )
 
@@ -441,8 +448,8 @@ class AsyncEngine:
         self.ledger.record_rejection(err.reason)
         log(
             WARNING,
-            "[async] rejected update from partition %d (%s): %s",
-            pid,
+            "[async] rejected update from %s (%s): %s",
+            self.members.name(pid),
             err.reason,
             err.message,
         )

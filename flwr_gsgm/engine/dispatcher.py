@@ -67,7 +67,7 @@ class Dispatcher:
         # directly with "auto" dispatches at random.
         name = "random" if settings.dispatch == "auto" else settings.dispatch
         self.policy = make_dispatch_policy(name, settings.seed)
-        self.work = WorkScheduler(settings.work_scheduling)
+        self.work = WorkScheduler(settings.work_scheduling, name=members.name)
         self.seq = 0
 
     def may_dispatch(self, received: int) -> bool:

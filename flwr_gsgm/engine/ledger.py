@@ -142,15 +142,23 @@ class Ledger:
 
     def report_counters(
         self, optimizer_counters: dict[str, int], received: int, steps: int, diverged: bool
-    ) -> dict[str, int]:
-        """Every counter of a run under its ``summary.json`` name (snake_case)."""
+    ) -> dict[str, Any]:
+        """Every counter of a run under its ``summary.json`` name (snake_case), the
+        updates first: ``updates_received``, ``updates_applied``, ``rejected`` and
+        ``rejected_by_reason`` (``{reason: count}`` of the reasons that occurred,
+        sorted: the one dict the end-of-run log line and ``summary.json`` show), then
+        the others (integers)."""
         opt = optimizer_counters
-        counters = {name: self.counters[name] for name in ENGINE_COUNTERS}
+        counters: dict[str, Any] = {
+            "updates_received": received,
+            "updates_applied": int(opt.get("applied", 0)),
+            "rejected": self.rejected,
+            "rejected_by_reason": dict(sorted(self.rejections.items())),
+        }
+        counters.update({name: self.counters[name] for name in ENGINE_COUNTERS})
         counters.update(
             {
-                "updates_received": received,
                 "steps_applied": steps,
-                "updates_applied": int(opt.get("applied", 0)),
                 "updates_deferred": int(opt.get("deferred", 0)),
                 "updates_stale": int(opt.get("stale", 0)),
                 "slots_dropped": int(opt.get("slots_dropped", 0)),

@@ -28,7 +28,8 @@ __all__ = ["EngineReport"]
 class EngineReport:
     """What a run produced: final weights, evaluation rows and counters.
 
-    ``counters`` uses the names of ``summary.json`` (:class:`~flwr_gsgm.engine.ledger.Ledger`);
+    ``counters`` uses the names of ``summary.json`` (:class:`~flwr_gsgm.engine.ledger.Ledger`),
+    integers but ``rejected_by_reason`` (the dict ``rejections`` sorted);
     ``rejections`` is keyed by :data:`flwr_gsgm.core.REASONS`; staleness in
     versions, times in seconds. ``federated`` maps the updates received at each
     federated evaluation point to the nodes' aggregated metrics. ``status`` is
@@ -46,7 +47,7 @@ class EngineReport:
 
     arrays: ArrayRecord
     rows: list[dict[str, float]]
-    counters: dict[str, int]
+    counters: dict[str, Any]
     rejections: dict[str, int]
     staleness_mean: float
     staleness_max: int

@@ -142,9 +142,9 @@ class RunEnd:
             log(
                 WARNING,
                 "[async] no node left to train; waiting up to rejoin-timeout=%s s for "
-                "partition(s) %s to come back",
+                "%s to come back",
                 self.settings.rejoin_timeout,
-                lost,
+                self.members.names(lost),
             )
         if lost and now - self.waiting_since <= self.settings.rejoin_timeout:
             return False
@@ -168,16 +168,16 @@ class RunEnd:
     def _fail(self, received: int, lost: list[int]) -> None:
         nodes = sorted(self.members.nodes.items())
         parts = [
-            f"partition {pid} excluded ({node.excluded})"
+            f"{node.name} excluded ({node.excluded})"
             if node.excluded
-            else f"partition {pid} lost (left the federation)"
-            for pid, node in nodes[:NAMED_IN_REASON]
+            else f"{node.name} lost (left the federation)"
+            for _, node in nodes[:NAMED_IN_REASON]
         ]
         rest = [node for _, node in nodes[NAMED_IN_REASON:]]
         if rest:  # 300 nodes made a 100 kB reason; each exclusion was logged when it happened
             excluded = sum(bool(node.excluded) for node in rest)
             parts.append(
-                f"{len(rest)} more partitions ({excluded} excluded, {len(rest) - excluded} "
+                f"{len(rest)} more nodes ({excluded} excluded, {len(rest) - excluded} "
                 "lost; each logged when it happened)"
             )
         wait = (

@@ -7,8 +7,9 @@ training at once: the evaluate messages are in flight together with the train
 messages, their replies are pulled on every turn of the engine's loop and recorded
 when they arrive. A point's aggregate is formed once every node asked has answered,
 failed or passed ``dispatch-timeout``; it goes into the evaluation row of the same
-``updates`` (``metrics.csv`` columns ``federated_<key>``) and into the ``Result``'s
-``evaluate_metrics_clientapp``.
+``updates`` (``metrics.csv`` columns ``federated_<key>``), into the ``Result``'s
+``evaluate_metrics_clientapp`` and, at once, to the strategy's
+``on_federated_evaluate(updates, metrics)`` hook (a live logger's).
 
 Aggregation is Flower's: ``evaluate_metrics_aggr_fn(contents, weighted_by_key)``,
 by default :func:`flwr.serverapp.strategy.strategy_utils.aggregate_metricrecords`,
@@ -44,6 +45,7 @@ from flwr_gsgm.core import ServerOptimizer
 from flwr_gsgm.engine.ledger import Ledger
 from flwr_gsgm.evaluation.central import weights_record
 from flwr_gsgm.simulation.virtual_clock import derive_seed
+from flwr_gsgm.strategy.hooks import OnFederatedEvaluate, call_hook
 
 __all__ = [
     "COLUMN_PREFIX",
@@ -120,7 +122,7 @@ class _Point:
     """One evaluation point: the messages it sent and the valid replies so far."""
 
     updates: int
-    pending: dict[str, tuple[int, float]]  # message id -> (partition-id, wall send time)
+    pending: dict[str, tuple[str, float]]  # message id -> (node name, wall send time)
     contents: list[RecordDict] = field(default_factory=list)
     asked: int = 0
 
@@ -142,9 +144,20 @@ class FederatedEvaluator:
     ledger : Ledger
         Counts ``federated_eval_sent``, ``federated_eval_replies`` (aggregated) and
         ``federated_eval_failed``.
+    on_metrics : callable | None
+        ``(updates, metrics) -> None``, called with each point's aggregate (a copy)
+        once it is formed: the strategy's ``on_federated_evaluate``. If it raises,
+        :class:`~flwr_gsgm.strategy.hooks.HookFailed` stops the run.
     """
 
-    def __init__(self, grid: Grid, keys: list[str], engine: Any, ledger: Ledger) -> None:
+    def __init__(
+        self,
+        grid: Grid,
+        keys: list[str],
+        engine: Any,
+        ledger: Ledger,
+        on_metrics: OnFederatedEvaluate | None = None,
+    ) -> None:
         self.grid = grid
         self.keys = keys
         self.settings: FederatedEvaluation | None = engine.federated_evaluation
@@ -152,6 +165,7 @@ class FederatedEvaluator:
         self.ttl = engine.message_ttl
         self.timeout = engine.dispatch_timeout
         self.seed = engine.seed
+        self.on_metrics = on_metrics
         self.points: list[_Point] = []
         #: updates received at the point -> aggregated MetricRecord
         self.results: dict[int, MetricRecord] = {}
@@ -162,7 +176,7 @@ class FederatedEvaluator:
         """At a point (``received`` a multiple of ``every``), send the evaluate messages.
 
         They carry the optimizer's current weights; ``nodes`` maps partition-id ->
-        node (``.active``, ``.node_id``).
+        node (``.active``, ``.node_id``, ``.name``: how the log names it).
         """
         s = self.settings
         if s is None or received == 0 or received % s.every:
@@ -185,7 +199,7 @@ class FederatedEvaluator:
         ]
         sent_at = time.monotonic()
         mids = list(self.grid.push_messages(messages))
-        pending = {mid: (pid, sent_at) for mid, pid in zip(mids, chosen)}
+        pending = {mid: (nodes[pid].name, sent_at) for mid, pid in zip(mids, chosen)}
         self.points.append(_Point(received, pending, asked=len(chosen)))
         self.ledger.count("federated_eval_sent", len(chosen))
 
@@ -203,14 +217,14 @@ class FederatedEvaluator:
             mid = reply.metadata.reply_to_message_id
             point = by_mid.get(mid)
             if point is not None and mid in point.pending:  # a second reply is ignored
-                pid, _ = point.pending.pop(mid)
-                self._record(point, pid, reply)
+                name, _ = point.pending.pop(mid)
+                self._record(point, name, reply)
         now = time.monotonic()
         for point in self.points:
-            for mid, (pid, sent_at) in list(point.pending.items()):
+            for mid, (name, sent_at) in list(point.pending.items()):
                 if now - sent_at > self.timeout:
                     del point.pending[mid]
-                    self._fail(point, pid, f"no reply within dispatch-timeout={self.timeout} s")
+                    self._fail(point, name, f"no reply within dispatch-timeout={self.timeout} s")
         for point in [p for p in self.points if not p.pending]:
             self.points.remove(point)
             self._close(point, rows)
@@ -223,16 +237,16 @@ class FederatedEvaluator:
                 time.sleep(poll_interval)
 
     # ------------------------------------------------------------------ replies
-    def _record(self, point: _Point, pid: int, reply: Message) -> None:
+    def _record(self, point: _Point, name: str, reply: Message) -> None:
         why = self._invalid(reply)
         if why is not None:
-            self._fail(point, pid, why)
+            self._fail(point, name, why)
             return
         content = reply.content
         if point.contents and _metric_keys(content) != _metric_keys(point.contents[0]):
             self._fail(
                 point,
-                pid,
+                name,
                 f"metric keys {sorted(_metric_keys(content))} differ from the other "
                 f"nodes' {sorted(_metric_keys(point.contents[0]))}",
             )
@@ -258,13 +272,13 @@ class FederatedEvaluator:
                 return f"metric {name}={value!r} is not finite"
         return None
 
-    def _fail(self, point: _Point, pid: int, why: str) -> None:
+    def _fail(self, point: _Point, name: str, why: str) -> None:
         self.ledger.count("federated_eval_failed")
         log(
             WARNING,
-            "[async] federated evaluation at %d updates: partition %d left out: %s",
+            "[async] federated evaluation at %d updates: %s left out: %s",
             point.updates,
-            pid,
+            name,
             why,
         )
 
@@ -297,6 +311,13 @@ class FederatedEvaluator:
             point.asked,
             dict(metrics),
         )
+        if self.on_metrics is not None:  # a copy: the hook may not change the results
+            call_hook(
+                "on_federated_evaluate",
+                self.on_metrics,
+                updates=point.updates,
+                metrics=MetricRecord(dict(metrics)),
+            )
 
 
 def column_name(key: str) -> str:

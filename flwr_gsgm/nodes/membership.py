@@ -9,8 +9,15 @@ raises, is registered at once without a partition-id and keyed by its node id: a
 start-up such nodes get, in node-id order, the keys after the run's partitions
 (``num-partitions``, or after the highest partition-id reported), and a node that
 joins later the next free key; a node that comes back under the same node id gets
-its key again. Such a key is used as the node's partition-id everywhere (the core,
-logs, checkpoints) but is not checked against the partition-id its replies report.
+its key again. Such a key stands in for a partition-id inside the run (the core,
+checkpoints) but is never shown and is not checked against the partition-id its
+replies report.
+
+**Names.** Logs, ``summary.json`` (``per_node``, exclusion and failure reasons) and
+warnings name a node as Flower does, by :attr:`Node.name` (:meth:`Membership.name`):
+its node id, plus the partition-id of its node config where it has one ("node 8123
+(partition 6)"); a node registered without a partition-id is "node 8123", never by
+its stand-in key.
 
 A node whose partitioning differs from the run's (another ``num-partitions``, a
 partition-id out of range, a partition already held by another node at start-up)
@@ -133,9 +140,20 @@ class Node:
     # Why the node was excluded for the rest of the run ("" = it is not).
     excluded: str = ""
 
-    #: Fields saved in a checkpoint.
+    #: Fields saved in a checkpoint (``node_id`` and ``identified`` name a node that
+    #: did not answer at a resume; a checkpoint without them names it by partition).
     SAVED = ("dispatches", "failures", "rejections_in_row", "active", "speed")
-    SAVED += ("may_return", "retry_at", "excluded")
+    SAVED += ("may_return", "retry_at", "excluded", "node_id", "identified")
+
+    @property
+    def name(self) -> str:
+        """The node as Flower names it, in every log line, ``summary.json`` entry and
+        warning: ``"node 8123 (partition 6)"``, or ``"node 8123"`` for a node
+        registered without a partition-id (its key is a stand-in, not Flower's
+        partition). A node restored from a checkpoint that names no node id:
+        ``"node ? (partition 6)"``."""
+        node = f"node {self.node_id}" if self.node_id >= 0 else "node ?"
+        return f"{node} (partition {self.partition_id})" if self.identified else node
 
     @property
     def state(self) -> str:
@@ -203,6 +221,17 @@ class Membership:
         self.unkeyed: list[int] = []  # node ids without a partition-id, before the start
         self.unqueried: list[int] = []  # new node ids not queried (query_partition_ids off)
         self.said_unqueried = False
+        stats.name = self.name  # the per-node warnings name nodes as the log does
+
+    def name(self, pid: int) -> str:
+        """The name of the node keyed ``pid`` (:attr:`Node.name`); a key no node holds
+        (a refused one): ``"partition <pid>"``."""
+        node = self.nodes.get(pid)
+        return node.name if node is not None else f"partition {pid}"
+
+    def names(self, pids: list[int]) -> str:
+        """The names of ``pids``' nodes, comma-separated (``"node 1 (partition 0), node 4"``)."""
+        return ", ".join(self.name(pid) for pid in pids) or "none"
 
     def start(self, pids: list[int], listener: NodeListener) -> None:
         """Training starts with ``pids``: from now on an attach is a join, and
@@ -210,7 +239,7 @@ class Membership:
         self.started = True
         self.listener = listener
         slow = [p for p in pids if self.nodes[p].speed > 1.0]
-        log(INFO, "[async] %d nodes (partition-ids %s); slow: %s", len(pids), pids, slow)
+        log(INFO, "[async] %d nodes: %s; slow: %s", len(pids), self.names(pids), self.names(slow))
 
     def active_ids(self) -> list[int]:
         """Partition-ids of the active nodes, in order."""
@@ -268,9 +297,9 @@ class Membership:
         for pid, num in self.reported_num.items():
             if num != self.num_partitions:
                 self.ledger.count("nodes_refused")
-                del self.nodes[pid]
+                name = self.nodes.pop(pid).name
                 why = f"it reports num-partitions {num}, the run has {self.num_partitions}"
-                log(WARNING, "[async] partition %d refused: %s", pid, why)
+                log(WARNING, "[async] %s refused: %s", name, why)
 
     def query_new_nodes(self) -> None:
         """Query node ids not seen before, and returning ones that may come back."""
@@ -400,16 +429,16 @@ class Membership:
         if node is None:
             self.nodes[pid] = Node(pid, node_id, self.speeds.get(pid, 1.0), identified=identified)
             if not identified:
-                log(INFO, "[async] node %d registered without a partition-id, as %d", node_id, pid)
+                log(INFO, "[async] node %d registered without a partition-id", node_id)
             return self.started
         if node.excluded:
             self.ledger.count("nodes_refused")
-            why = f"partition-id {pid} was excluded from the run ({node.excluded})"
+            why = f"{node.name} was excluded from the run ({node.excluded})"
             log(WARNING, "[async] node %d refused: %s", node_id, why)
             return False
         if node.active and node.node_id != node_id and not self.started:
             self.ledger.count("nodes_refused")
-            why = f"partition-id {pid} is already node {node.node_id}'s"
+            why = f"partition-id {pid} is already {node.name}'s"
             log(WARNING, "[async] node %d refused: %s", node_id, why)
             return False
         if node.active and node.node_id != node_id:
@@ -445,7 +474,7 @@ class Membership:
         self.listener.left(pid, self._now())
         self.listener.forget(pid)  # back later, it meets a model that moved without it
         self.ledger.count("nodes_lost")
-        log(WARNING, "[async] partition %d (node %d) lost: %s", pid, node.node_id, why)
+        log(WARNING, "[async] %s lost: %s", node.name, why)
         self.listener.freed()
 
     def exclude(self, pid: int, why: str) -> None:
@@ -460,9 +489,8 @@ class Membership:
         self.ledger.count("nodes_excluded")
         log(
             WARNING,
-            "[async] partition %d (node %d) excluded for the rest of the run: %s",
-            pid,
-            node.node_id,
+            "[async] %s excluded for the rest of the run: %s",
+            node.name,
             why,
         )
         if was_active:  # a lost node's work was dropped and the optimizer told at its loss
@@ -500,10 +528,8 @@ class Membership:
         self.stats.count(node.partition_id, "backoffs")
         log(
             WARNING,
-            "[async] partition %d (node %d) backs off %.3g s (failure %d in a row of "
-            "max-node-failures=%d): %s",
-            node.partition_id,
-            node.node_id,
+            "[async] %s backs off %.3g s (failure %d in a row of max-node-failures=%d): %s",
+            node.name,
             delay,
             node.failures,
             self.settings.max_node_failures,
@@ -533,7 +559,7 @@ class Membership:
             self.nodes[pid].active, self.nodes[pid].retry_at = True, None
         for pid in back:
             self.listener.joined(pid, now)
-            log(INFO, "[async] partition %d back after its back-off", pid)
+            log(INFO, "[async] %s back after its back-off", self.name(pid))
         self.listener.freed()
 
     def register_joins(self) -> None:
@@ -543,7 +569,7 @@ class Membership:
             for pid in self.register_query_replies():
                 self.listener.joined(pid, self._now())
                 self.ledger.count("nodes_joined")
-                log(INFO, "[async] partition %d joined (node %d)", pid, self.nodes[pid].node_id)
+                log(INFO, "[async] %s joined", self.name(pid))
                 self.listener.freed()
         if self.refresh_due():
             self.query_new_nodes()
@@ -568,8 +594,8 @@ class Membership:
         code, ttl = reply.error.code, self.settings.message_ttl
         log(
             WARNING,
-            "[async] error reply from partition %d (code %s: %s): %s",
-            pid,
+            "[async] error reply from %s (code %s: %s): %s",
+            self.name(pid),
             code,
             describe_error(code, ttl),
             last_line(reply),
@@ -608,18 +634,16 @@ class Membership:
             if node.active and pid not in active_before:
                 self.listener.joined(pid, now)
                 self.ledger.count("nodes_joined")
-                log(
-                    INFO, "[async] partition %d rejoined at the resume (node %d)", pid, node.node_id
-                )
+                log(INFO, "[async] %s rejoined at the resume", node.name)
             elif not node.active and pid in active_before:
                 node.may_return = True
                 self.listener.left(pid, now)
                 self.ledger.count("nodes_lost")
                 log(
                     WARNING,
-                    "[async] partition %d lost: it did not answer at the resume (it rejoins "
-                    "when it comes back)",
-                    pid,
+                    "[async] %s lost: it did not answer at the resume (it rejoins when it "
+                    "comes back)",
+                    node.name,
                 )
 
     # ------------------------------------------------------------ checkpoints
@@ -647,7 +671,12 @@ class Membership:
             node = self.nodes.get(pid)
             if node is None:  # its SuperNode did not come back: known, may return
                 node = self.nodes[pid] = Node(
-                    pid, -1, saved["speed"], active=False, may_return=True
+                    pid,
+                    saved.get("node_id", -1),
+                    saved["speed"],
+                    active=False,
+                    may_return=True,
+                    identified=saved.get("identified", True),
                 )
             _restore_node(node, saved)
 

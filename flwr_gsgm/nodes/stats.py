@@ -1,9 +1,11 @@
 """Per-node counts of a run, and the warnings they call for.
 
-``summary.json`` ``per_node`` holds, for each partition-id, what happened to its
-replies (:data:`PER_NODE_COUNTS`, the names of the run's own counters) and its state
-at the end ("active", "backing-off", "lost", "excluded", with the reason of an
-exclusion). Three patterns a run's totals hide are logged as warnings and listed in
+``summary.json`` ``per_node`` holds, for each node by its name ("node 8123 (partition
+6)", :attr:`~flwr_gsgm.nodes.membership.Node.name`), its ``node_id`` and
+``partition_id`` (null for a node without one), what happened to its replies
+(:data:`PER_NODE_COUNTS`, the names of the run's own counters) and its state at the end
+("active", "backing-off", "lost", "excluded", with the reason of an exclusion). Three
+patterns a run's totals hide are logged as warnings and listed in
 ``summary.json`` ``warnings``:
 
 - a node whose updates are mostly dropped as stale (more than
@@ -22,7 +24,7 @@ exclusion). Three patterns a run's totals hide are logged as warnings and listed
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from logging import WARNING
 from typing import Any, Protocol
 
@@ -71,6 +73,12 @@ class NodeView(Protocol):
     def node_id(self) -> int: ...
 
     @property
+    def identified(self) -> bool: ...
+
+    @property
+    def name(self) -> str: ...
+
+    @property
     def excluded(self) -> str: ...
 
     @property
@@ -96,6 +104,9 @@ class NodeStats:
         self.since = 0  # ... at this many updates received
         self.last_reply: dict[int, int] = {}  # partition-id -> updates received at its reply
         self.stall_warned = False
+        # How warnings name a node: the run's Membership.name sets it ("node 8123
+        # (partition 6)"); alone, by its key.
+        self.name: Callable[[int], str] = lambda pid: f"partition {pid}"
 
     def count(self, pid: int, what: str, n: int = 1) -> None:
         """Add ``n`` to count ``what`` (one of :data:`PER_NODE_COUNTS`) of partition ``pid``.
@@ -136,7 +147,8 @@ class NodeStats:
             self.stall_warned = True
             self.warn(
                 f"the model has not changed over {received - self.since} updates received "
-                f"(version {version}): it waits on partition(s) {silent}, silent since update "
+                f"(version {version}): it waits on {', '.join(map(self.name, silent))}, silent "
+                f"since update "
                 f"{self.since} (lower cycle-quorum, set a cycle budget or a shorter "
                 "dispatch-timeout)"
             )
@@ -159,7 +171,7 @@ class NodeStats:
             if received >= MIN_UPDATES_FOR_WARNING and stale > MOSTLY_DROPPED * received:
                 named.add(pid)
                 self.warn(
-                    f"partition {pid}: {stale} of its {received} updates were dropped as stale "
+                    f"{self.name(pid)}: {stale} of its {received} updates were dropped as stale "
                     f"(max-staleness={max_staleness}); the model is biased toward the other "
                     "nodes (raise max-staleness)"
                 )
@@ -177,7 +189,7 @@ class NodeStats:
         for pid in pids:
             if used[pid] < LOW_SHARE * fair and pid not in named:
                 self.warn(
-                    f"partition {pid} (node {members.nodes[pid].node_id}): only {used[pid]} of "
+                    f"{members.nodes[pid].name}: only {used[pid]} of "
                     f"the {total} updates taken into the model (applied or deferred) came "
                     f"from it, below {LOW_SHARE:.0%} of its fair share {fair:.1f} "
                     f"({total} / {len(pids)} nodes): its data barely reach the model (a slow "
@@ -190,12 +202,18 @@ class NodeStats:
         return int(c["updates_applied"] + c["updates_deferred"])
 
     def report(self, members: Members) -> dict[str, dict[str, Any]]:
-        """``{partition-id (str): counts, "state" and "excluded" (the reason, or "")}``."""
+        """``{node name: node_id, partition_id, counts, "state" and "excluded" (the
+        reason, or "")}``, in key order; the name and ids as Flower gives them (a node
+        without a partition-id: ``partition_id`` None; a key no node holds: named by it,
+        ``node_id`` None)."""
         out: dict[str, dict[str, Any]] = {}
         for pid in sorted(set(self.counts) | set(members.nodes)):
             c = self.counts.get(pid, Counter())
             node = members.nodes.get(pid)
-            out[str(pid)] = {
+            key = node.name if node is not None else f"partition {pid}"
+            out[key] = {
+                "node_id": node.node_id if node is not None and node.node_id >= 0 else None,
+                "partition_id": pid if node is None or node.identified else None,
                 **{name: int(c[name]) for name in PER_NODE_COUNTS},
                 "state": node.state if node is not None else "refused",
                 "excluded": node.excluded if node is not None else "",

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from flwr_gsgm.scheduling.speeds import NodeSpeeds
@@ -101,10 +102,11 @@ class WorkScheduler:
     policy : str
         One of :data:`WORK_SCHEDULING`: ``"off"`` (every message carries the run's
         client work, every update weighs 1) or ``"equal-time"``.
-    label : str
-        What the keys are, in the reason scheduling turned off: ``"partition"``
-        (the engine keys nodes by partition-id) or ``"node"`` (the synchronous
-        strategies of :mod:`flwr_gsgm.strategy.time_budget_fedavg` key them by node id).
+    name : callable, optional
+        ``(key) -> str``: how a node is named in the reason scheduling turned off
+        (the engine: Membership's names, "node 8123 (partition 6)"; the synchronous
+        strategies of :mod:`flwr_gsgm.strategy.time_budget_fedavg`: "node 8123");
+        default "partition <key>".
 
     Raises
     ------
@@ -117,17 +119,19 @@ class WorkScheduler:
     #: What the run does once a reply showed that a ClientApp cannot take part.
     OFF_CONSEQUENCE: ClassVar[str] = "every node keeps its own work"
 
-    def __init__(self, policy: str = "off", label: str = "partition") -> None:
+    def __init__(self, policy: str = "off", name: Callable[[int], str] | None = None) -> None:
         if policy not in self.POLICIES:
             raise ValueError(
                 f"work-scheduling {policy!r} is unknown; expected one of {self.POLICIES}"
             )
         self.policy = policy
-        self.label = label
         self.speeds = NodeSpeeds()
         self.own_steps: dict[int, int] = {}  # steps of each node's first unscheduled reply
         self.last_steps: dict[int, int] = {}  # steps of each node's latest reply
         self.off_reason: str | None = None  # why scheduling turned itself off
+        # How a node is named in off_reason: the engine's Membership.name ("node 8123
+        # (partition 6)"); alone, by its key.
+        self.name: Callable[[int], str] = name or (lambda pid: f"partition {pid}")
 
     @property
     def active(self) -> bool:
@@ -225,14 +229,14 @@ class WorkScheduler:
         cannot take part (no ``train-steps``, or other steps than asked)."""
         if train_steps is None or train_steps < 1:
             self._turn_off(
-                f"{self.label} {partition_id}'s reply reports no train-steps (got "
+                f"{self.name(partition_id)}'s reply reports no train-steps (got "
                 f"{train_steps!r}): work scheduling needs the steps each ClientApp did "
                 f"(docs/PORTING.md, 'Work scheduling'); {self.OFF_CONSEQUENCE}"
             )
             return False
         if scheduled_steps is not None and train_steps != scheduled_steps:
             self._turn_off(
-                f"{self.label} {partition_id} did {train_steps} local steps where "
+                f"{self.name(partition_id)} did {train_steps} local steps where "
                 f"{scheduled_steps} were asked: its ClientApp ignores local-steps "
                 f"(docs/PORTING.md, 'Work scheduling'); {self.OFF_CONSEQUENCE}"
             )

@@ -44,6 +44,7 @@ STRATEGY_KEYWORDS = (
     "federated_evaluation",
     "train_config_fn",
     "on_evaluate",
+    "on_federated_evaluate",
 )
 
 

@@ -44,7 +44,7 @@ from flwr_gsgm.strategy.arguments import (
 )
 from flwr_gsgm.strategy.arguments import trainable_keys as _trainable_keys
 from flwr_gsgm.strategy.fedavg_keywords import fedavg_refusal
-from flwr_gsgm.strategy.hooks import OnEvaluate, TrainConfigFn, check_hook
+from flwr_gsgm.strategy.hooks import OnEvaluate, OnFederatedEvaluate, TrainConfigFn, check_hook
 
 __all__ = ["AsyncStrategy", "AsyncResult", "CLIENT_MODES", "DISPLACEMENT_MODES"]
 
@@ -158,7 +158,8 @@ class AsyncStrategy:
         ``on_evaluate(updates: int, arrays: ArrayRecord, metrics: MetricRecord)``,
         called after each server (centralized) evaluation: at 0 updates, every
         ``eval_every`` client updates received and at the end, the diverging one
-        included, in that order (not for federated evaluations). ``updates`` is the
+        included, in that order (federated evaluations: ``on_federated_evaluate``).
+        ``updates`` is the
         client updates received, ``arrays`` the global model evaluated (a copy of
         its own: keep it for a best-model checkpoint, do not modify it), ``metrics``
         the evaluation row of ``metrics.csv`` (``updates``, ``version``,
@@ -168,6 +169,18 @@ class AsyncStrategy:
         ``dropped``) plus the other keys ``evaluate_fn`` returned. Its return value
         is ignored: logging (W&B), best-model checkpoints (FedAvg's
         ``aggregate_evaluate`` or ``evaluate_fn`` side effects).
+    on_federated_evaluate : callable | None
+        ``on_federated_evaluate(updates: int, metrics: MetricRecord)``, called when a
+        federated evaluation's aggregate arrives (with ``federated_evaluation``),
+        while training goes on: ``updates`` is the client updates received when the
+        model was sent to the nodes (the key of ``evaluate_metrics_clientapp`` and
+        of the ``metrics.csv`` row its ``federated_*`` columns go to), ``metrics`` the
+        nodes' metrics aggregated as Flower's FedAvg does (weighted by
+        ``num-examples``; keys as the ClientApp's ``@app.evaluate()`` returns them,
+        e.g. ``eval-loss``, ``eval-acc``; a copy of its own). It comes after the
+        ``on_evaluate`` of the same ``updates`` (the nodes answer later), possibly
+        after later ones. Its return value is ignored: live logging (W&B) of what
+        FedAvg's ``aggregate_evaluate`` returns.
     **optimizer_params
         The optimizer's declared parameters (``PARAMS`` of its class in
         :mod:`flwr_gsgm.core`), e.g. ``beta`` for GSGM; every rule takes
@@ -189,7 +202,8 @@ class AsyncStrategy:
         counterpart: :mod:`flwr_gsgm.strategy.fedavg_keywords`), or a value out of range
         (checked here, before any message is sent).
     TypeError
-        If ``train_config_fn`` or ``on_evaluate`` is neither None nor callable.
+        If ``train_config_fn``, ``on_evaluate`` or ``on_federated_evaluate`` is
+        neither None nor callable.
 
     A hook that raises during the run stops it with
     :class:`flwr_gsgm.strategy.hooks.HookFailed` (naming the hook and the exception); a
@@ -216,6 +230,7 @@ class AsyncStrategy:
         federated_evaluation: FederatedEvaluation | None = None,
         train_config_fn: TrainConfigFn | None = None,
         on_evaluate: OnEvaluate | None = None,
+        on_federated_evaluate: OnFederatedEvaluate | None = None,
         **optimizer_params: Any,
     ) -> None:
         refusal = fedavg_refusal(optimizer_params)
@@ -223,6 +238,7 @@ class AsyncStrategy:
             raise ValueError(refusal)
         check_hook("train_config_fn", train_config_fn)
         check_hook("on_evaluate", on_evaluate)
+        check_hook("on_federated_evaluate", on_federated_evaluate)
         # Checked first: a bad value fails before anything is built.
         self.client_work = client_work(
             optimizer,
@@ -254,6 +270,7 @@ class AsyncStrategy:
         self.federated_evaluation = federated_evaluation
         self.train_config_fn = train_config_fn
         self.on_evaluate = on_evaluate
+        self.on_federated_evaluate = on_federated_evaluate
         # Fail now, not after the nodes answered: build the optimizer on a dummy model.
         self._build_optimizer([np.zeros(2, np.float32)], [0])
 
@@ -300,9 +317,13 @@ class AsyncStrategy:
                 self.engine.work_scheduling,
             )
         log(INFO, "\t├── Federated evaluation: %s", self.federated_evaluation)
-        if self.train_config_fn is not None or self.on_evaluate is not None:
-            hooks = {"train_config_fn": self.train_config_fn, "on_evaluate": self.on_evaluate}
-            given = [name for name, fn in hooks.items() if fn is not None]
+        hooks = {
+            "train_config_fn": self.train_config_fn,
+            "on_evaluate": self.on_evaluate,
+            "on_federated_evaluate": self.on_federated_evaluate,
+        }
+        given = [name for name, fn in hooks.items() if fn is not None]
+        if given:
             log(INFO, "\t├── Hooks: %s", ", ".join(given))
         log(INFO, "\t└── Virtual clock: %s", self.virtual_clock)
 
@@ -359,7 +380,8 @@ class AsyncStrategy:
             ``timeout``: the message names the counterpart), before any message is
             sent; or a ``train_config_fn`` that returned no ConfigRecord.
         flwr_gsgm.strategy.hooks.HookFailed
-            If ``train_config_fn`` or ``on_evaluate`` raised (the run stops there).
+            If ``train_config_fn``, ``on_evaluate`` or ``on_federated_evaluate`` raised
+            (the run stops there).
         flwr_gsgm.engine.run_end.RunFailed
             If no node was left to train before the budget was spent (every node
             excluded, or lost and not back within ``rejoin-timeout``); its ``reason``
@@ -395,6 +417,7 @@ class AsyncStrategy:
             trainable_keys=self.trainable_keys,
             train_config_fn=self.train_config_fn,
             on_evaluate=self.on_evaluate,
+            on_federated_evaluate=self.on_federated_evaluate,
         )
         report = engine.run()
         result = _result(report)

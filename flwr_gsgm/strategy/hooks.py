@@ -1,5 +1,5 @@
-"""The strategy's two hooks for what a FedAvg subclass does: a per-dispatch train
-configuration and a callback on each server evaluation.
+"""The strategy's hooks for what a FedAvg subclass does: a per-dispatch train
+configuration and a callback on each server and each federated evaluation.
 
 - ``train_config_fn(node_id, model_version, updates_received) -> ConfigRecord`` is
   called for every train message the engine sends, just before it is built; its keys
@@ -8,6 +8,11 @@ configuration and a callback on each server evaluation.
 - ``on_evaluate(updates, arrays, metrics) -> None`` is called after every server
   (centralized) evaluation (logging, e.g. to W&B; best-model checkpoints; FedAvg's
   ``evaluate_fn`` side effects or ``aggregate_evaluate`` override).
+- ``on_federated_evaluate(updates, metrics) -> None`` is called when a federated
+  evaluation's aggregate arrives (:mod:`flwr_gsgm.evaluation.federated`): the nodes'
+  metrics aggregated as Flower's FedAvg does (``aggregate_evaluate``'s
+  ``evaluate_metrics_aggr_fn``), keyed by the ``updates`` the model was sent at, so a
+  logger writes them live.
 
 A hook that raises ends the run with :class:`HookFailed` (naming the hook and the
 exception, the original chained as ``__cause__``): no further message is sent and
@@ -26,6 +31,7 @@ __all__ = [
     "ENGINE_TRAIN_KEYS",
     "HookFailed",
     "OnEvaluate",
+    "OnFederatedEvaluate",
     "TrainConfigFn",
     "call_hook",
     "check_hook",
@@ -37,6 +43,8 @@ __all__ = [
 TrainConfigFn = Callable[[int, int, int], ConfigRecord]
 #: ``(updates, arrays, metrics) -> None``.
 OnEvaluate = Callable[[int, ArrayRecord, MetricRecord], Any]
+#: ``(updates, metrics) -> None``.
+OnFederatedEvaluate = Callable[[int, MetricRecord], Any]
 
 #: Train config keys a ``train_config_fn`` may not set: the engine sets
 #: ``model-version``, ``seed`` and ``virtual-duration`` for each dispatch, and the
@@ -45,7 +53,8 @@ ENGINE_TRAIN_KEYS = ("mode", "model-version", "seed", "virtual-duration", "virtu
 
 
 class HookFailed(RuntimeError):
-    """A strategy hook (``train_config_fn``, ``on_evaluate``) raised; the run stopped.
+    """A strategy hook (``train_config_fn``, ``on_evaluate``, ``on_federated_evaluate``)
+    raised; the run stopped.
 
     Attributes
     ----------

@@ -104,7 +104,7 @@ class TimeBudgetFedAvg(FedAvg):
 
     def __init__(self, *args: Any, work_scheduling: str = "equal-time", **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.work = WorkScheduler(work_scheduling, label="node")
+        self.work = WorkScheduler(work_scheduling, name=lambda node_id: f"node {node_id}")
         self.sent_steps: dict[int, int | None] = {}
 
     def configure_train(

@@ -189,7 +189,7 @@ def test_a_poisoned_first_reply_is_rejected_and_the_run_completes(caplog):
     assert (rep.counters["updates_received"], rep.counters["nodes_excluded"]) == (300, 0)
     (line,) = [r.getMessage() for r in caplog.records if "(norm-ratio)" in r.getMessage()]
     assert line == (
-        "[async] rejected update from partition 1 (norm-ratio): update L2 norm 1.73205e+06 "
+        "[async] rejected update from node 2 (partition 1) (norm-ratio): update L2 norm 1.73205e+06 "
         "exceeds 1000 x the initial model's scale 1.73205 (the warm-up: fewer than 10 "
         "accepted updates in the run)"
     )

@@ -55,17 +55,17 @@ def test_a_failing_node_backs_off_exponentially_then_is_excluded(caplog):
         "5 failures in a row (max-node-failures=5); last: error reply (code 2: the ClientApp "
         "raised an exception: RuntimeError: partition 1 fails on purpose)"
     )
-    node = result.report.per_node["1"]
+    node = result.report.per_node["node 2 (partition 1)"]
     assert (node["state"], node["excluded"], node["backoffs"]) == ("excluded", reason, 4)
     messages = [r.getMessage() for r in caplog.records]
-    backoffs = [m for m in messages if "partition 1 (node 2) backs off" in m]
+    backoffs = [m for m in messages if "node 2 (partition 1) backs off" in m]
     assert [m.split(" backs off ")[1].split(" (")[0] for m in backoffs] == [
         "1 s",
         "2 s",
         "4 s",
         "8 s",
     ]
-    assert f"[async] partition 1 (node 2) excluded for the rest of the run: {reason}" in messages
+    assert f"[async] node 2 (partition 1) excluded for the rest of the run: {reason}" in messages
 
 
 class ErrorCodeGrid(InProcessGrid):
@@ -121,7 +121,7 @@ def test_another_error_code_is_backed_off_too_and_never_readmitted():
         0,
     )
     assert grid.to_node_2 == ["query"] + ["train"] * 5
-    assert result.report.per_node["1"]["excluded"] == (
+    assert result.report.per_node["node 2 (partition 1)"]["excluded"] == (
         "5 failures in a row (max-node-failures=5); last: error reply (code 1: the ClientApp "
         "failed to load: the ClientApp failed to load)"
     )
@@ -164,19 +164,21 @@ def test_a_hung_client_app_is_timed_out_excluded_and_the_run_completes(workers, 
         rep = done["result"].report
         assert rep.status == "completed" and rep.counters["updates_received"] == 60
         assert rep.counters["nodes_excluded"] == 1 and rep.counters["node_backoffs"] == 1
-        assert rep.per_node["0"]["state"] == "excluded"
-        assert rep.per_node["0"]["excluded"].startswith(
+        assert rep.per_node["node 1 (partition 0)"]["state"] == "excluded"
+        assert rep.per_node["node 1 (partition 0)"]["excluded"].startswith(
             "2 failures in a row (max-node-failures=2); last: "
         )
         assert not release.is_set()  # partition 0's first call was still running
         messages = " ".join(r.getMessage() for r in caplog.records)
         if workers:
             assert rep.counters["dispatch_timeouts"] == 2
-            assert rep.per_node["0"]["excluded"].endswith("no reply within dispatch-timeout=2.0 s")
+            assert rep.per_node["node 1 (partition 0)"]["excluded"].endswith(
+                "no reply within dispatch-timeout=2.0 s"
+            )
         else:
             # The first failure is the TTL expiry the pull returned, named as such.
             assert (
-                "error reply from partition 0 (code 3: TTL expiry: the message was not "
+                "error reply from node 1 (partition 0) (code 3: TTL expiry: the message was not "
                 "answered within message-ttl=4.0 s (or was removed from the SuperLink)"
             ) in messages
     finally:
@@ -195,7 +197,8 @@ def test_every_node_failing_ends_the_run_failed_with_the_reason():
     )
     assert err.value.reason == (
         "no node left to train after 0 of 30 updates: "
-        f"partition 0 excluded ({why.format(0)}); partition 1 excluded ({why.format(1)})"
+        f"node 1 (partition 0) excluded ({why.format(0)}); node 2 (partition 1) excluded "
+        f"({why.format(1)})"
     )
     assert str(err.value) == f"the run failed: {err.value.reason}"
     report = err.value.result.report
@@ -301,7 +304,7 @@ def test_a_failed_start_up_query_is_retried_then_the_node_refused(caplog):
     )
     assert (queries[0], queries[1], queries[2]) == (3, 5, 1)
     assert result.report.counters["nodes_refused"] == 1
-    assert sorted(result.report.per_node) == ["0", "2"]
+    assert sorted(result.report.per_node) == ["node 1 (partition 0)", "node 3 (partition 2)"]
     assert result.report.counters["updates_received"] == 30
     messages = [r.getMessage() for r in caplog.records]
     assert any(

@@ -270,11 +270,20 @@ def test_nodes_without_a_query_answer_are_registered_at_once(caplog):
     assert result.report.counters["nodes_refused"] == 0
     trained = {pid for pid, kind in calls if kind == "train"}
     assert trained == {0, 1, 2}
-    # Partition 2 reported 2 of 3; the others are keyed after the partitions, by node id.
+    # Partition 2 reported 2 of 3; the others are keyed after the partitions, by node id,
+    # and named as Flower names them (issue 35 item 2): by node id, never by their key.
     logged = [r.getMessage() for r in caplog.records]
-    assert "[async] node 1 registered without a partition-id, as 3" in logged
-    assert "[async] node 2 registered without a partition-id, as 4" in logged
-    assert any("3 nodes (partition-ids [2, 3, 4])" in line for line in logged)
+    assert "[async] node 1 registered without a partition-id" in logged
+    assert "[async] node 2 registered without a partition-id" in logged
+    started = "[async] 3 nodes: node 3 (partition 2), node 1, node 2; slow: "
+    assert any(line.startswith(started) for line in logged)
+    assert list(result.report.per_node) == ["node 3 (partition 2)", "node 1", "node 2"]
+    assert [(n["node_id"], n["partition_id"]) for n in result.report.per_node.values()] == [
+        (3, 2),
+        (1, None),
+        (2, None),
+    ]
+    assert not [line for line in logged if "partition 3" in line or "partition 4" in line]
     assert any(
         "node 2 cannot answer the query" in line and "cannot say its" in line for line in logged
     )
@@ -298,7 +307,7 @@ def test_without_a_virtual_clock_or_checkpoints_no_node_is_queried(caplog, tmp_p
     logged = [r.getMessage() for r in caplog.records]
     said = [line for line in logged if "nodes keyed by node id" in line]
     assert len(said) == 1 and "query_partition_ids" in said[0]
-    assert any("3 nodes (partition-ids [0, 1, 2])" in line for line in logged)
+    assert any("3 nodes: node 1, node 2, node 3;" in line for line in logged)
     # With a virtual clock (or checkpoints) the nodes are asked, as before.
     assert EngineSettings(virtual_clock=CLOCK).queries_partition_ids
     assert EngineSettings(checkpoint_path=tmp_path / "c.pt").queries_partition_ids
@@ -324,8 +333,8 @@ def test_a_node_without_a_query_handler_joins_mid_run_under_the_next_free_key(ca
     result = start(strategy, None, max_updates=60, grid=grid, evaluate_fn=evaluate_fn)
     assert result.report.counters["nodes_joined"] == 1
     logged = [r.getMessage() for r in caplog.records]
-    assert f"[async] node {added['node']} registered without a partition-id, as 2" in logged
-    assert "[async] partition 2 joined (node 3)" in logged
+    assert f"[async] node {added['node']} registered without a partition-id" in logged
+    assert f"[async] node {added['node']} joined" in logged
     assert result.report.rejections == {}
 
 
@@ -350,7 +359,7 @@ def test_a_query_error_other_than_a_client_exception_registers_nothing(caplog):
     )
     # Asked again (a failed query), then refused after max-node-failures (5) of them.
     assert logged.count(error) == 5
-    assert any("1 nodes (partition-ids [0])" in line for line in logged)
+    assert any("1 nodes: node 1;" in line for line in logged)
     assert result.report.counters["updates_received"] == 10
     assert result.report.counters["nodes_refused"] == 1
 

@@ -61,7 +61,7 @@ def test_a_client_without_train_steps_falls_back_to_buffering(tmp_path):
     # once, before the rule sees that reply; every message keeps the run's own work
     # and the rule aggregates every fedbuff-k = 5 arrivals: versions 0, 1, 2.
     assert result.report.work_scheduling.startswith(
-        "compass, turned off: partition 0's reply reports no train-steps"
+        "compass, turned off: node 1 (partition 0)'s reply reports no train-steps"
     )
     assert [r["version"] for r in result.rows if r["updates"] in (4, 5, 9, 10)] == [0, 1, 1, 2]
     assert {v for _, v in calls} == {0, 1}  # nothing is sent after the 10th update

@@ -158,10 +158,10 @@ def test_every_bad_reply_is_rejected_counted_and_never_touches_the_model(caplog)
     for key in ("w", "b"):
         assert np.array_equal(with_hostile.arrays[key].numpy(), without.arrays[key].numpy())
     messages = [r.getMessage() for r in caplog.records]
-    logged = [m for m in messages if "rejected update from partition 3" in m]
+    logged = [m for m in messages if "rejected update from node 4 (partition 3)" in m]
     assert len(logged) == hostile_replies
     assert (
-        "[async] rejected update from partition 3 (extra-arrays): reply has 2 ArrayRecords "
+        "[async] rejected update from node 4 (partition 3) (extra-arrays): reply has 2 ArrayRecords "
         "['arrays', 'arrays-2']; exactly one is expected, under 'arrays'"
     ) in logged
     replayed = [m for m in messages if "ignored a replayed reply (duplicate)" in m]
@@ -211,7 +211,9 @@ def test_a_node_sending_only_garbage_is_evicted_and_does_not_stall_gsgm():
     c = result.report.counters
     assert result.report.rejections == {"non-finite": 10}
     assert c["nodes_excluded"] == 1 and c["nodes_lost"] == 0
-    assert result.report.per_node[str(HOSTILE)]["excluded"].startswith(
+    assert result.report.per_node[f"node {HOSTILE + 1} (partition {HOSTILE})"][
+        "excluded"
+    ].startswith(
         "10 rejected updates in a row (max-consecutive-rejections=10); last: non-finite: "
         "array 0 holds "
     )

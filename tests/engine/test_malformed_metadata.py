@@ -69,7 +69,7 @@ def test_bad_train_metadata_is_rejected_named_and_the_run_goes_on(caplog):
     logged = [
         r.getMessage()
         for r in caplog.records
-        if "rejected update from partition 3" in r.getMessage()
+        if "rejected update from node 4 (partition 3)" in r.getMessage()
     ]
     assert len(logged) == hostile_replies
     assert all("(metadata): metadata '" in line for line in logged)

@@ -261,7 +261,7 @@ def test_a_node_whose_replies_do_not_match_is_rejected_and_never_touches_the_mod
     logged = [
         r.getMessage()
         for r in caplog.records
-        if "rejected update from partition 2" in r.getMessage()
+        if "rejected update from node 3 (partition 2)" in r.getMessage()
     ]
     assert len(logged) == rejected[reason] and all(named in line for line in logged)
 

@@ -33,9 +33,13 @@ def test_a_node_1000x_slower_is_named_with_its_count(tmp_path, caplog):
     applied = {pid: node["updates_applied"] for pid, node in report.per_node.items()}
     # The seeded slow set is partition 1 (node 2); the budget of 3000 updates (two fast
     # nodes, 1 s each) ends at about t = 1500 s, the slow node takes 1000 s per update.
-    assert applied == {"0": 1499, "1": 2, "2": 1499}
+    assert applied == {
+        "node 1 (partition 0)": 1499,
+        "node 2 (partition 1)": 2,
+        "node 3 (partition 2)": 1499,
+    }
     expected = (
-        "partition 1 (node 2): only 2 of the 3000 updates taken into the model (applied or "
+        "node 2 (partition 1): only 2 of the 3000 updates taken into the model (applied or "
         "deferred) came from it, below 10% of its fair share 1000.0 (3000 / 3 nodes): its "
         "data barely reach the model (a slow or failing node; see per_node in summary.json)"
     )
@@ -50,7 +54,7 @@ def test_a_node_4x_slower_keeps_its_share():
     assert (LOW_SHARE, MIN_FAIR_SHARE) == (0.1, 10)
     # 4x slower: 1/9 of the updates, above 10% of the fair share 1/3.
     report = run(4.0, 300).report
-    assert report.per_node["1"]["updates_applied"] == 34
+    assert report.per_node["node 2 (partition 1)"]["updates_applied"] == 34
     assert report.warnings == []
 
 
@@ -60,7 +64,11 @@ def stats_with(applied: dict[int, int], excluded: frozenset[int] = frozenset()):
     for pid, n in applied.items():
         stats.count(pid, "updates_applied", n)
     nodes = {
-        pid: SimpleNamespace(node_id=pid + 1, excluded="x" if pid in excluded else "")
+        pid: SimpleNamespace(
+            node_id=pid + 1,
+            name=f"node {pid + 1} (partition {pid})",
+            excluded="x" if pid in excluded else "",
+        )
         for pid in applied
     }
     stats.finish(None, SimpleNamespace(nodes=nodes))
@@ -72,7 +80,7 @@ def test_the_share_is_judged_from_a_fair_share_of_ten_updates_over_the_unexclude
     # although partition 1 has none of them; 30: judged.
     assert stats_with({0: 15, 1: 0, 2: 14}) == []
     assert [w[:48] for w in stats_with({0: 15, 1: 0, 2: 15})] == [
-        "partition 1 (node 2): only 0 of the 30 updates t"
+        "node 2 (partition 1): only 0 of the 30 updates t"
     ]
     # 2 of 60 is 10% of the fair share 20: at the fraction, not below it.
     assert stats_with({0: 29, 1: 2, 2: 29}) == []

@@ -402,7 +402,7 @@ def test_a_node_lost_before_the_crash_rejoins_after_the_resume(tmp_path):
     counters = resumed.report.counters
     assert counters["nodes_joined"] == 1
     assert counters["updates_received"] == 90
-    assert resumed.report.per_node["0"]["state"] == "active"
+    assert resumed.report.per_node["node 1 (partition 0)"]["state"] == "active"
     # Of the 70 updates after the resume, node 0 (as fast as node 1; node 2 is 4x
     # slower) computes about 4 / 9: 31; before the fix it got none.
     assert grid.trained.count(0) >= 25
@@ -419,7 +419,7 @@ def test_a_node_excluded_before_the_crash_stays_excluded_after_the_resume(tmp_pa
     resumed, grid = start(path, resume=True, cls=ASGD, max_updates=90, max_node_failures=2)
     assert resumed.report.counters["updates_received"] == 90
     assert resumed.report.counters["nodes_excluded"] == 1
-    assert resumed.report.per_node["0"]["state"] == "excluded"
+    assert resumed.report.per_node["node 1 (partition 0)"]["state"] == "excluded"
     assert 0 not in grid.trained
 
 

@@ -98,6 +98,25 @@ def test_unknown_key_is_named():
         parse_app_config({"sever-lr": 0.1})
 
 
+def test_a_misspelt_key_names_the_closest_known_key():
+    # Issue 35 item 7: the near match first, then the list of known keys (the app's too).
+    known = sorted({**library.RUN_CONFIG, **APP_KEYS})
+    with pytest.raises(ValueError) as err:
+        parse_app_config({"max-update": 100})
+    assert str(err.value) == (
+        f"run config key(s) ['max-update'] unknown; did you mean max-updates? known keys: {known}"
+    )
+    with pytest.raises(ValueError) as err:
+        parse_app_config({"max-update": 100, "eval-evry": 10, "zzz": 1})
+    assert str(err.value) == (
+        "run config key(s) ['eval-evry', 'max-update', 'zzz'] unknown; did you mean "
+        f"eval-every for eval-evry, max-updates for max-update? known keys: {known}"
+    )
+    with pytest.raises(ValueError) as err:  # nothing close: no guess
+        parse_app_config({"zzz": 1})
+    assert str(err.value) == f"run config key(s) ['zzz'] unknown; known keys: {known}"
+
+
 def test_the_library_leaves_the_keys_it_does_not_know_to_the_app():
     given = {"strategy": "asgd", "my-model": "resnet", "my-layers": 3, "dataset": "mine"}
     cfg = parse_run_config(given)
@@ -120,7 +139,9 @@ def test_an_apps_keys_are_checked_as_the_librarys():
     with pytest.raises(ValueError) as err:
         parse_run_config({"my-layers": 0}, app_keys)
     assert str(err.value) == "run config my-layers=0: expected an integer >= 1"
-    with pytest.raises(ValueError, match=r"\['my-layer'\] unknown; known keys: \[.*'my-layers'"):
+    with pytest.raises(
+        ValueError, match=r"\['my-layer'\] unknown; did you mean my-layers\? known keys: \[.*'my-"
+    ):
         parse_run_config({"my-layer": 3}, app_keys)
     with pytest.raises(ValueError, match=r"\['seed'\] are the library's keys already"):
         parse_run_config({}, {"seed": RunConfigKey(1, lambda v: True, "any", "")})

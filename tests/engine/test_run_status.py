@@ -115,17 +115,16 @@ def test_nodes_that_left_are_waited_for_within_rejoin_timeout_then_the_run_fails
     report = err.value.result.report
     received = report.counters["updates_received"]
     assert err.value.reason == (
-        f"no node left to train after {received} of 100 updates: partition 0 lost (left the "
-        "federation); partition 1 lost (left the federation); none came back within "
-        "rejoin-timeout=0.3 s"
+        f"no node left to train after {received} of 100 updates: node 1 lost (left the federation); "
+        "node 2 lost (left the federation); none came back within rejoin-timeout=0.3 s"
     )
     assert report.status == "failed" and report.status_reason == err.value.reason
     assert report.counters["nodes_lost"] == 2 and report.counters["dispatch_timeouts"] == 2
     assert [n["state"] for n in report.per_node.values()] == ["lost", "lost"]
     messages = [r.getMessage() for r in caplog.records]
     assert (
-        "[async] no node left to train; waiting up to rejoin-timeout=0.3 s for partition(s) "
-        "[0, 1] to come back"
+        "[async] no node left to train; waiting up to rejoin-timeout=0.3 s for node 1, node 2 "
+        "to come back"
     ) in messages
 
 
@@ -144,8 +143,9 @@ def test_a_node_back_within_rejoin_timeout_lets_the_run_complete():
     c = result.report.counters
     assert result.report.status == "completed" and c["updates_received"] == 100
     assert (c["nodes_lost"], c["nodes_joined"]) == (2, 1)
-    assert result.report.per_node["0"]["state"] == "active"
-    assert result.report.per_node["1"]["state"] == "lost"
+    # Without a virtual clock the nodes are not queried: named by node id alone.
+    assert result.report.per_node["node 1"]["state"] == "active"
+    assert result.report.per_node["node 2"]["state"] == "lost"
 
 
 def huge(pid, grad, metrics):
@@ -185,14 +185,18 @@ def test_one_huge_reply_is_rejected_blamed_on_its_node_and_the_run_goes_on(bad, 
     result = run_with(bad)
     rep = result.report
     assert rep.rejections == {"norm-ratio": 1}
-    assert rep.per_node["2"]["rejected"] == 1
-    assert rep.per_node["0"]["rejected"] == rep.per_node["1"]["rejected"] == 0
+    assert rep.per_node["node 3 (partition 2)"]["rejected"] == 1
+    assert (
+        rep.per_node["node 1 (partition 0)"]["rejected"]
+        == rep.per_node["node 2 (partition 1)"]["rejected"]
+        == 0
+    )
     assert rep.status == "completed" and rep.counters["updates_received"] == 90
     assert rep.counters["diverged"] == 0
     (line,) = [r.getMessage() for r in caplog.records if "(norm-ratio)" in r.getMessage()]
     # Partition 2 had 7 accepted updates (t = 1..7), whose median is above the run's.
     assert line == (
-        f"[async] rejected update from partition 2 (norm-ratio): update L2 norm {norm} exceeds "
+        f"[async] rejected update from node 3 (partition 2) (norm-ratio): update L2 norm {norm} exceeds "
         "max-norm-ratio=10 x the median norm 0.756865 of this node's last 7 accepted updates"
     )
     # The model is bit for bit that of a run where the same reply was rejected otherwise.
@@ -217,11 +221,11 @@ def test_per_node_counts_and_a_warning_when_a_node_is_mostly_dropped_as_stale():
         grid, initial_arrays(), max_updates=200
     )
     rep = result.report
-    mine = rep.per_node[str(slow)]
+    mine = rep.per_node[f"node {slow + 1} (partition {slow})"]
     assert mine["updates_received"] >= 4
     assert mine["updates_stale"] == mine["updates_received"]
     assert rep.warnings == [
-        f"partition {slow}: {mine['updates_stale']} of its {mine['updates_received']} updates "
+        f"node {slow + 1} (partition {slow}): {mine['updates_stale']} of its {mine['updates_received']} updates "
         "were dropped as stale (max-staleness=4); the model is biased toward the other nodes "
         "(raise max-staleness)"
     ]
@@ -262,7 +266,7 @@ def test_a_warning_when_the_model_waits_on_a_silent_node():
     assert since in (2, 3), warning
     assert warning == (
         "the model has not changed over 30 updates received (version 2): it waits on "
-        f"partition(s) [0], silent since update {since} (lower cycle-quorum, set a cycle "
+        f"node 1, silent since update {since} (lower cycle-quorum, set a cycle "
         "budget or a shorter dispatch-timeout)"
     )
 
@@ -297,12 +301,12 @@ def test_a_failed_run_writes_its_status_and_the_server_app_raises(tmp_path):
         summary["status_reason"]
         == err.value.reason
         == (
-            f"no node left to train after 0 of 20 updates: partition 0 excluded ({why}); "
-            f"partition 1 excluded ({why})"
+            f"no node left to train after 0 of 20 updates: node 1 (partition 0) excluded ({why}); "
+            f"node 2 (partition 1) excluded ({why})"
         )
     )
     assert summary["nodes_excluded"] == 2 and summary["error_replies"] == 2
-    assert summary["per_node"]["0"]["state"] == "excluded"
+    assert summary["per_node"]["node 1 (partition 0)"]["state"] == "excluded"
     assert (tmp_path / "broken" / "metrics.csv").read_text().count("\n") == 2  # header + t=0
 
 
@@ -367,7 +371,9 @@ def test_a_failed_run_names_five_partitions_and_counts_the_rest():
     why = "10 rejected updates in a row"
     nodes = {
         pid: SimpleNamespace(
-            state="lost" if pid == 7 else "excluded", excluded="" if pid == 7 else why
+            state="lost" if pid == 7 else "excluded",
+            excluded="" if pid == 7 else why,
+            name=f"node {pid + 1} (partition {pid})",
         )
         for pid in range(8)
     }
@@ -377,6 +383,6 @@ def test_a_failed_run_names_five_partitions_and_counts_the_rest():
     assert NAMED_IN_REASON == 5
     assert end.reason == (
         "no node left to train after 12 of 50 updates: "
-        + "; ".join(f"partition {pid} excluded ({why})" for pid in range(5))
-        + "; 3 more partitions (2 excluded, 1 lost; each logged when it happened)"
+        + "; ".join(f"node {pid + 1} (partition {pid}) excluded ({why})" for pid in range(5))
+        + "; 3 more nodes (2 excluded, 1 lost; each logged when it happened)"
     )

@@ -87,7 +87,7 @@ def test_a_client_that_ignores_local_steps_is_detected_and_the_run_goes_on(caplo
     assert result.report.status == "completed"
     assert result.report.counters["updates_received"] == 24
     assert result.report.work_scheduling == (
-        f"equal-time, turned off: partition {slow} did 5 local steps where 2 were asked: "
+        f"equal-time, turned off: node {slow + 1} (partition {slow}) did 5 local steps where 2 were asked: "
         "its ClientApp ignores local-steps (docs/PORTING.md, 'Work scheduling'); every "
         "node keeps its own work"
     )

@@ -41,7 +41,9 @@ def free_port() -> int:
 
 def write_flwr_config(home: Path, num_supernodes: int) -> None:
     """FLWR_HOME/config.toml: the "local" SuperLink simulating ``num_supernodes`` nodes,
-    one CPU per ClientApp (as scripts/run_simulation.sh writes it)."""
+    one CPU per ClientApp, for the tests that call ``flwr run`` themselves (Flower 1.42
+    warns that ``options.`` is deprecated; scripts/run_simulation.sh writes the
+    connection alone and passes ``--federation-config``, which overrides these)."""
     home.mkdir(parents=True, exist_ok=True)
     (home / "config.toml").write_text(
         f"""[superlink]

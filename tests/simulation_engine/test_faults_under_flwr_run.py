@@ -103,7 +103,7 @@ def test_a_hung_client_app_under_flwr_run(tmp_path):
     ) in output, output[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["updates_received"] == 20
-    assert summary["per_node"]["0"]["excluded"] == (
+    assert summary["per_node"]["node 1 (partition 0)"]["excluded"] == (
         "1 failures in a row (max-node-failures=1); last: no reply within dispatch-timeout=20.0 s"
     )
     assert summary["nodes_excluded"] == 1 and summary["dispatch_timeouts"] == 1
@@ -123,8 +123,8 @@ def test_a_ttl_shorter_than_training_under_flwr_run(tmp_path):
     assert code == 1, output[-3000:]
     why = "2 failures in a row (max-node-failures=2); last: no reply within dispatch-timeout=5.0 s"
     reason = (
-        f"no node left to train after 0 of 20 updates: partition 0 excluded ({why}); "
-        f"partition 1 excluded ({why})"
+        f"no node left to train after 0 of 20 updates: node 1 (partition 0) excluded ({why}); "
+        f"node 2 (partition 1) excluded ({why})"
     )
     assert f"run ended: failed: {reason}" in output, output[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())

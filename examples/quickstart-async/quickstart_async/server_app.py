@@ -9,7 +9,6 @@ logging, and the best model kept, written as ``best_model.pt``).
 
 from __future__ import annotations
 
-import json
 from logging import INFO
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
 from flwr_gsgm import ASGD, GSGM, FedBuff
+from flwr_gsgm.config.outputs import strict_json
 from quickstart_async.task import Net, load_data, test
 
 app = ServerApp()
@@ -103,8 +103,7 @@ def run_async(grid: Grid, initial: ArrayRecord, cfg, nodes: int, evaluate):
         evaluate_fn=lambda step, arrays: evaluate(arrays),
         eval_every=cfg["eval-every"],
     )
-    counters = {**result.report.counters, "rejected": sum(result.report.rejections.values())}
-    return result, counters, best
+    return result, result.report.counters, best
 
 
 @app.main()
@@ -154,4 +153,5 @@ def write_outputs(
     summary = {"strategy": name, "accuracy": accuracy, "counters": counters, "dtypes": dtypes}
     if best is not None and best.arrays is not None:
         summary["best"] = {"updates": best.updates, "accuracy": best.accuracy}
-    (out / "result.json").write_text(json.dumps(summary, indent=2) + "\n")
+    # strict JSON: an accuracy or loss of NaN (no evaluation yet) is written as null
+    (out / "result.json").write_text(strict_json(summary, indent=2) + "\n")
