@@ -9,6 +9,7 @@ the script's exit code, its message, and ``summary.json``.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import time
@@ -103,7 +104,9 @@ def test_a_hung_client_app_under_flwr_run(tmp_path):
     ) in output, output[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["updates_received"] == 20
-    assert summary["per_node"]["node 1 (partition 0)"]["excluded"] == (
+    # Flower draws node ids at random; the partition-id names the node.
+    (hung,) = [k for k in summary["per_node"] if re.fullmatch(r"node \d+ \(partition 0\)", k)]
+    assert summary["per_node"][hung]["excluded"] == (
         "1 failures in a row (max-node-failures=1); last: no reply within dispatch-timeout=20.0 s"
     )
     assert summary["nodes_excluded"] == 1 and summary["dispatch_timeouts"] == 1
@@ -122,13 +125,15 @@ def test_a_ttl_shorter_than_training_under_flwr_run(tmp_path):
     )
     assert code == 1, output[-3000:]
     why = "2 failures in a row (max-node-failures=2); last: no reply within dispatch-timeout=5.0 s"
-    reason = (
-        f"no node left to train after 0 of 20 updates: node 1 (partition 0) excluded ({why}); "
-        f"node 2 (partition 1) excluded ({why})"
-    )
-    assert f"run ended: failed: {reason}" in output, output[-3000:]
+    # Flower draws node ids at random; the partition-id names each node.
+    reason = re.escape(
+        "no node left to train after 0 of 20 updates: node NODEID (partition 0) excluded "
+        f"({why}); node NODEID (partition 1) excluded ({why})"
+    ).replace("NODEID", r"\d+")
+    assert re.search(f"run ended: failed: {reason}", output), output[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert (summary["status"], summary["status_reason"]) == ("failed", reason)
+    assert summary["status"] == "failed"
+    assert re.fullmatch(reason, summary["status_reason"]), summary["status_reason"]
     assert seconds < BOUND
 
 
