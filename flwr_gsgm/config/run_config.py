@@ -39,6 +39,7 @@ from flwr_gsgm.config.keys import (
     strategy_keys,
 )
 from flwr_gsgm.core import OPTIMIZERS
+from flwr_gsgm.core.params import DISPLACEMENT_MODES
 from flwr_gsgm.intake.norm_bound import INITIAL_ROOM, NEW_NODE_ROOM, NODE_MIN, WARMUP, WINDOW
 from flwr_gsgm.scheduling.work_scheduler import WORK_SCHEDULING
 from flwr_gsgm.simulation.virtual_clock import DEVICE_PROFILE_EXPECTED, is_device_profile
@@ -453,4 +454,23 @@ def unread_settings(cfg: Mapping[str, Any]) -> list[str]:
                 f"run config {key}={value!r} does nothing: strategy {strategy!r} does not read "
                 f"{key!r} (it reads {', '.join(sorted(takes)) or 'none of the optimizer keys'})"
             )
+    if strategy == "gsgm" and _gsgm_steps_at_close(cfg):
+        for key in _GSGM_ARRIVAL_KEYS:
+            value = cfg[key]
+            if value != RUN_CONFIG[key].default:
+                found.append(
+                    f"run config {key}={value!r} does nothing: GSGM steps at each cycle's close "
+                    f"(apply-at={cfg['apply-at']!r}, client-mode={cfg['client-mode']!r}), "
+                    f'where {key!r} does not enter; set apply-at = "arrival" to use it'
+                )
     return found
+
+
+#: GSGM's keys that only its step on every arrival reads (apply-at = "arrival").
+_GSGM_ARRIVAL_KEYS = ("beta", "lr-scaling", "momentum-form")
+
+
+def _gsgm_steps_at_close(cfg: Mapping[str, Any]) -> bool:
+    """GSGM's ``apply-at`` resolved: "close", or "auto" in a displacement client mode."""
+    apply_at = cfg["apply-at"]
+    return apply_at == "close" or (apply_at == "auto" and cfg["client-mode"] in DISPLACEMENT_MODES)

@@ -433,6 +433,15 @@ class ServerOptimizer(RangeGuard, abc.ABC):
         """Hook: the state this rule shares with its :attr:`WORK_SCHEDULER` (given by the
         engine before the first dispatch). Ignored here: a rule without one needs none."""
 
+    def holds(self, partition_id: int) -> bool:
+        """Whether the engine should send ``partition_id`` no work now.
+
+        Asked by the engine for each idle active node before it dispatches; False
+        (the default) for every rule but GSGM with ``apply_at = "close"``, which holds
+        a node that contributed to the open cycle until the cycle closes.
+        """
+        return False
+
     def on_update(
         self,
         partition_id: int,

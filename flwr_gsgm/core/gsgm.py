@@ -31,6 +31,7 @@ _F32 = np.dtype(np.float32)
 _FORMS = ("heavy-ball", "ema")
 _AVERAGING = ("auto", "slot", "table")
 _LR_SCALING = ("step", "cycle")
+_APPLY_AT = ("auto", "arrival", "close")
 
 
 class GSGMRule(ServerOptimizer):
@@ -77,6 +78,24 @@ class GSGMRule(ServerOptimizer):
     ``scheduling = False``). A cycle of ``c`` contributions thus moves ``w`` by
     about ``lr * (mean u + beta * M)`` whatever the number of nodes.
 
+    Step at the cycle's close (``apply_at = "close"``; ``"auto"``, the default, picks it
+    when the updates are displacements, ``displacement = True``, and ``"arrival"``, the
+    rule above, for gradients): a contribution no longer moves ``w`` when it arrives.
+    It is weighted by its staleness ``s`` (in versions, which now count closed cycles),
+    ``a = 1 / sqrt(1 + s)`` (FedBuff's weight: Nguyen et al., AISTATS 2022), and summed,
+    ``S <- S + a * u_i; k <- k + 1``; a slot folds ``a * g_i``. At the close
+    ``w <- w - lr * S / k`` (at ``lr = 1`` FedAvg's step along the mean displacement)
+    and ``t += 1``. There is no global momentum in this mode (``M`` stays 0; ``beta``,
+    ``momentum_form`` and ``lr_scaling`` are the per-arrival step's): an ema of the
+    cycle means lagged FedAvg per client training (docs/GSGM.md).
+    A node that contributed to the open cycle, or whose update waits in a slot, is
+    held (:meth:`holds`): the engine sends it no work until the cycle closes, so no
+    node trains from a model about to be replaced. The quorum closes a cycle without
+    its slowest members, whose updates arrive a cycle or more stale and weigh less.
+    Averaging is slot averaging (``"table"`` is refused: its per-arrival step is what
+    this mode replaces). Why this is the displacement modes' default: docs/GSGM.md,
+    "FedAvg parity per client training".
+
     Args:
         weights: initial weights, a sequence of numpy arrays (copied to float32).
         partition_ids: partition-ids of the initially active nodes; they form the first
@@ -103,7 +122,15 @@ class GSGMRule(ServerOptimizer):
             whatever its speed); ``S`` sums ``d`` so ``M`` is momentum on that mean.
             Memory grows by ``|A| * size(w)``.
         lr_scaling: ``"step"`` (``lr`` per step) or ``"cycle"`` (``lr`` per cycle,
-            ``lr / c`` per step, see above).
+            ``lr / c`` per step, see above); a step per arrival only.
+        apply_at: ``"auto"`` (default: ``"close"`` when ``displacement``, else
+            ``"arrival"``; :attr:`apply_at_in_use` tells which; a checkpoint loads only
+            into the same), ``"arrival"`` (a step on every contribution) or
+            ``"close"`` (a step along the cycle's staleness-weighted mean at its
+            close, with the dispatch hold; see above).
+        displacement: the updates are displacements ``w_sent - w_local`` (delta and
+            weights client modes), not gradients; set by the strategy from the client
+            mode, read by ``apply_at = "auto"`` only.
         concurrency: nodes training at once (set by the strategy from the engine's
             max-in-flight; None = every active node).
         max_staleness: optional staleness bound (see :class:`ServerOptimizer`).
@@ -168,10 +195,13 @@ class GSGMRule(ServerOptimizer):
         ),
         # The tuned choice (docs/results/fashion_mnist_scale/tuned.toml): lr 0.1 per
         # cycle, which at 10 nodes and quorum 0.5 is the earlier default of 0.02 per step.
-        # Displacement modes: 0.25 of the displacement per cycle, the best of 0.1, 0.25,
-        # 0.5 and 1.0 at 80 virtual seconds with one local epoch at 10 nodes
-        # (docs/results/fashion_mnist_realtime/tune.csv; docs/GSGM.md "Client modes").
-        server_learning_rate(0.1, displacement=0.25),
+        # Displacement modes: the whole staleness-weighted mean displacement of a cycle
+        # at its close (apply_at "auto" -> "close"): FedAvg's step per round, and the
+        # one that matched FedAvg per client training on seed 0 (docs/GSGM.md, "FedAvg
+        # parity per client training"; simulations/presets/fedavg_parity_seed0.toml).
+        # With apply_at = "arrival" in a displacement mode 0.25 was the tuned fraction
+        # (docs/results/fashion_mnist_realtime/tune.csv): set it.
+        server_learning_rate(0.1, displacement=1.0),
         Param(
             "lr_scaling",
             "cycle",
@@ -179,6 +209,26 @@ class GSGMRule(ServerOptimizer):
             kind=str,
             choices=_LR_SCALING,
             run_config_key="lr-scaling",
+        ),
+        # "auto": a step per arrival for gradients (every published gradient-mode result),
+        # at the cycle's close for displacements (docs/GSGM.md, "FedAvg parity per
+        # client training": parity with FedAvg per client training on seed 0).
+        Param(
+            "apply_at",
+            "auto",
+            "when contributions move the model: arrival, or close (the cycle's weighted "
+            "mean at its close, nodes that contributed held until then); auto = close "
+            "in delta and weights modes, arrival in gradient mode",
+            kind=str,
+            choices=_APPLY_AT,
+            run_config_key="apply-at",
+        ),
+        # Set by the strategy from the client mode, not a run config key of its own.
+        Param(
+            "displacement",
+            False,
+            "the updates are displacements (delta and weights modes); apply_at = auto reads it",
+            kind=bool,
         ),
         # Set by the strategy from the engine's max-in-flight, not a run config key of
         # its own: staleness grows with the nodes in flight, not with the nodes known.
@@ -192,7 +242,7 @@ class GSGMRule(ServerOptimizer):
             optional=True,
         ),
     )
-    STATE_LAYOUT: ClassVar[tuple[str, ...]] = ("averaging", "scheduling")
+    STATE_LAYOUT: ClassVar[tuple[str, ...]] = ("averaging", "scheduling", "apply_at")
     _LABELS: ClassVar[dict[str, str]] = {
         "_M": "momentum",
         "_S": "cycle sum",
@@ -220,11 +270,24 @@ class GSGMRule(ServerOptimizer):
         self, weights: Sequence[np.ndarray], partition_ids: Iterable[int], **params: Any
     ) -> None:
         super().__init__(weights, partition_ids, **params)
+        # When contributions move w: "auto" is resolved from the kind of update.
+        auto_apply = self._apply_at == "auto"
+        self._apply = self.auto_apply_at(self._displacement) if auto_apply else self._apply_at
+        self._close_mode = self._apply == "close"
+        if self._close_mode and self._averaging == "table":
+            raise ValueError(
+                "gsgm: averaging='table' steps on every arrival, apply_at='close' at the "
+                "cycle's close; use averaging='slot' (or 'auto') with apply_at='close', or "
+                "apply_at='arrival' with the table"
+            )
         auto = self._averaging == "auto"
         # The variant in use: "auto" is resolved once, from the nodes known now.
-        self._variant = (
-            self.auto_averaging(len(self._active), self._concurrency) if auto else self._averaging
-        )
+        if self._close_mode:
+            self._variant = "slot"
+        elif auto:
+            self._variant = self.auto_averaging(len(self._active), self._concurrency)
+        else:
+            self._variant = self._averaging
         self._M = np.zeros(self._size, dtype=_F32)
         self._S = np.zeros(self._size, dtype=_F32)
         self._k = 0
@@ -241,6 +304,14 @@ class GSGMRule(ServerOptimizer):
         self._table: dict[int, np.ndarray] = {}
         self._table_sum = np.zeros(self._size, dtype=_F32) if self._variant == "table" else None
         self._scr_c = np.empty_like(self._scr_a)
+        # apply_at = "close": the staleness weight of the update being handled.
+        self._weight = 1.0
+
+    @staticmethod
+    def auto_apply_at(displacement: bool) -> str:
+        """What ``apply_at = "auto"`` resolves to: ``"close"`` for displacements (the
+        delta and weights client modes), ``"arrival"`` for gradients."""
+        return "close" if displacement else "arrival"
 
     @staticmethod
     def auto_averaging(nodes: int, concurrency: int | None) -> str:
@@ -270,9 +341,20 @@ class GSGMRule(ServerOptimizer):
         """The averaging variant in use, ``"slot"`` or ``"table"`` (``"auto"`` resolved)."""
         return self._variant
 
+    @property
+    def apply_at_in_use(self) -> str:
+        """When contributions move ``w``, ``"arrival"`` or ``"close"`` (``"auto"`` resolved)."""
+        return self._apply
+
     def resolved_choices(self) -> dict[str, Any]:
-        """``{"averaging": "slot" or "table"}`` when ``averaging = "auto"``, else ``{}``."""
-        return {"averaging": self._variant} if self._averaging == "auto" else {}
+        """The ``"auto"`` parameters resolved: ``{"averaging": "slot" or "table"}`` and
+        ``{"apply_at": "arrival" or "close"}``, each when given as ``"auto"``."""
+        out: dict[str, Any] = {}
+        if self._averaging == "auto":
+            out["averaging"] = self._variant
+        if self._apply_at == "auto":
+            out["apply_at"] = self._apply
+        return out
 
     @property
     def momentum(self) -> np.ndarray:
@@ -347,9 +429,28 @@ class GSGMRule(ServerOptimizer):
         terms = len(self._active) + len(self._table) + self._k + contributions + 2
         return w_after + (1.0 + self._lr) * per_step * terms, w_after
 
+    def holds(self, partition_id: int) -> bool:
+        """``apply_at = "close"``: True for a node that contributed to the open cycle or
+        whose update waits in a slot. Its next work would start from a model the cycle's
+        close is about to replace; the engine sends it none until the close."""
+        if not self._close_mode:
+            return False
+        return partition_id in self._contributed or partition_id in self._slots
+
     def _on_valid(
         self, partition_id: int, parts: Parts, base_version: int, staleness: int, now: float
     ) -> Outcome:
+        if self._close_mode:
+            # Deferred until the cycle's close; applied if this update closes it.
+            self._weight = 1.0 / math.sqrt(1.0 + staleness)
+            version = self._version
+            contributes = not self._scheduling or partition_id in self._white
+            if contributes:
+                self._contribute(partition_id, parts)
+            else:
+                self._fold(partition_id, parts)
+            self._advance()
+            return Outcome.APPLIED if contributes and self._version != version else Outcome.DEFERRED
         if not self._scheduling or partition_id in self._white:
             self._contribute(partition_id, parts)
             outcome = Outcome.APPLIED
@@ -407,7 +508,9 @@ class GSGMRule(ServerOptimizer):
             self._close(reason)
 
     def _close(self, reason: str) -> None:
-        if self._k > 0:
+        if self._k > 0 and self._close_mode:
+            self._close_step()
+        elif self._k > 0:
             self._refresh_momentum(self._S, self._k)
             self._S.fill(0.0)
         self._k = 0
@@ -425,9 +528,22 @@ class GSGMRule(ServerOptimizer):
         while self._slots:
             partition_id = next(iter(self._slots))
             buf, _count = self._slots.pop(partition_id)
+            self._weight = 1.0  # close mode: its updates were weighted when folded
             self._contribute(partition_id, [(0, buf)])
             self._release(buf)
             self._counters["slots_applied"] += 1
+
+    def _close_step(self) -> None:
+        """``apply_at = "close"``: ``w <- w - lr * S / k``; ``S <- 0``; ``t += 1``."""
+        w, a, k, lr = self._w, self._scr_a, self._k, self._lr
+        for lo, hi, s in chunks([(0, self._S)]):
+            t = a[: hi - lo]
+            np.divide(s, k, out=t)
+            np.multiply(t, lr, out=t)
+            ws = w[lo:hi]
+            np.subtract(ws, t, out=ws)
+        self._S.fill(0.0)
+        self._version += 1
 
     def _refresh_momentum(self, src: np.ndarray, count: int) -> None:
         """Fold the cycle mean ``src / count`` into ``M`` (heavy-ball or ema)."""
@@ -453,12 +569,16 @@ class GSGMRule(ServerOptimizer):
 
     # ------------------------------------------------------------------ the steps
     def _contribute(self, partition_id: int, parts: Parts) -> None:
-        """Apply ``u`` (``parts``) as ``partition_id``'s contribution to the current cycle."""
-        if self._table_sum is not None:
-            self._table_step(partition_id, parts)
+        """Apply ``u`` (``parts``) as ``partition_id``'s contribution to the current cycle
+        (``apply_at = "close"``: add it to ``S`` with its staleness weight, no step)."""
+        if self._close_mode:
+            self._accumulate(self._S, parts, self._weight)
         else:
-            self._step(parts)
-        self._version += 1
+            if self._table_sum is not None:
+                self._table_step(partition_id, parts)
+            else:
+                self._step(parts)
+            self._version += 1
         self._k += 1
         self._white.discard(partition_id)
         self._contributed.add(partition_id)
@@ -535,18 +655,38 @@ class GSGMRule(ServerOptimizer):
             np.divide(ts, count, out=mean)
             self._step_chunk(lo, hi, mean, coefs)
 
+    def _accumulate(self, dst: np.ndarray, parts: Parts, weight: float) -> None:
+        """``dst <- dst + weight * u`` (``u = parts``; no multiplication at weight 1)."""
+        a = self._scr_a
+        for lo, hi, u in chunks(parts):
+            d = dst[lo:hi]
+            if weight != 1.0:
+                t = a[: hi - lo]
+                np.multiply(u, weight, out=t)
+                u = t
+            np.add(d, u, out=d)
+
     def _fold(self, partition_id: int, parts: Parts) -> None:
-        """Fold ``g`` into the node's slot: ``P <- P + (g - P) / n``."""
+        """Fold ``g`` into the node's slot: ``P <- P + (g - P) / n`` (``apply_at =
+        "close"``: ``a * g`` with its staleness weight ``a``)."""
+        weight = self._weight if self._close_mode else 1.0
         slot = self._slots.get(partition_id)
         if slot is None:
-            self._slots[partition_id] = [self._copy_new(parts), 1]
+            buf = self._copy_new(parts)
+            if weight != 1.0:
+                np.multiply(buf, weight, out=buf)
+            self._slots[partition_id] = [buf, 1]
             return
         slot[1] += 1
         buf, count = slot[0], slot[1]
-        a = self._scr_a
+        a, b = self._scr_a, self._scr_b
         for lo, hi, g in chunks(parts):
             t = a[: hi - lo]
             p = buf[lo:hi]
+            if weight != 1.0:
+                gw = b[: hi - lo]
+                np.multiply(g, weight, out=gw)
+                g = gw
             np.subtract(g, p, out=t)
             np.divide(t, count, out=t)
             np.add(p, t, out=p)
@@ -575,12 +715,20 @@ class GSGMRule(ServerOptimizer):
             "table_values": [row.copy() for row in self._table.values()],
             "table_sum": None if self._table_sum is None else self._table_sum.copy(),
             "averaging_in_use": self._variant,
+            "apply_at_in_use": self._apply,
         }
 
     def _upgrade_state(self, state: dict[str, Any]) -> dict[str, Any]:
         """A state written before the options of ``_RETIRED`` were deleted loads if it
         holds, for each, the behaviour every run has now; else ValueError naming it."""
         params = state.get("params")
+        if isinstance(params, dict) and "apply_at" not in params:
+            # Written before apply_at: it stepped on every arrival. It loads into an
+            # optimizer whose apply_at is "auto" or "arrival" (and goes on stepping on
+            # arrival: the state's apply_at_in_use is "arrival"), not into "close".
+            mine = self._apply_at if self._apply_at != "close" else "arrival"
+            params = {**params, "apply_at": mine, "displacement": self._displacement}
+            state = {**state, "params": params}
         gone = set(self._RETIRED) | set(self._RETIRED_ANY)
         if not isinstance(params, dict) or not gone & set(params):
             return state
@@ -643,12 +791,25 @@ class GSGMRule(ServerOptimizer):
                 "state['white_list'] / state['slot_nodes'] are not empty, but the state's "
                 "params have scheduling=False"
             )
+        apply_at = self._state_apply_at(state)
+        if apply_at not in ("arrival", "close"):
+            raise ValueError(
+                f"state['apply_at_in_use'] is {apply_at!r}, expected 'arrival' or 'close'"
+            )
+        if apply_at == "close" and table:
+            raise ValueError("state['apply_at_in_use'] is 'close', but its averaging is 'table'")
 
     @staticmethod
     def _state_variant(state: dict[str, Any]) -> Any:
         """The averaging variant a state was written in (states written before
         ``"auto"`` have it in their params; the layout check made those agree)."""
         return state.get("averaging_in_use", state["params"].get("averaging"))
+
+    @staticmethod
+    def _state_apply_at(state: dict[str, Any]) -> Any:
+        """When a state's run applied contributions (states written before
+        ``apply_at`` stepped on every arrival)."""
+        return state.get("apply_at_in_use", "arrival")
 
     @staticmethod
     def _state_members(state: dict[str, Any]) -> set[int]:
@@ -676,6 +837,9 @@ class GSGMRule(ServerOptimizer):
         # With averaging = "auto" the state's variant is the one chosen when the run
         # started, with its nodes; this optimizer's may have been resolved without them.
         self._variant = self._state_variant(state)
+        # Likewise apply_at = "auto": the state's choice, made with its client mode.
+        self._apply = self._state_apply_at(state)
+        self._close_mode = self._apply == "close"
         self._M[...] = M
         self._S[...] = S
         self._k = int(state["cycle_count"])

@@ -124,11 +124,14 @@ class Dispatcher:
         room for every idle node, every idle active node is dispatched in
         partition-id order, so a limit at or above the number of nodes changes
         nothing. Otherwise the dispatch policy picks among the idle active nodes
-        until ``max_in_flight`` nodes are busy. With ``prefetch`` every active node
+        until ``max_in_flight`` nodes are busy. A node the rule holds
+        (:meth:`ModelOptimizer.holds`: GSGM's ``apply_at = "close"`` until the cycle
+        closes) is not idle for this. With ``prefetch`` every active node
         is topped up to two dispatches.
         """
         depth = self.settings.dispatches_per_node  # 2 with prefetch (no limit then)
-        idle = self.work.ready(self.members.idle_active(depth))
+        ready = self.work.ready(self.members.idle_active(depth))
+        idle = [p for p in ready if not optimizer.holds(p)]
         limit = self.settings.in_flight_limit
         if limit is None or len(self.in_flight) + len(idle) <= limit:
             for pid in idle:

@@ -4,7 +4,7 @@ The core rules (:mod:`flwr_gsgm.core`) own one flat float32 buffer of the traina
 parameters and know nothing of names or buffers. :class:`ModelOptimizer` joins a
 rule with the model's :class:`~flwr_gsgm.model.buffers.ModelBuffers` through its
 :class:`~flwr_gsgm.model.layout.ModelLayout`, and gives the engine the calls of a
-rule (``weights``, ``version``, ``counters``, ``last_staleness``, ``on_dispatch``,
+rule (``weights``, ``version``, ``counters``, ``last_staleness``, ``on_dispatch``, ``holds``,
 ``on_update``, ``on_node_joined``, ``on_node_lost``, ``state_dict``) over the whole
 model, every array in model order and in its own dtype.
 """
@@ -83,6 +83,10 @@ class ModelOptimizer:
     def on_dispatch(self, partition_id: int) -> None:
         """The current weights were sent to ``partition_id``."""
         self.rule.on_dispatch(partition_id)
+
+    def holds(self, partition_id: int) -> bool:
+        """The rule keeps ``partition_id`` idle now (:meth:`ServerOptimizer.holds`)."""
+        return self.rule.holds(partition_id)
 
     def on_update(
         self, partition_id: int, update: ModelUpdate, base_version: int, now: float = 0.0

@@ -133,7 +133,8 @@ def resolve_optimizer_params(
     The defaults are those of ``client_mode`` (:meth:`Param.default_for`: the server
     learning rate has one for gradients, one for displacements); a rule that reads
     its updates' scale (``update_scale``, DC-ASGD) gets ``local_lr`` in the
-    displacement modes unless given.
+    displacement modes unless given, and one that reads the kind of update
+    (``displacement``, GSGM's ``apply_at = "auto"``) whether it is a displacement.
 
     Raises
     ------
@@ -162,6 +163,8 @@ def resolve_optimizer_params(
                 "ClientApp's SGD learning rate) or update_scale"
             )
         params["update_scale"] = local_lr if client_mode in DISPLACEMENT_MODES else None
+    if "displacement" in declared and "displacement" not in given:
+        params["displacement"] = client_mode in DISPLACEMENT_MODES
     if server_learning_rate is not None:
         params["lr"] = server_learning_rate
     return params

@@ -85,9 +85,11 @@ class AsyncStrategy:
         per gradient; delta and weights modes: a fraction of each node's displacement
         ``w_sent - w_local`` (1.0 applies it whole), whatever the client's lr. None
         (default): the rule's declared default for the client mode, gradient then
-        displacement (GSGM: 0.1 and 0.25 per cycle, tuned in
-        docs/results/fashion_mnist_scale and docs/results/fashion_mnist_realtime;
-        ASGD 0.02 and 0.05; docs/GSGM.md "Client modes" lists every rule).
+        displacement (GSGM: 0.1 and 1.0, the first per cycle, tuned in
+        docs/results/fashion_mnist_scale, the second the whole mean displacement of a
+        cycle at its close, FedAvg's step, where GSGM's ``apply_at = "auto"`` steps in
+        these modes: docs/GSGM.md "FedAvg parity per client training"; ASGD 0.02 and
+        0.05; docs/GSGM.md "Client modes" lists every rule).
     client_mode : str
         What the clients return, sent as ``mode`` in every train message:
         "gradient" (mean gradient of ``local_batches`` mini-batches at the received

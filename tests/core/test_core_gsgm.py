@@ -427,3 +427,120 @@ def test_engine_helper_round_trip():
     eng.update(1, [f32(2, 0)])
     eng.update(2, [f32(0, 2)])
     assert eng.sent == {1: 1, 2: 2, 3: 0}
+
+
+# ------------------------------------------------------------ apply_at = "close"
+# The displacement modes' default (docs/GSGM.md, "FedAvg parity per client training"):
+# contributions are summed with their staleness weight a = 1 / sqrt(1 + s) and the
+# model steps once per cycle, at its close: w <- w - lr * S / k.
+# Nodes {1, 2, 3}, quorum 0.5 (ceil(0.5 * 3) = 2 contributions close a cycle), lr 0.5,
+# w0 = [0, 0]; node 3 is slow: sent w at version 0, it replies when the version is 3
+# (s = 3, a = 1 / sqrt(4) = 0.5, exact).
+#   1: node 1 [4,0], s 0: S = [4,0], k 1 (deferred); 1 is held, 2 and 3 are not.
+#   2: node 2 [0,4], s 0: S = [4,4], k 2 -> close: w = -0.5 [2,2] = [-1,-1], v 1.
+#   3: node 1 [2,2] (sent v1), s 0: S = [2,2], k 1.
+#   4: node 2 [2,-2] (v1): S = [4,0], k 2 -> close: w = [-1,-1] - 0.5 [2,0] = [-2,-1], v 2.
+#   5: node 1 [0,8] (v2): S = [0,8], k 1.
+#   6: node 2 [4,0] (v2): S = [4,8] -> close: w = [-2,-1] - 0.5 [2,4] = [-3,-3], v 3.
+#   7: node 3 [8,8] (v0), s 3, a 0.5: S = [4,4], k 1; 3 is held.
+#   8: node 1 [4,0] (v3): S = [8,4] -> close: w = [-3,-3] - 0.5 [4,2] = [-5,-4], v 4.
+# beta, momentum_form and lr_scaling are the per-arrival step's: the same numbers with
+# any of them, and M stays 0.
+CLOSE_ARRIVALS = [
+    # node, update, base version
+    (1, (4, 0), 0),
+    (2, (0, 4), 0),
+    (1, (2, 2), 1),
+    (2, (2, -2), 1),
+    (1, (0, 8), 2),
+    (2, (4, 0), 2),
+    (3, (8, 8), 0),
+    (1, (4, 0), 3),
+]
+CLOSE_STEPS = [
+    # outcome, w, k, S, version, held
+    ("deferred", (0, 0), 1, (4, 0), 0, {1}),
+    ("applied", (-1, -1), 0, (0, 0), 1, set()),
+    ("deferred", (-1, -1), 1, (2, 2), 1, {1}),
+    ("applied", (-2, -1), 0, (0, 0), 2, set()),
+    ("deferred", (-2, -1), 1, (0, 8), 2, {1}),
+    ("applied", (-3, -3), 0, (0, 0), 3, set()),
+    ("deferred", (-3, -3), 1, (4, 4), 3, {3}),
+    ("applied", (-5, -4), 0, (0, 0), 4, set()),
+]
+
+
+@pytest.mark.parametrize(
+    "momentum",
+    [
+        dict(beta=0.0),
+        dict(beta=0.5, momentum_form="ema"),
+        dict(beta=0.9, momentum_form="heavy-ball", lr_scaling="step"),
+    ],
+)
+def test_close_sequence_steps_once_per_cycle_with_staleness_weights(momentum):
+    opt = GSGMRule([f32(0, 0)], [1, 2, 3], lr=0.5, cycle_quorum=0.5, apply_at="close", **momentum)
+    assert opt.apply_at_in_use == "close" and opt.averaging_in_use == "slot"
+    for (node, g, base), exp in zip(CLOSE_ARRIVALS, CLOSE_STEPS):
+        outcome = opt.on_update(node, [f32(*g)], base)
+        out, w, k, s, version, held = exp
+        assert outcome is Outcome(out)
+        check(opt, w=w, white=opt.white_list, slots={}, momentum=(0, 0), k=k, S=s, version=version)
+        assert {n for n in (1, 2, 3) if opt.holds(n)} == held
+    c = opt.counters
+    assert (c["arrivals"], c["applied"], c["deferred"], c["cycles"]) == (8, 4, 4, 4)
+    assert opt.last_staleness == 0
+
+
+def test_close_weights_a_stale_update_by_one_over_sqrt_of_one_plus_staleness():
+    # Staleness 1: a = 1 / sqrt(2), rounded to float32 as the step computes it.
+    opt = GSGMRule([f32(0, 0)], [1, 2], lr=1.0, beta=0.0, cycle_quorum=1.0, apply_at="close")
+    opt.on_update(1, [f32(1, 1)], 0)
+    opt.on_update(2, [f32(1, 1)], 0)  # close: w = -[1, 1], version 1
+    opt.on_update(1, [f32(2, 0)], 0)  # s = 1
+    a = np.float32(1.0 / np.sqrt(2.0))
+    assert_bits_equal(opt.cycle_sum, f32(2, 0) * a, "S")
+    opt.on_update(2, [f32(0, 0)], 1)  # close: w = -[1, 1] - (S + 0) / 2
+    assert_bits_equal(opt.weights[0], f32(-1, -1) - (f32(2, 0) * a) / np.float32(2), "w")
+
+
+def test_close_holds_only_in_close_mode_and_auto_follows_the_kind_of_update():
+    # Quorum 0.5 of 3 nodes: 2 contributions close a cycle.
+    grad = GSGMRule([f32(0, 0)], [1, 2, 3], lr=0.5)
+    disp = GSGMRule([f32(0, 0)], [1, 2, 3], lr=0.5, displacement=True)
+    assert grad.apply_at_in_use == "arrival" and disp.apply_at_in_use == "close"
+    assert grad.resolved_choices()["apply_at"] == "arrival"
+    assert disp.resolved_choices() == {"averaging": "slot", "apply_at": "close"}
+    grad.on_update(1, [f32(1, 1)], 0)
+    disp.on_update(1, [f32(1, 1)], 0)
+    assert not grad.holds(1) and disp.holds(1) and not disp.holds(2)
+    assert grad.version == 1 and disp.version == 0  # one steps on arrival, one waits
+
+
+def test_close_refuses_table_averaging_naming_both_options():
+    with pytest.raises(ValueError, match="averaging='table'.*apply_at='close'"):
+        GSGMRule([f32(0, 0)], [1, 2], lr=0.5, averaging="table", apply_at="close")
+    with pytest.raises(ValueError, match="apply_at"):
+        GSGMRule([f32(0, 0)], [1, 2], lr=0.5, apply_at="later")
+
+
+def test_close_mode_state_round_trips_and_keeps_its_choice():
+    opt = GSGMRule([f32(0, 0)], [1, 2, 3], lr=0.5, displacement=True)
+    opt.on_update(1, [f32(4, 0)], 0)
+    state = opt.state_dict()
+    assert state["apply_at_in_use"] == "close"
+    other = GSGMRule([f32(0, 0)], [1, 2, 3], lr=0.5, displacement=False)  # "auto"
+    other.load_state_dict(state)  # the state's choice, made with its client mode
+    assert other.apply_at_in_use == "close" and other.holds(1)
+    assert_bits_equal(other.cycle_sum, f32(4, 0), "S")
+    # A state written before apply_at existed stepped on every arrival.
+    old = GSGMRule([f32(0, 0)], [1, 2, 3], lr=0.5).state_dict()
+    del old["apply_at_in_use"]
+    old["params"] = {
+        k: v for k, v in old["params"].items() if k not in ("apply_at", "displacement")
+    }
+    fresh = GSGMRule([f32(0, 0)], [1, 2, 3], lr=0.5, displacement=True)
+    fresh.load_state_dict(old)
+    assert fresh.apply_at_in_use == "arrival"
+    with pytest.raises(ValueError, match="apply_at"):
+        GSGMRule([f32(0, 0)], [1, 2, 3], lr=0.5, apply_at="close").load_state_dict(old)

@@ -133,8 +133,9 @@ def test_auto_averaging_is_slot_only_when_a_limit_leaves_nodes_idle(nodes, concu
     opt = make(range(nodes), averaging="auto", concurrency=concurrency)
     assert opt.averaging_in_use == expected
     assert opt.params["averaging"] == "auto"  # what was asked for, in every layer
-    assert opt.resolved_choices() == {"averaging": expected}
-    assert make(range(nodes), averaging=expected, concurrency=concurrency).resolved_choices() == {}
+    assert opt.resolved_choices() == {"averaging": expected, "apply_at": "arrival"}
+    explicit = make(range(nodes), averaging=expected, concurrency=concurrency, apply_at="arrival")
+    assert explicit.resolved_choices() == {}
 
 
 # Nodes {1, 2}, heavy-ball, quorum 1.0, lr 0.5 per step: node 1 [2,0], node 1 [4,4],

@@ -206,7 +206,7 @@ def test_the_server_learning_rate_has_a_default_per_kind_of_update():
         for name, cls in OPTIMIZERS.items()
     }
     assert {n: (p.default, p.displacement_default) for n, p in declared.items()} == {
-        "gsgm": (0.1, 0.25),
+        "gsgm": (0.1, 1.0),  # a step per cycle, at its close (apply_at "auto")
         "asgd": (0.02, 0.05),
         "masgd": (0.02, 0.05),
         "dcasgd": (0.02, 0.1),
@@ -217,6 +217,6 @@ def test_the_server_learning_rate_has_a_default_per_kind_of_update():
         "daasgd": (0.02, 0.1),
         "fedcompass": (0.2, 0.9),
     }
-    assert "lr : float = 0.1 (gradient mode); 0.25 (delta and weights modes)" in (
+    assert "lr : float = 0.1 (gradient mode); 1.0 (delta and weights modes)" in (
         OPTIMIZERS["gsgm"].__doc__
     )

@@ -180,7 +180,7 @@ def test_gsgm_auto_averaging_runs_as_slot_under_a_limit_and_as_table_without(cap
         assert auto_grid.trained == explicit_grid.trained
         for k, v in explicit.arrays.items():
             np.testing.assert_array_equal(auto.arrays[k].numpy(), v.numpy())
-        logged = [r.getMessage() for r in caplog.records if "= auto ->" in r.getMessage()]
+        logged = [r.getMessage() for r in caplog.records if "averaging = auto ->" in r.getMessage()]
         assert logged == [f"[async] gsgm: averaging = auto -> {variant!r}"], limit
 
 
@@ -232,11 +232,18 @@ def test_a_vanished_node_is_lost_under_the_limit_and_frees_its_slot(engine_log):
     assert sorted(set(engine_log["received"][10:])) == [0, 1, 3]
 
 
+@pytest.mark.parametrize("apply_at", ["arrival", "close"])
 @pytest.mark.parametrize("dispatch", ["random", "scheduled"])
-def test_resume_under_the_limit_equals_the_uninterrupted_run(tmp_path, dispatch):
+def test_resume_under_the_limit_equals_the_uninterrupted_run(tmp_path, dispatch, apply_at):
+    # apply_at = "close": the hold (nodes that contributed to the open cycle get no work)
+    # is rebuilt from the checkpoint's cycle state, so the resumed run dispatches alike.
     settings = dict(max_in_flight=3, dispatch=dispatch, checkpoint_every=20)
+
+    def gsgm(**kw):
+        return GSGM(apply_at=apply_at, **kw)
+
     whole, whole_grid = run(
-        GSGM, num_nodes=6, max_updates=100, checkpoint_path=tmp_path / "whole.pt", **settings
+        gsgm, num_nodes=6, max_updates=100, checkpoint_path=tmp_path / "whole.pt", **settings
     )
 
     def dies_at_60(step, arrays):  # evaluation at 60 comes before the checkpoint at 60
@@ -247,7 +254,7 @@ def test_resume_under_the_limit_equals_the_uninterrupted_run(tmp_path, dispatch)
         )
 
     path = tmp_path / "run.pt"
-    strategy = GSGM(
+    strategy = gsgm(
         server_learning_rate=0.1,
         virtual_clock=CLOCK,
         seed=3,
@@ -262,7 +269,7 @@ def test_resume_under_the_limit_equals_the_uninterrupted_run(tmp_path, dispatch)
             evaluate_fn=dies_at_60,
         )
     resumed, resumed_grid = run(
-        GSGM, num_nodes=6, max_updates=100, checkpoint_path=path, resume=True, **settings
+        gsgm, num_nodes=6, max_updates=100, checkpoint_path=path, resume=True, **settings
     )
     # It resumed at 40 updates: the 3 dispatches in flight re-sent plus 57 new, 60 of the whole run's 100.
     assert len(resumed_grid.trained) == len(whole_grid.trained) - 40

@@ -98,32 +98,63 @@ def test_asgd_weights_mode_steps_a_fraction_of_the_displacement(updates, expecte
 
 
 @pytest.mark.parametrize("local_lr", [0.25, 0.05])
-@pytest.mark.parametrize(
-    "updates, expected",
-    [(1, [0.25, -0.25]), (2, [0.46875, -0.46875]), (3, [0.64453125, -0.64453125])],
-)
-def test_gsgm_weights_mode_with_its_displacement_default(updates, expected, local_lr):
-    # GSGM's declared defaults in weights mode: lr 0.25 per cycle (lr_scaling "cycle",
-    # tuned on the one-epoch client: docs/GSGM.md), ema momentum beta 0.5, quorum 0.5,
-    # table averaging. One node: a cycle is its one contribution (c = ceil(0.5 * 1) = 1,
-    # per-step lr 0.25), the table mean is its latest displacement d; the node always
+@pytest.mark.parametrize("updates", [1, 2, 3])
+def test_gsgm_weights_mode_default_takes_fedavg_step_at_each_cycle_close(updates, local_lr):
+    # GSGM's declared defaults in weights mode: apply_at "auto" -> "close", lr 1.0, quorum
+    # 0.5 (docs/GSGM.md, "FedAvg parity per client training"). One node: a cycle closes
+    # at its one contribution (ceil(0.5 * 1) = 1), staleness 0 (weight 1), and the model
+    # steps by the whole displacement, as FedAvg takes the node's weights; the node always
     # returns (1, -1).
-    # 1: sent (0, 0), d1 = (-1, 1); no momentum yet: w = (0, 0) - 0.25 d1 = (0.25, -0.25);
-    #    the cycle closes: M = d1 = (-1, 1).
-    # 2: sent (0.25, -0.25), d2 = (-0.75, 0.75): w = w - 0.25 (0.5 d2 + 0.5 M)
-    #    = w - (-0.21875, 0.21875) = (0.46875, -0.46875); close: M = 0.5 M + 0.5 d2
-    #    = (-0.875, 0.875).
-    # 3: sent (0.46875, -0.46875), d3 = (-0.53125, 0.53125): w = w - 0.25 (0.5 d3 + 0.5 M)
-    #    = w - (-0.17578125, 0.17578125) = (0.64453125, -0.64453125). All exact in float32.
+    # 1: sent (0, 0), d1 = (-1, 1): w = (0, 0) - 1.0 * d1 = (1, -1).
+    # 2, 3: sent (1, -1), d = (0, 0): w stays (1, -1). Exact in float32.
     strategy = GSGM(client_mode="weights", local_lr=local_lr)
-    assert strategy.server_learning_rate == 0.25
+    assert strategy.server_learning_rate == 1.0
     assert strategy.server_learning_rate_source.startswith("the rule's default, weights mode")
     result = start(
         strategy, fedavg_app(returned={0: [1.0, -1.0]}), num_nodes=1, max_updates=updates
     )
-    assert result.arrays["w"].numpy().tolist() == expected
+    assert result.arrays["w"].numpy().tolist() == [1.0, -1.0]
     assert result.report.counters["steps_applied"] == updates
-    assert result.report.server_learning_rate == 0.25
+    assert result.report.server_learning_rate == 1.0
+
+
+def test_gsgm_weights_mode_with_quorum_one_is_fedavg_on_every_node_in_flight():
+    # Quorum 1.0, every node in flight: a cycle is one FedAvg round. Nodes return
+    # c_0 = (1, 0), c_1 = (0, 1), c_2 = (2, 2) whatever they are sent.
+    # Cycle 1 (all sent (0, 0)): d_p = -c_p, mean d = -(1, 1): w = (1, 1), FedAvg's mean.
+    # Cycle 2 (all sent (1, 1), held until then): d = (0,1), (1,0), (-1,-1), mean (0, 0).
+    returned = {0: [1.0, 0.0], 1: [0.0, 1.0], 2: [2.0, 2.0]}
+    strategy = GSGM(client_mode="weights", cycle_quorum=1.0, virtual_clock=CLOCK)
+    for updates, version in ((3, 1), (6, 2)):
+        result = start(strategy, fedavg_app(returned=returned), max_updates=updates)
+        assert result.arrays["w"].numpy().tolist() == [1.0, 1.0]
+        assert result.report.counters["steps_applied"] == version
+
+
+def test_gsgm_close_holds_a_node_until_its_cycle_closes():
+    # apply_at = "close": a node that contributed gets no work until the cycle closes,
+    # so each node's successive dispatches carry increasing model versions (without
+    # the hold a fast node would be sent the same version again). A quarter of the
+    # nodes are 4x slower; quorum 0.5 closes a cycle without them.
+    clock = VirtualClock(seed=3, slow_fraction=0.25, slow_factor=4.0, jitter=0.1)
+    sent: dict[int, list[int]] = {}
+    inner = fedavg_app()
+
+    def app(msg: Message, context: Context) -> Message:
+        if msg.metadata.message_type == "train":
+            pid = int(context.node_config["partition-id"])
+            sent.setdefault(pid, []).append(int(msg.content["config"]["model-version"]))
+        return inner(msg, context)
+
+    for limit in (None, 2):
+        sent.clear()
+        strategy = GSGM(
+            client_mode="weights", virtual_clock=clock, engine=EngineSettings(max_in_flight=limit)
+        )
+        result = start(strategy, app, num_nodes=4, max_updates=40)
+        assert result.report.counters["steps_applied"] >= 10, limit
+        for pid, versions in sent.items():
+            assert all(a < b for a, b in zip(versions, versions[1:])), (limit, pid, versions)
 
 
 def test_the_displacement_uses_the_weights_sent_in_that_dispatch():
@@ -140,12 +171,13 @@ def test_the_displacement_uses_the_weights_sent_in_that_dispatch():
     assert result.report.counters["steps_applied"] == 2
 
 
-@pytest.mark.parametrize("strategy_class", [ASGD, GSGM])
-def test_weights_mode_equals_gradient_mode_for_one_sgd_step(strategy_class):
+@pytest.mark.parametrize("strategy_class, rule", [(ASGD, {}), (GSGM, {"apply_at": "arrival"})])
+def test_weights_mode_equals_gradient_mode_for_one_sgd_step(strategy_class, rule):
     # One local SGD step: the displacement w - (w - lr (w - t)) = lr (w - t), lr times
     # the gradient the quadratic app returns (up to float32 rounding): the server
     # learning rate eta / lr on displacements takes the gradient run's steps of eta.
-    common = {"virtual_clock": CLOCK, "local_lr": 0.05}
+    # (GSGM with the step on every arrival in both modes, gradient mode's default.)
+    common = {"virtual_clock": CLOCK, "local_lr": 0.05, **rule}
     weights = start(
         strategy_class(client_mode="weights", server_learning_rate=0.1 / 0.05, **common),
         fedavg_app(query="none"),
@@ -387,7 +419,7 @@ def test_the_project_client_app_in_weights_mode_trains_as_in_delta_mode(tmp_path
         with InProcessGrid(app, 3, run_config=cfg, workers=2) as grid:
             summary = run_experiment(grid, cfg)
         assert summary["rejected"] == 0 and summary["updates_received"] == 40
-        assert summary["server_learning_rate"] == 0.25  # GSGM's displacement-mode default
+        assert summary["server_learning_rate"] == 1.0  # GSGM's displacement-mode default
         models[mode] = torch.load(tmp_path / mode / "model.pt")
     assert list(models["weights"]) == list(models["delta"])
     for key, value in models["delta"].items():

@@ -40,13 +40,23 @@ from serverapp.experiment import run_experiment
             {"strategy": "gsgm", "fedbuff-k": 3, "dc-lambda": 0.1},
             [
                 "run config dc-lambda=0.1 does nothing: strategy 'gsgm' does not read "
-                "'dc-lambda' (it reads averaging, beta, cycle-quorum, lr-scaling, max-norm, "
+                "'dc-lambda' (it reads apply-at, averaging, beta, cycle-quorum, lr-scaling, max-norm, "
                 "max-staleness, momentum-form, scheduling, server-learning-rate)",
                 "run config fedbuff-k=3 does nothing: strategy 'gsgm' does not read "
-                "'fedbuff-k' (it reads averaging, beta, cycle-quorum, lr-scaling, max-norm, "
+                "'fedbuff-k' (it reads apply-at, averaging, beta, cycle-quorum, lr-scaling, max-norm, "
                 "max-staleness, momentum-form, scheduling, server-learning-rate)",
             ],
         ),
+        (
+            {"strategy": "gsgm", "client-mode": "weights", "beta": 0.9},
+            [
+                "run config beta=0.9 does nothing: GSGM steps at each cycle's close "
+                "(apply-at='auto', client-mode='weights'), where 'beta' does not enter; set "
+                'apply-at = "arrival" to use it'
+            ],
+        ),
+        ({"strategy": "gsgm", "client-mode": "weights", "apply-at": "arrival", "beta": 0.9}, []),
+        ({"strategy": "gsgm", "client-mode": "gradient", "beta": 0.9}, []),
         (
             {"strategy": "fedavg", "server-learning-rate": 0.5},
             [

@@ -143,4 +143,6 @@ def test_the_fedavg_to_gsgm_diff_runs_as_written():
     assert lrs == [0.1] * 6
     assert evaluated == [0, 3, 6] == sorted(result.evaluate_metrics_serverapp)
     assert sorted(result.evaluate_metrics_clientapp) == [3, 6]
-    assert result.rows[-1]["updates"] == 6 and result.rows[-1]["version"] == 6
+    # Weights mode: GSGM steps at each cycle's close (apply_at "auto"); a cycle closes at
+    # ceil(0.5 x 3) = 2 contributions, and a node that contributed waits for the close.
+    assert result.rows[-1]["updates"] == 6 and result.rows[-1]["version"] == 3

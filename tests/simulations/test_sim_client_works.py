@@ -201,7 +201,9 @@ def test_a_client_works_table_no_question_uses_changes_no_run(tmp_path, name):
         assert all(set(tune_works(preset, m)) == {""} for m in preset.methods)
     runs = [report_runs(p, stand_in_tuned(p)) for p in (before, after)]
     assert [r.__dict__ for r in runs[0]] == [r.__dict__ for r in runs[1]]
-    assert all(not r.client_work and not r.device_profile for r in runs[0])
+    # No work and no profile of a question's: the base config's profile, if any.
+    profile = before.base.get("device-profile", "")
+    assert all(not r.client_work and r.device_profile == profile for r in runs[0])
     assert all(r.run_id.count("/") == 3 for r in runs[0])
 
 
