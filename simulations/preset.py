@@ -97,8 +97,7 @@ is not client work (``strategy``, partition keys, ``max-in-flight``,
 with to another value, or whose grid tunes a key the work sets; an ablation with a
 work its parent does not run with; a question whose config sets a key one of its works
 sets; a (method, work) a question runs but ``[tune] client-works`` leaves out; any run
-config :func:`~serverapp.app_config.parse_app_config` refuses. ``device-profiles``
-needs the run config key ``device-profile`` (the time model). With a time budget
+config :func:`~serverapp.app_config.parse_app_config` refuses. With a time budget
 (``max-seconds`` in ``[tune] config``) tuning picks by the accuracy at the budget.
 """
 
@@ -637,14 +636,7 @@ def _parse_client_works(path: Path, raw: Mapping[str, Any]) -> dict[str, ClientW
 
 def _parse_device_profiles(path: Path, where: str, raw: Any) -> list[str]:
     """A question's ``device-profiles``: names of the run config's ``device-profile``."""
-    profiles = _name_list(path, f"{where} device-profiles", raw, None)
-    if PROFILE_KEY not in RUN_CONFIG:
-        _fail(
-            path,
-            f"{where} device-profiles {profiles}: this version has no run config key "
-            f"{PROFILE_KEY!r} (the time model)",
-        )
-    return profiles
+    return _name_list(path, f"{where} device-profiles", raw, None)
 
 
 def _parse_tune_dimensions(

@@ -11,9 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from flwr_gsgm.config import run_config
-from flwr_gsgm.config.keys import RunConfigKey
-from serverapp import app_config
 from simulations.preset import (
     PROFILE_KEY,
     load_preset,
@@ -28,23 +25,6 @@ from simulations.results import accuracy_at_budget, fill_times_to_reference, rea
 from simulations.sweep import ExecOptions, _spec_json, dry_run, report_stage, tune_stage
 
 PRESETS = Path(__file__).resolve().parents[2] / "simulations" / "presets"
-
-
-@pytest.fixture
-def profiles(monkeypatch):
-    """The run config key ``device-profile`` (the time model's, issue 22): a stand-in
-    with its three names until that key is merged; the real one once it is."""
-    if PROFILE_KEY not in run_config.RUN_CONFIG:
-        monkeypatch.setitem(
-            run_config.RUN_CONFIG,
-            PROFILE_KEY,
-            RunConfigKey(
-                "uniform",
-                lambda v: v in ("uniform", "edge", "loopback"),
-                "uniform, edge or loopback",
-                "device profile (test stand-in)",
-            ),
-        )
 
 
 PRESET = """
@@ -100,7 +80,7 @@ def write(tmp_path: Path, text: str, name: str = "w.toml") -> Path:
     return path
 
 
-def test_works_and_profiles_expand_into_labelled_runs(tmp_path, profiles):
+def test_works_and_profiles_expand_into_labelled_runs(tmp_path):
     preset = load_preset(write(tmp_path, PRESET))
     assert tune_works(preset, "gsgm") == ["", "batch", "steps4", "steps8"]
     assert tune_works(preset, "gsgm-beta0") == ["batch", "steps4", "steps8"]
@@ -201,9 +181,11 @@ def test_a_client_works_table_no_question_uses_changes_no_run(tmp_path, name):
         assert all(set(tune_works(preset, m)) == {""} for m in preset.methods)
     runs = [report_runs(p, stand_in_tuned(p)) for p in (before, after)]
     assert [r.__dict__ for r in runs[0]] == [r.__dict__ for r in runs[1]]
-    # No work and no profile of a question's: the base config's profile, if any.
-    profile = before.base.get("device-profile", "")
-    assert all(not r.client_work and r.device_profile == profile for r in runs[0])
+    # No client work; each run's profile is the base config's (if any) or one its
+    # question lists.
+    profiles = {before.base.get("device-profile", "")}
+    profiles |= {p for q in before.questions.values() for p in q.device_profiles}
+    assert all(not r.client_work and r.device_profile in profiles for r in runs[0])
     assert all(r.run_id.count("/") == 3 for r in runs[0])
 
 
@@ -278,7 +260,7 @@ REFUSED = [
 ]
 
 
-def test_a_work_grid_replaces_the_grid_for_that_work(tmp_path, profiles):
+def test_a_work_grid_replaces_the_grid_for_that_work(tmp_path):
     text = PRESET.replace(
         "grid = { server-learning-rate = [0.01, 0.1] }",
         "grid = { server-learning-rate = [0.01, 0.1] }\n"
@@ -300,17 +282,10 @@ def test_a_work_grid_replaces_the_grid_for_that_work(tmp_path, profiles):
 
 
 @pytest.mark.parametrize("text, message", REFUSED)
-def test_bad_works_and_profiles_are_refused_naming_them(tmp_path, profiles, text, message):
+def test_bad_works_and_profiles_are_refused_naming_them(tmp_path, text, message):
     with pytest.raises(ValueError) as err:
         load_preset(write(tmp_path, text))
     assert message in str(err.value)
-
-
-def test_device_profiles_without_the_time_model_say_so(tmp_path, monkeypatch):
-    monkeypatch.delitem(run_config.RUN_CONFIG, PROFILE_KEY, raising=False)
-    monkeypatch.delitem(app_config.RUN_CONFIG, PROFILE_KEY, raising=False)  # the app's table
-    with pytest.raises(ValueError, match="no run config key 'device-profile' \\(the time model\\)"):
-        load_preset(write(tmp_path, PRESET))
 
 
 # ----------------------------------------------------------- fake run folders
@@ -501,9 +476,7 @@ config = { max-seconds = 40.0 }
 T = [0.0, 10.0, 20.0, 30.0, 40.0, 50.0]
 
 
-def test_tuning_per_work_by_the_accuracy_at_budget_then_runs_csv_and_report(
-    tmp_path, profiles, monkeypatch
-):
+def test_tuning_per_work_by_the_accuracy_at_budget_then_runs_csv_and_report(tmp_path, monkeypatch):
     import simulations.sweep as sweep
 
     preset = load_preset(write(tmp_path, SWEEP), out=tmp_path / "out")
