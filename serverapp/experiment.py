@@ -174,7 +174,7 @@ def run_experiment(
     examples = partition_examples(grid, cfg)
     if cfg["strategy"] in SYNC_STRATEGIES:
         diverged: RunDiverged | None = None
-        work: dict[str, str] = {}  # summary.json's work_scheduling, for the anchors
+        work: dict[str, Any] = {}  # summary.json's work_scheduling, for the anchors
         try:
             rows, counters = _run_synchronous(grid, cfg, initial, evaluate_fn, examples, work)
         except _SyncDiverged as err:
@@ -410,7 +410,7 @@ def _run_synchronous(
     initial: ArrayRecord,
     evaluate_fn,
     examples: Mapping[int, int] | None = None,
-    work: dict[str, str] | None = None,
+    work: dict[str, Any] | None = None,
 ):
     """A synchronous strategy (:data:`_SYNC_CLASSES`) with the same ClientApp
     ("weights" mode): Flower's FedAvg / FedAvgM, time-budget FedAvg or FedNova.
@@ -434,7 +434,8 @@ def _run_synchronous(
     ``query``), so that each train message carries ``virtual-train-seconds``, the
     compute part of its duration (what the simulated device reports as
     ``train-seconds``, from which the strategy measures the node's speed).
-    ``work["work_scheduling"]`` is set to their scheduling's state at the end
+    ``work["work_scheduling"]`` is set to their scheduling's state at the end and
+    ``work["work_nodes"]`` to each node's measured seconds per step and last local-steps
     (summary.json's ``work_scheduling``). FedAvg and FedAvgM send no query and their
     messages are Flower's own.
 
@@ -640,4 +641,5 @@ def _run_synchronous(
             row.update({column_name(k): v for k, v in metrics.items() if not isinstance(v, list)})
     if work is not None and isinstance(strategy, TimeBudgetFedAvg):
         work["work_scheduling"] = strategy.work.describe()
+        work["work_nodes"] = strategy.work.nodes_report()
     return rows, {"updates_received": rounds * per_round, "steps_applied": rounds}

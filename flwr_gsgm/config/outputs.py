@@ -205,8 +205,10 @@ def summarize(
     strategies) adds ``status`` ("completed", "diverged" or "failed") and
     ``status_reason``, ``per_node`` (counts and state per partition-id) and its
     ``warnings`` and ``server_learning_rate`` (the rule's ``lr`` used: given, or its
-    default for the client mode; None without a report) and ``work_scheduling``
-    (the policy, and why it turned itself off if it did); ``status``
+    default for the client mode; None without a report) and ``work_scheduling``:
+    ``state``, the policy and why it turned itself off if it did, and ``nodes``, per
+    node name its measured ``seconds_per_step`` and the ``local_steps_sent`` in its
+    latest message (None: its own work; empty while scheduling is off); ``status``
     ``(status, status_reason)`` gives them without a report (a synchronous run that
     diverged); ``warnings`` adds sentences about the run
     that the log also holds (a pathological split that uses only some classes)
@@ -245,7 +247,10 @@ def summarize(
         "virtual_seconds": float(virtual_seconds),
         "wall_seconds": float(wall_seconds),
         "server_learning_rate": getattr(report, "server_learning_rate", None),
-        "work_scheduling": getattr(report, "work_scheduling", "off"),
+        "work_scheduling": {
+            "state": getattr(report, "work_scheduling", "off"),
+            "nodes": dict(getattr(report, "work_nodes", {})),
+        },
         "per_node": dict(getattr(report, "per_node", {})),
         "warnings": list(getattr(report, "warnings", [])) + list(warnings),
     }

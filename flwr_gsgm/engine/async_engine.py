@@ -509,6 +509,11 @@ class AsyncEngine:
                 self._evaluate()  # the final weights, unless the last row has them
             self.federated.finish(self.evaluator.rows, self.settings.poll_interval)
         self.stats.finish(self.optimizer.rule.params.get("max_staleness"), self.members)
+        work = self.dispatcher.work
+        if work.policy != "off":
+            # What each node was last asked to do and how fast it was measured: the
+            # only place the log shows the local-steps that scheduling chose.
+            log(INFO, "[async] work scheduling %s: %s", work.policy, work.nodes_line())
         return EngineReport.from_parts(
             keys=self.keys,
             optimizer=self.optimizer,

@@ -166,6 +166,8 @@ class Dispatcher:
         if steps is not None:
             config["local-steps"] = steps
             config["local-epochs"] = 0
+        if self.work.policy != "off":
+            self.work.sent(pid, steps)
         index = node.dispatches
         node.dispatches += 1
         config["model-version"] = version

@@ -42,7 +42,11 @@ class EngineReport:
     ``server_learning_rate`` is the rule's ``lr`` the run used (given, or the rule's
     default for the client mode). ``work_scheduling`` is the policy the run ended
     with: "off", "equal-time", or "equal-time, turned off: <why>" when a reply showed
-    that a ClientApp does not take part (:mod:`flwr_gsgm.scheduling.work_scheduler`).
+    that a ClientApp does not take part (:mod:`flwr_gsgm.scheduling.work_scheduler`);
+    ``work_nodes`` gives, per node name, its measured ``seconds_per_step`` and the
+    ``local_steps_sent`` in its latest message (None: its own work), empty while
+    scheduling is "off" (:meth:`WorkScheduler.nodes_report
+    <flwr_gsgm.scheduling.work_scheduler.WorkScheduler.nodes_report>`).
     """
 
     arrays: ArrayRecord
@@ -61,6 +65,7 @@ class EngineReport:
     last_finite: tuple[int, ArrayRecord] | None = None
     server_learning_rate: float | None = None
     work_scheduling: str = "off"
+    work_nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @classmethod
     def from_parts(
@@ -105,4 +110,5 @@ class EngineReport:
             last_finite=evaluator.last_finite,
             server_learning_rate=float(optimizer.rule.params["lr"]),
             work_scheduling=work.describe() if work is not None else "off",
+            work_nodes=work.nodes_report() if work is not None and work.policy != "off" else {},
         )

@@ -128,6 +128,9 @@ class WorkScheduler:
         self.speeds = NodeSpeeds()
         self.own_steps: dict[int, int] = {}  # steps of each node's first unscheduled reply
         self.last_steps: dict[int, int] = {}  # steps of each node's latest reply
+        # local-steps of each node's latest message (None: its own work), for the
+        # end-of-run line and summary.json: what the user's nodes were asked to do.
+        self.sent_steps: dict[int, int | None] = {}
         self.off_reason: str | None = None  # why scheduling turned itself off
         # How a node is named in off_reason: the engine's Membership.name ("node 8123
         # (partition 6)"); alone, by its key.
@@ -145,6 +148,45 @@ class WorkScheduler:
         if self.off_reason is not None:
             return f"{self.policy}, turned off: {self.off_reason}"
         return self.policy
+
+    def sent(self, key: int, steps: int | None) -> None:
+        """Record that ``key``'s latest train message asked for ``steps`` local steps
+        (None: the node's own work, unscheduled)."""
+        self.sent_steps[key] = None if steps is None else int(steps)
+
+    def nodes_report(self) -> dict[str, dict[str, Any]]:
+        """Per node (named as the log names it, :attr:`name`), in key order: its
+        measured ``seconds_per_step`` (None before its first measurement) and
+        ``local_steps_sent``, the local-steps of its latest message (None: its own
+        work). Every node that was sent work or measured is listed (summary.json's
+        ``work_scheduling``).
+
+        Example: nodes measured at 1 and 4 s per step, sent 5 and 2 steps, give
+        ``{"node 1 (partition 0)": {"seconds_per_step": 1.0, "local_steps_sent": 5},
+        "node 2 (partition 1)": {"seconds_per_step": 4.0, "local_steps_sent": 2}}``.
+        """
+        keys = sorted(set(self.sent_steps) | set(self.own_steps))
+        return {
+            self.name(k): {
+                "seconds_per_step": self.speeds.seconds_per_step(k),
+                "local_steps_sent": self.sent_steps.get(k),
+            }
+            for k in keys
+        }
+
+    def nodes_line(self) -> str:
+        """:meth:`nodes_report` in one line, for the log: ``"node 1 (partition 0) 5
+        steps at 1 s/step, node 2 (partition 1) 2 steps at 4 s/step"`` ("own work"
+        for a message without ``local-steps``, "not measured" for a node without a
+        speed); "none" if no node was sent work."""
+        parts = []
+        for name, node in self.nodes_report().items():
+            steps = node["local_steps_sent"]
+            speed = node["seconds_per_step"]
+            work = "own work" if steps is None else f"{steps} steps"
+            rate = "not measured" if speed is None else f"at {speed:.3g} s/step"
+            parts.append(f"{name} {work} {rate}")
+        return ", ".join(parts) or "none"
 
     def target_seconds(self, partition_ids: list[int]) -> float | None:
         """T: the median over ``partition_ids`` with a measured speed of their own work's
@@ -258,6 +300,7 @@ class WorkScheduler:
             "speeds": self.speeds.state_dict(),
             "own_steps": {str(p): n for p, n in self.own_steps.items()},
             "last_steps": {str(p): n for p, n in self.last_steps.items()},
+            "sent_steps": {str(p): n for p, n in self.sent_steps.items()},
             "off_reason": self.off_reason,
         }
 
@@ -277,4 +320,8 @@ class WorkScheduler:
         self.speeds.load_state_dict(state["speeds"])
         self.own_steps = {int(p): int(n) for p, n in state["own_steps"].items()}
         self.last_steps = {int(p): int(n) for p, n in state["last_steps"].items()}
+        # A checkpoint written before sent_steps: known again from each node's next message.
+        self.sent_steps = {
+            int(p): None if n is None else int(n) for p, n in state.get("sent_steps", {}).items()
+        }
         self.off_reason = state["off_reason"]

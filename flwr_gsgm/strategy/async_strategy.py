@@ -55,6 +55,8 @@ _CLIENT_WORK_KEYS = {
     "delta": (),
     "weights": ("batch-size", "local-steps", "local-epochs", "local-lr", "local-momentum"),
 }
+#: The keys work scheduling sets in a message once its node's speed is measured.
+_SCHEDULED_KEYS = ("local-steps", "local-epochs")
 
 
 @dataclass
@@ -274,7 +276,10 @@ class AsyncStrategy:
         self.on_evaluate = on_evaluate
         self.on_federated_evaluate = on_federated_evaluate
         # Fail now, not after the nodes answered: build the optimizer on a dummy model.
-        self._build_optimizer([np.zeros(2, np.float32)], [0])
+        rule = self._build_optimizer([np.zeros(2, np.float32)], [0])
+        # Who sizes local-steps: work-scheduling, or a rule's own scheduler (FedCompass's
+        # replaces it in the engine); the summary must not call that the ClientApp's own.
+        self._work_scheduler = rule.WORK_SCHEDULER or self.engine.work_scheduling
 
     @property
     def dispatch_policy(self) -> str:
@@ -299,17 +304,30 @@ class AsyncStrategy:
         return make_optimizer(self.optimizer_name, weights, partition_ids, **params)
 
     def summary(self) -> None:
-        """Log the strategy's configuration."""
+        """Log the strategy's configuration: the rule, the server learning rate, the
+        client work (what the strategy sends, what is the ClientApp's own, and, with
+        work scheduling, that ``local-steps`` is set by it), federated evaluation,
+        hooks and clock."""
         log(INFO, "\t├── Server optimizer: %s %s", self.optimizer_name, self.optimizer_params)
         lr, source = self.server_learning_rate, self.server_learning_rate_source
         log(INFO, "\t├── Server learning rate: %g (%s)", lr, source)
         own = [k for k in _CLIENT_WORK_KEYS[self.client_mode] if k not in self.client_work]
+        scheduled = ""
+        if self._work_scheduler != "off":
+            # The dispatcher sets local-steps (and local-epochs 0) in every message once
+            # the node's speed is measured; its first message carries the run's own work.
+            own = [k for k in own if k not in _SCHEDULED_KEYS]
+            scheduled = (
+                f"; local-steps set by work scheduling ({self._work_scheduler}, with "
+                "local-epochs 0) once a node's speed is measured by its first reply"
+            )
         log(
             INFO,
-            "\t├── Client work: mode=%s %s%s",
+            "\t├── Client work: mode=%s %s%s%s",
             self.client_mode,
             self.client_work,
             f"; the ClientApp's own: {', '.join(own)}" if own else "",
+            scheduled,
         )
         if self.engine.work_scheduling != "off":
             log(

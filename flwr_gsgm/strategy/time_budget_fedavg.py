@@ -120,6 +120,7 @@ class TimeBudgetFedAvg(FedAvg):
             node = message.metadata.dst_node_id
             steps = self.work.steps_for(node, node_ids)
             self.sent_steps[node] = steps
+            self.work.sent(node, steps)
             own = ConfigRecord(dict(config))  # a copy: FedAvg's record is shared
             if steps is not None:
                 own["local-steps"] = steps

@@ -258,5 +258,16 @@ def test_the_runner_times_each_round_by_the_steps_each_node_was_sent(tmp_path, s
         rows = list(csv.DictReader(fh))
     # uniform profile, 1 s per step, no jitter: round 1 lasts 16 s, rounds 2-3 4 s each.
     assert [float(r["virtual_time"]) for r in rows] == [0.0, 16.0, 20.0, 24.0]
-    assert summary["work_scheduling"] == "equal-time"
+    # summary.json: each node (named by node id, partition + 1 here) at its measured
+    # seconds per step (1 s, the slow one 4 s) and the steps of its last round.
+    assert summary["work_scheduling"] == {
+        "state": "equal-time",
+        "nodes": {
+            f"node {p + 1}": {
+                "seconds_per_step": 4.0 if p == slow else 1.0,
+                "local_steps_sent": 1 if p == slow else 4,
+            }
+            for p in range(4)
+        },
+    }
     assert summary["updates_received"] == 12

@@ -8,6 +8,7 @@ import pytest
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from flwr_gsgm import STRATEGIES
 from flwr_gsgm.engine.async_engine import EngineSettings
 from flwr_gsgm.simulation.inprocess_grid import InProcessGrid
 from flwr_gsgm.simulation.virtual_clock import VirtualClock
@@ -80,6 +81,41 @@ def test_each_node_computes_for_the_median_nodes_time():
     assert result.report.work_scheduling == "equal-time"
 
 
+def test_the_run_end_says_each_nodes_steps_and_speed(caplog):
+    """The end-of-run log line and summary.json's work_scheduling, by hand: the virtual
+    clock charges 1 s per step (the slow node 4 s), reported as train-seconds, so the
+    measured speeds are exactly 1 and 4 s per step; every node's last message asked for
+    the steps of the first test (5, the slow node 2)."""
+    from flwr_gsgm.config.outputs import summarize
+
+    (slow,) = [p for p, f in CLOCK.speed_factors([0, 1, 2, 3]).items() if f == 4.0]
+    caplog.set_level("INFO")
+    report = run(stepping_app([])).report
+    nodes = {
+        f"node {p + 1} (partition {p})": {
+            "seconds_per_step": 4.0 if p == slow else 1.0,
+            "local_steps_sent": 2 if p == slow else 5,
+        }
+        for p in range(4)
+    }
+    assert report.work_nodes == nodes
+    line = ", ".join(
+        f"node {p + 1} (partition {p}) "
+        + ("2 steps at 4 s/step" if p == slow else "5 steps at 1 s/step")
+        for p in range(4)
+    )
+    said = [
+        r.getMessage()
+        for r in caplog.records
+        if "[async] work scheduling equal-time:" in r.getMessage()
+    ]
+    assert said == [f"[async] work scheduling equal-time: {line}"]
+    summary = summarize(
+        report.rows, report.counters, report.rejections, 0.0, 0, 0.0, 0.0, report=report
+    )
+    assert summary["work_scheduling"] == {"state": "equal-time", "nodes": nodes}
+
+
 def test_a_client_that_ignores_local_steps_is_detected_and_the_run_goes_on(caplog):
     (slow,) = [p for p, f in CLOCK.speed_factors([0, 1, 2, 3]).items() if f == 4.0]
     received: list[tuple[int, int]] = []
@@ -100,3 +136,35 @@ def test_a_client_that_ignores_local_steps_is_detected_and_the_run_goes_on(caplo
 def test_gradient_mode_refuses_work_scheduling():
     with pytest.raises(ValueError, match="needs client-mode delta or weights, got 'gradient'"):
         ASGD(engine=EngineSettings(work_scheduling="equal-time"))
+
+
+def client_work_line(strategy, caplog) -> str:
+    """The "Client work" line of ``strategy``'s summary, as logged."""
+    caplog.set_level("INFO")
+    caplog.clear()
+    strategy.summary()
+    (line,) = [r.getMessage() for r in caplog.records if "Client work" in r.getMessage()]
+    return line
+
+
+def test_the_summary_says_work_scheduling_sets_local_steps(caplog):
+    # Weights mode without client work: every key is the ClientApp's own (issue 35
+    # item 1), but local-steps (and local-epochs) once work scheduling sets them.
+    own = "the ClientApp's own: batch-size, local-lr, local-momentum"
+    scheduled = (
+        "local-steps set by work scheduling ({}, with local-epochs 0) once a node's speed "
+        "is measured by its first reply"
+    )
+    on = EngineSettings(work_scheduling="equal-time")
+    assert client_work_line(ASGD(client_mode="weights", engine=on), caplog) == (
+        f"\t├── Client work: mode=weights {{}}; {own}; {scheduled.format('equal-time')}"
+    )
+    assert client_work_line(ASGD(client_mode="weights"), caplog) == (
+        "\t├── Client work: mode=weights {}; the ClientApp's own: batch-size, local-steps, "
+        "local-epochs, local-lr, local-momentum"
+    )
+    # FedCompass schedules with its own scheduler, work-scheduling off.
+    compass = STRATEGIES["fedcompass"](client_mode="weights")
+    assert client_work_line(compass, caplog) == (
+        f"\t├── Client work: mode=weights {{}}; {own}; {scheduled.format('compass')}"
+    )

@@ -50,3 +50,16 @@ def test_every_local_link_resolves():
             elif fragment and dest.suffix == ".md" and fragment not in anchors(dest):
                 broken.append(f"{where} (no such heading)")
     assert not broken, "broken links:\n" + "\n".join(broken)
+
+
+def test_flower_is_cited_by_its_current_repository():
+    # Flower moved from adap/flower to flwrlabs/flower (GitHub redirects the old name):
+    # every link to Flower's repository uses the current one, so the docs agree.
+    pages = [*PAGES, *sorted((ROOT / "examples").glob("*/README.md"))]
+    old = [
+        f"{page.relative_to(ROOT)}: github.com/{owner}/flower"
+        for page in pages
+        for owner in re.findall(r"github\.com/([\w.-]+)/flower\b", page.read_text())
+        if owner != "flwrlabs"
+    ]
+    assert old == []
