@@ -232,7 +232,8 @@ RUN_CONFIG: dict[str, RunConfigKey] = {
         one_of(*WORK_SCHEDULING),
         ", ".join(WORK_SCHEDULING),
         "delta/weights mode: equal-time sizes each message's local-steps by its node's "
-        "measured speed and weighs each update by its steps (needs train-steps replies); "
+        "measured speed and scales a longer-than-mean update down by its steps (needs "
+        "train-steps replies); "
         "time-budget-fedavg and fednova always schedule equal-time",
     ),
     # checkpoints

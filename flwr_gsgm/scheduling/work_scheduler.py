@@ -15,10 +15,14 @@ toward the nodes that did more. This module does both:
   per step (:class:`~flwr_gsgm.scheduling.speeds.NodeSpeeds`), within
   [own / :data:`WORK_FACTOR`, own x :data:`WORK_FACTOR`]. T is at least the
   measured round trip, so no message computes for less time than it travels.
-- Normalisation (FedNova, Wang et al., NeurIPS 2020, arXiv 2007.07481; Malenia SGD):
-  a scheduled update that did tau_i steps is weighted ``tau_eff / tau_i``, tau_eff
-  the mean over the nodes of the steps of their latest reply, so every node's
-  contribution is worth the same number of steps whatever its speed.
+- Normalisation (FedNova, Wang et al., NeurIPS 2020, arXiv 2007.07481; Malenia SGD),
+  one-sided: a scheduled update that did tau_i steps is weighted
+  ``min(1, tau_eff / tau_i)``, tau_eff the mean over the nodes of the steps of their
+  latest reply, so a fast node's extra steps count no more than the fleet's mean.
+  FedNova's full weight ``tau_eff / tau_i`` also scales a slow node's few steps up
+  (up to WORK_FACTOR^2 / 2 times); on the tuning seed that made GSGM with work
+  scheduling, and FedNova itself, swing by up to 25 pp from one evaluation to the
+  next (docs/GSGM.md, "Work scheduling"), so a short update is taken as it is.
 
 A ClientApp takes part by doing the ``local-steps`` a message asks for and reporting
 ``train-steps`` (and, if it can, ``train-seconds``) in its reply's metrics
@@ -79,8 +83,10 @@ def equal_time_steps(
 
 
 def normalisation_weight(steps: int, reference_steps: float) -> float:
-    """FedNova's weight of an update that did ``steps`` local steps: ``reference / steps``
-    (2 and 8 steps with a reference of 5, their mean, weigh 2.5 and 0.625).
+    """The weight of an update that did ``steps`` local steps: FedNova's
+    ``reference / steps``, at most 1 (2 and 8 steps with a reference of 5, their mean,
+    weigh 1.0 and 0.625): a long update is scaled down to the reference's steps, a
+    short one is not scaled up (module docstring).
 
     Raises
     ------
@@ -91,7 +97,7 @@ def normalisation_weight(steps: int, reference_steps: float) -> float:
         raise ValueError(f"steps must be >= 1, got {steps!r}")
     if not reference_steps > 0:
         raise ValueError(f"reference_steps must be > 0, got {reference_steps!r}")
-    return float(reference_steps) / float(steps)
+    return min(1.0, float(reference_steps) / float(steps))
 
 
 class WorkScheduler:

@@ -333,7 +333,7 @@ class AsyncStrategy:
             log(
                 INFO,
                 "\t├── Work scheduling: %s (local-steps per message from its node's "
-                "measured speed; updates weighed by their steps)",
+                "measured speed; longer-than-mean updates scaled down by their steps)",
                 self.engine.work_scheduling,
             )
         log(INFO, "\t├── Federated evaluation: %s", self.federated_evaluation)

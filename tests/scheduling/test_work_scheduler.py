@@ -33,9 +33,11 @@ def test_equal_time_steps_refuse_a_bad_speed_naming_it(bad):
 
 
 def test_normalisation_of_two_nodes_with_2_and_8_steps():
-    # FedNova with equal weights: tau_eff = (2 + 8) / 2 = 5; d_i / tau_i * tau_eff.
-    assert normalisation_weight(2, 5.0) == 2.5
+    # FedNova with equal weights: tau_eff = (2 + 8) / 2 = 5; d_i / tau_i * tau_eff,
+    # one-sided: the 2-step update is not scaled up (5 / 2 = 2.5 -> 1).
+    assert normalisation_weight(2, 5.0) == 1.0
     assert normalisation_weight(8, 5.0) == 0.625
+    assert normalisation_weight(5, 5.0) == 1.0
 
 
 def test_speeds_from_reported_seconds_are_smoothed_by_half():
@@ -70,7 +72,8 @@ def test_the_scheduler_gives_each_node_the_steps_of_the_median_nodes_time():
     # Their replies, each against the mean of every node's latest steps: node 0's 40
     # against (40 + 20 + 20) / 3, then node 2's 10 against (40 + 20 + 10) / 3.
     assert scheduler.on_reply(0, 40, 40, 4.0, 4.0) == pytest.approx((40 + 20 + 20) / 3 / 40)
-    assert scheduler.on_reply(2, 10, 10, 4.0, 4.0) == pytest.approx((40 + 20 + 10) / 3 / 10)
+    # 23.3 / 10 = 2.33 would scale the short update up; one-sided, it weighs 1.
+    assert scheduler.on_reply(2, 10, 10, 4.0, 4.0) == 1.0
 
 
 def test_the_target_is_at_least_the_round_trip():
