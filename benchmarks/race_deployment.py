@@ -1,77 +1,113 @@
-"""A real deployment race: FedAvg, GSGM and FedBuff on a SuperLink + SuperNodes on
-127.0.0.1, in wall-clock seconds, beside the time model's prediction of each.
+"""A real deployment race: FedAvg, GSGM, FedBuff and FedCompass on a SuperLink +
+SuperNodes on 127.0.0.1, in wall-clock seconds, beside the time model's prediction of
+each, with every run's validity measured (issue 34).
+
+**The race runs alone.** No helper session, no test suite, no sweep, no other benchmark
+may run on the machine while it runs: the round trip of a message is what the machine's
+load makes it (a race beside other work measured 16 s per message against 2.2 s quiet),
+and a run whose round trip grew is marked invalid below and must be re-run.
 
 The deployment is the project's (``deploy/start_local.sh`` through
 :mod:`benchmarks.local_deployment`): TLS, SuperNode authentication, one
 ``flwr-gsgm-supernode --warm-executor`` per node, each node holding partition i of
 Fashion-MNIST, 2 classes per node. Every method runs the project's own ServerApp
 (``flwr run <repo> gsgm-local --run-config ...``: what users run) and the same
-ClientApp in weights mode, with the same client work (``local-steps`` SGD steps of
-``batch-size`` images at ``local-lr``).
+ClientApp in weights mode, with the same client work (``local-steps`` = 20 SGD steps of
+32 images at lr 0.05: the results pages give no one recommendation for this setting:
+``loopback`` in docs/results/fashion_mnist_realtime recommends 20 steps in weights mode
+for FedAvg and GSGM, ``edge`` one gradient batch for the asynchronous rules, which
+neither work scheduling nor FedCompass can size; so every method gets the same work).
+GSGM runs with its defaults and work scheduling ``equal-time`` (the project's ClientApp
+does the ``local-steps`` it is sent and reports ``train-steps``: docs/GSGM.md, "Work
+scheduling"); FedCompass sizes every message itself; FedAvg and FedBuff send the run's
+own 20 steps.
 
 Device speeds are emulated (node config ``step-seconds``, docs/DEPLOYMENT.md section
-5): each local step of a node lasts ``--step-seconds`` (x ``slow-factor`` on the slow
-nodes, the virtual clock's seeded choice of a ``slow-fraction`` of the partitions:
-:meth:`flwr_gsgm.simulation.virtual_clock.VirtualClock.speed_factors`), the ClientApp sleeping
-what its real computation did not use. So the race measures the protocol and the
-scheduling, not this machine's cores.
+5): each local step of node i lasts its seconds per step, the ClientApp sleeping what
+its real computation did not use, so the race measures the protocol and the scheduling,
+not this machine's cores. ``--speeds``:
+
+- ``appfl10`` (default): APPFL's measured seconds per step of 10 clients (FedCompass,
+  Li et al., ICLR 2024; :data:`~flwr_gsgm.simulation.virtual_clock.APPFL10_STEP_SECONDS`,
+  the ``appfl10`` device profile): node i runs at entry ``i % 10`` over the table's
+  median, the whole fleet scaled so that the fastest node's update (its 20 steps) lasts
+  :data:`ROUND_TRIP_MULTIPLE` (5) x the quiet round trip (:func:`appfl10_step_seconds`;
+  rounded up to the millisecond). With a quiet round trip of 2.2 s: 0.55 s per step on
+  the fastest node (11 s per update), 4.94 s on the slowest (99 s per update; 9.0x).
+- ``slow-quarter``: the first race's setting: ``--step-seconds`` (0.1) per step, 4x on
+  the virtual clock's seeded quarter of the nodes
+  (:meth:`~flwr_gsgm.simulation.virtual_clock.VirtualClock.speed_factors`).
 
 Steps:
 
-1. start the deployment (``--nodes`` SuperNodes) and wait until every SuperNode is
-   connected;
-2. measure the round trip: the probe ServerApp of ``benchmarks/bench_deployment.py``
-   keeps every node busy with one-batch messages (``--probe-updates`` per node, the
-   first, cold one of each node left out); the latency of a message is its round trip
-   minus the ClientApp handler's time (median over the timed updates);
-3. a warm-up run (one FedAvg round, not recorded) so that every executor has imported
-   the race's app and cached its data;
-4. ``--repeats`` repetitions of every method, interleaved (repeat r starts with
-   method r mod 3), each with the wall-clock budget ``max-seconds = --budget`` and the
-   server's centralized evaluation on a fixed subset of ``eval-examples`` test images
-   every ``eval-every`` = nodes updates (one FedAvg round; about every 5 s for the
-   asynchronous methods);
-5. stop the deployment, then the prediction (unless ``--skip-prediction``): the same
-   configuration on the in-process grid under the virtual clock with the time model's
-   ``loopback`` profile, the emulated seconds per step and the measured latency
-   (:func:`predict`; one run per method: the virtual clock is deterministic);
+1. the quiet round trip (unless ``--quiet-round-trip`` gives it): a deployment of 2
+   SuperNodes without emulated speeds, the probe ServerApp of
+   ``benchmarks/bench_deployment.py`` keeping both busy with one-batch messages
+   (``--probe-updates`` per node, the first, cold one of each node left out); the median
+   round trip (push -> reply pulled); the deployment is then stopped;
+2. the emulated speeds (they need the quiet round trip), then the race's deployment
+   (``--nodes`` SuperNodes, node i emulating its seconds per step); wait until every
+   SuperNode is connected;
+3. a warm-up run (one FedAvg round of one step, not recorded) so that every executor
+   has imported the race's app and cached its data;
+4. the probe on the race's deployment (its ClientApp with the emulation off, so that
+   its round trip is the protocol's, comparable with the quiet figure), then
+   ``--repeats`` repetitions of every method, interleaved (repeat r starts with method
+   r - 1 mod the number of methods), each followed by the probe again: a run's
+   ``probe_round_trip_before`` is the probe just before it, ``probe_round_trip_after``
+   the one just after, ``probe_round_trip`` the larger; the 1- and 5-minute load
+   averages (``os.getloadavg``) are read just before and just after the run. Each run
+   has the wall-clock budget ``max-seconds = --budget`` and the server's centralized
+   evaluation on a fixed subset of ``eval-examples`` test images every ``eval-every`` =
+   nodes updates (one FedAvg round);
+5. stop the deployment; write the device profile file (``<out stem>-device-profile.csv``
+   beside the CSV: each node's emulated seconds per step and the median latency of the
+   race's probes, bytes free); then the prediction (unless ``--skip-prediction``): the
+   same configuration on the in-process grid under the virtual clock with
+   ``device-profile`` = that file (:func:`predict`; one run per method: the virtual
+   clock is deterministic);
 6. write the CSV and print the summary.
 
-Per run (one CSV row): ``wall_seconds_to_target`` is the ``wall_time`` of the first
-evaluation at or above ``--target`` (engine seconds since the run's start: for the
-asynchronous methods the start-up query of the nodes is included, about one round
-trip), NaN if never reached; ``accuracy_at_budget`` the accuracy of the last
-evaluation within the budget (:data:`BUDGET_SLACK_SECONDS` allowed for the final
-evaluation's stamp; a FedAvg round still running at the budget does not count);
+**Validity.** A run is valid when it completed and its ``probe_round_trip`` is at most
+:data:`VALIDITY_FACTOR` (2) x the quiet round trip (:func:`is_valid`). The summary's
+medians are over the valid runs only; it says how many runs were excluded, which, and
+that they must be re-run (an invalid race is re-run, not reported).
+
+Per run (one CSV row, :data:`CSV_COLUMNS`): ``wall_seconds_to_target`` is the
+``wall_time`` of the first evaluation at or above ``--target`` (engine seconds since the
+run's start: for the asynchronous methods the start-up query of the nodes is included,
+about one round trip), empty (NaN) if never reached; ``accuracy_at_budget`` the accuracy
+of the last evaluation within the budget (:data:`BUDGET_SLACK_SECONDS` allowed for the
+final evaluation's stamp; a FedAvg round still running at the budget does not count);
 ``final_accuracy`` the project's final accuracy (mean of the last 5 evaluations,
-summary.json). The predicted columns are the same figures in virtual seconds.
+summary.json); ``updates`` the updates received. The predicted columns are the same
+figures in virtual seconds.
 
 The run config of every run is :data:`COMMON_OVERRIDES` + :data:`METHOD_OVERRIDES`
 [method] (+ :data:`PREDICTION_OVERRIDES` for the prediction): edit those tables to
-change what is raced (e.g. the server learning rates once the displacement meaning of
-weights mode is merged: 0 = each rule's default).
+change what is raced.
 
-Usage (from the repository, with the venv; on a quiet machine):
+Usage (from the repository, with the venv; on a quiet machine, nothing else running):
 
     .venv/bin/python benchmarks/race_deployment.py            # the full race
-    .venv/bin/python benchmarks/race_deployment.py --quick --skip-prediction
+    .venv/bin/python benchmarks/race_deployment.py --quick    # the whole path, small
 
-Full race: 10 SuperNodes, 3 repetitions x 3 methods of 300 s each: about 60 min on
-the quiet 2-core development machine (~1 min to start 10 SuperNodes, ~1 min probe,
-~0.5 min warm-up, 9 runs x ~5.3 min: the 300 s budget + ~10 s of ServerApp start,
-FedAvg's last round and outputs, then ~7 min of in-process predictions: FedAvg 31
-rounds ~1.2 min, each asynchronous method ~650 updates ~3 min); ~10 GB of RAM (a
-SuperNode with its warm executor is ~950 MiB). Writes
+Full race (defaults): 10 SuperNodes, ``appfl10`` speeds, 4 methods x 3 repetitions of
+:data:`FULL_BUDGET_SECONDS` each; its duration is in docs/results/deployment_race/README.md
+("Running it"). ~10 GB of RAM (a SuperNode with its warm executor is ~950 MiB). Writes
 docs/results/deployment_race/race.csv. ``--quick``: 3 SuperNodes, 60 s budget, 1
-repetition, 2 probe updates per node: 4.4 min measured (263 s, load average ~2.5);
-writes ``<workdir>/race-quick.csv`` unless ``--out`` is given. Every process it starts
-is stopped at the end (also on an error or Ctrl-C); certificates, keys, logs and run
+repetition, 2 probe updates per node, the fastest update 1 x the quiet round trip
+(``--round-trip-multiple``) so that a run holds a few updates; writes
+``<workdir>/race-quick.csv`` unless ``--out`` is given: 14.4 min measured (864 s, load
+average 9-14). Every process it starts is
+stopped at the end (also on an error or Ctrl-C), and the in-process predictions' client
+threads are joined before the interpreter exits. Certificates, keys, logs and run
 folders go to ``--workdir`` (default ``outputs/deployment_race``, git-ignored).
 
-The default target, 0.70: FedAvg with this client work on the in-process grid (10
-nodes, seed 0) reached 0.703 after 10 rounds (about 105 s in the race: a round lasts the
-slow nodes' 8 s plus a round trip) and 0.741 after 30 (the budget); so FedAvg reaches
-it in about a third of the budget and a 1.5x faster method within the first quarter.
+Exit code: 0 when every run completed and the CSV is written (invalid runs are flagged
+in the CSV and the summary, not an error); 1 with the reason printed when a run failed,
+the deployment or a probe could not be started, the prediction failed, or a process it
+started was still alive at the end; 2 on bad arguments.
 """
 
 from __future__ import annotations
@@ -84,12 +120,13 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's packages
-from benchmarks.bench_deployment import PROBE_CLIENT, PROBE_CONFIG, PROBE_SERVER  # noqa: E402
+from benchmarks.bench_deployment import PROBE_CONFIG, PROBE_SERVER  # noqa: E402
 from benchmarks.local_deployment import (  # noqa: E402
     BIN,
     REPO,
@@ -100,13 +137,28 @@ from benchmarks.local_deployment import (  # noqa: E402
     tail,
 )
 from flwr_gsgm.evaluation.stability import time_to_target  # noqa: E402
-from flwr_gsgm.simulation.virtual_clock import VirtualClock  # noqa: E402
+from flwr_gsgm.simulation.virtual_clock import (  # noqa: E402
+    APPFL10_STEP_SECONDS,
+    VirtualClock,
+)
 
-METHODS = ("fedavg", "gsgm", "fedbuff")
+METHODS = ("fedavg", "gsgm", "fedbuff", "fedcompass")
+SPEEDS = ("appfl10", "slow-quarter")
 
-#: Emulated devices: the virtual clock's slow set and factor (run config keys of the
-#: same names), the same in the deployment and in the prediction.
-EMULATED_DEVICES: dict[str, float] = {"slow-fraction": 0.25, "slow-factor": 4.0}
+#: ``appfl10``: the fastest node's update lasts at least this many quiet round trips.
+ROUND_TRIP_MULTIPLE = 5.0
+#: A run is valid if its probe round trip is at most this many quiet round trips.
+VALIDITY_FACTOR = 2.0
+#: SuperNodes of the quiet round-trip measurement (docs/DEPLOYMENT.md section 8's).
+QUIET_NODES = 2
+#: The full race's wall budget per run (seconds): with ``appfl10`` at a quiet round trip
+#: of 2.2 s a FedAvg round lasts the slowest node's ~99 s + a round trip, so about 11
+#: rounds fit; the time model has FedAvg reach 0.70 after 10 (1009 s) and GSGM with work
+#: scheduling at 585 s (docs/results/deployment_race/README.md, "Running it").
+FULL_BUDGET_SECONDS = 1200.0
+
+#: ``slow-quarter``: the virtual clock's slow set and factor (the first race's devices).
+SLOW_QUARTER: dict[str, float] = {"slow-fraction": 0.25, "slow-factor": 4.0}
 
 #: Run config of every raced run (``nodes`` and the budget are filled in by the script:
 #: ``eval-every``, ``min-nodes``, ``max-seconds``, ``output-dir``, ``run-name``).
@@ -119,33 +171,35 @@ COMMON_OVERRIDES: dict[str, Any] = {
     "max-updates": 100000,  # the wall-clock budget ends every run
     "max-in-flight": 0,  # every node trains at once (FedAvg: every node every round)
     "eval-examples": 1000,
-    "seed": 0,  # the same partitions and slow nodes in every repetition
+    "seed": 0,  # the same partitions in every repetition
     "partitioner": "pathological",
     "classes-per-node": 2,
     "checkpoint-every": 0,
     # deployment timing, as deploy/run-config.toml
     "message-ttl": 600.0,
     "startup-timeout": 300.0,
-    "dispatch-timeout": 180.0,
+    "dispatch-timeout": 180.0,  # raised for slow emulated devices: deployment_timeouts
     "poll-interval": 0.05,
     "prefetch": False,
-    **EMULATED_DEVICES,
 }
 
-#: Per-method overrides (server-learning-rate 0 = the rule's default for the client mode).
+#: Per-method overrides (server-learning-rate 0 = the rule's default in weights mode:
+#: GSGM 1.0 per cycle, FedBuff 0.25, FedCompass APPFL's 0.9).
 METHOD_OVERRIDES: dict[str, dict[str, Any]] = {
     "fedavg": {"strategy": "fedavg"},
-    "gsgm": {"strategy": "gsgm", "server-learning-rate": 0.0},
+    "gsgm": {"strategy": "gsgm", "server-learning-rate": 0.0, "work-scheduling": "equal-time"},
     "fedbuff": {"strategy": "fedbuff", "server-learning-rate": 0.0},
+    "fedcompass": {"strategy": "fedcompass", "server-learning-rate": 0.0},
 }
 
-#: The time model's run config for the prediction (the script fills in the step seconds
-#: and the measured latency); on top of COMMON_OVERRIDES and METHOD_OVERRIDES.
+#: The time model's run config for the prediction (the script fills in the profile
+#: file); on top of COMMON_OVERRIDES and METHOD_OVERRIDES. step-seconds and
+#: latency-seconds 0: each node's own from the file.
 PREDICTION_OVERRIDES: dict[str, Any] = {
     "virtual-clock": True,
-    "device-profile": "loopback",
-    "step-seconds": None,  # --step-seconds (the fast nodes' emulated seconds per step)
-    "latency-seconds": None,  # the measured round trip minus the ClientApp's time
+    "device-profile": None,  # the race's device profile file (write_device_profile)
+    "step-seconds": 0.0,
+    "latency-seconds": 0.0,
     "jitter": 0.0,  # the emulated devices sleep exactly; the real jitter is measured
 }
 
@@ -157,31 +211,141 @@ CSV_COLUMNS = (
     "method",
     "repeat",
     "order",
+    "speeds",
     "status",
+    "valid",
+    "load_before",
+    "load_before_5min",
+    "load_after",
+    "load_after_5min",
+    "probe_round_trip",
+    "probe_round_trip_before",
+    "probe_round_trip_after",
+    "quiet_round_trip",
     "target_accuracy",
     "wall_seconds_to_target",
     "predicted_seconds_to_target",
+    "updates",
+    "predicted_updates",
     "accuracy_at_budget",
     "predicted_accuracy_at_budget",
     "final_accuracy",
     "wall_budget_seconds",
     "wall_seconds",
-    "updates",
-    "predicted_updates",
     "evaluations",
     "nodes",
     "local_steps",
     "batch_size",
     "local_lr",
-    "step_seconds",
-    "slow_factor",
+    "work_scheduling",
+    "fastest_step_seconds",
+    "median_step_seconds",
+    "slowest_step_seconds",
     "server_learning_rate",
-    "round_trip_median_seconds",
     "latency_seconds",
-    "load_average_before",
-    "load_average_after",
     "run_name",
 )
+
+
+class RaceError(RuntimeError):
+    """A reason the race cannot go on or did not succeed (printed, exit code 1)."""
+
+
+# ------------------------------------------------------------------ pure parts
+def appfl10_step_seconds(
+    nodes: int,
+    quiet_round_trip: float,
+    local_steps: int,
+    multiple: float = ROUND_TRIP_MULTIPLE,
+) -> dict[int, float]:
+    """Partition-id -> emulated seconds per step: APPFL's measured profile scaled.
+
+    Node i runs at ``APPFL10_STEP_SECONDS[i % 10] / median`` of the median node's
+    seconds per step (the ``appfl10`` device profile's ratios); the median node's
+    seconds per step is chosen so that the fastest of the ``nodes`` nodes needs
+    ``multiple x quiet_round_trip`` seconds for ``local_steps`` steps. Each value is
+    rounded up to the millisecond, so the fastest update lasts at least that long.
+
+    Example: 10 nodes, quiet round trip 2.0 s, 20 steps: the fastest node (0.099 s,
+    ratio 0.099 / 0.312) gets 0.5 s per step (20 x 0.5 = 10 s = 5 x 2.0 s), the median
+    node 1.576 s, the slowest (0.889 s) 4.490 s.
+    """
+    median = statistics.median(APPFL10_STEP_SECONDS)
+    ratios = {p: APPFL10_STEP_SECONDS[p % len(APPFL10_STEP_SECONDS)] / median for p in range(nodes)}
+    median_seconds = multiple * quiet_round_trip / (local_steps * min(ratios.values()))
+    return {p: _ceil_ms(median_seconds * ratio) for p, ratio in ratios.items()}
+
+
+def _ceil_ms(seconds: float) -> float:
+    """Seconds rounded up to the millisecond (a float's last-digit noise ignored)."""
+    return math.ceil(round(seconds * 1000, 6)) / 1000
+
+
+def slow_quarter_step_seconds(nodes: int, step_seconds: float) -> dict[int, float]:
+    """Partition-id -> emulated seconds per step: ``step_seconds``, x 4 on the virtual
+    clock's seeded quarter of the nodes (the first race's devices)."""
+    clock = VirtualClock(
+        seed=COMMON_OVERRIDES["seed"],
+        slow_fraction=SLOW_QUARTER["slow-fraction"],
+        slow_factor=SLOW_QUARTER["slow-factor"],
+    )
+    factors = clock.speed_factors(list(range(nodes)))
+    return {pid: step_seconds * factor for pid, factor in factors.items()}
+
+
+def node_step_seconds(args: argparse.Namespace, quiet_round_trip: float) -> dict[int, float]:
+    """The race's emulated seconds per step of each partition-id (``--speeds``)."""
+    if args.speeds == "appfl10":
+        return appfl10_step_seconds(
+            args.nodes,
+            quiet_round_trip,
+            COMMON_OVERRIDES["local-steps"],
+            args.round_trip_multiple,
+        )
+    return slow_quarter_step_seconds(args.nodes, args.step_seconds)
+
+
+def is_valid(status: str, probe_round_trip: float, quiet_round_trip: float) -> bool:
+    """A run counts if it completed and its probe round trip (the larger of the probes
+    before and after it) is at most :data:`VALIDITY_FACTOR` x the quiet round trip; a
+    probe that failed (NaN) makes it invalid."""
+    return (
+        status == "completed"
+        and math.isfinite(probe_round_trip)
+        and probe_round_trip <= VALIDITY_FACTOR * quiet_round_trip
+    )
+
+
+def probe_figures(rows: list[dict]) -> dict:
+    """The probe's rows (bench_deployment.py's ServerApp) -> median round trip (push ->
+    reply pulled) and latency (round trip - the ClientApp handler's time), seconds;
+    the first, cold update of each node and error replies left out.
+
+    Raises
+    ------
+    RaceError
+        If no update is left to time.
+    """
+    timed = [r for r in rows if "error" not in r and r["index"] > 0]
+    if not timed:
+        raise RaceError(f"the round-trip probe timed no update ({len(rows)} replies)")
+    round_trips = [r["pulled"] - r["push_start"] for r in timed]
+    latencies = [rt - (r["t-end"] - r["t-start"]) for rt, r in zip(round_trips, timed)]
+    return {
+        "round_trip": statistics.median(round_trips),
+        "latency": statistics.median(latencies),
+        "updates": len(timed),
+    }
+
+
+def device_profile_rows(step_seconds: dict[int, float], latency: float) -> list[list[str]]:
+    """The rows (header first) of the race's device profile file
+    (:mod:`flwr_gsgm.simulation.profile_file`): each node's emulated seconds per step,
+    free bytes (the measured latency already holds the model's transfer on loopback),
+    the measured latency."""
+    rows = [["partition-id", "step-seconds", "bandwidth", "latency-seconds"]]
+    rows += [[str(p), repr(s), "", repr(float(latency))] for p, s in sorted(step_seconds.items())]
+    return rows
 
 
 # ------------------------------------------------------------------ run configs
@@ -199,11 +363,19 @@ def run_config_pairs(config: dict[str, Any]) -> str:
     return " ".join(f"{key}={toml_value(value)}" for key, value in config.items())
 
 
-def race_config(method: str, args: argparse.Namespace, output_dir: Path, name: str) -> dict:
-    """The run config of one raced run of ``method``."""
+def race_config(
+    method: str,
+    args: argparse.Namespace,
+    output_dir: Path,
+    name: str,
+    slowest_update: float = 0.0,
+) -> dict:
+    """The run config of one raced run of ``method``; ``slowest_update`` (seconds of the
+    slowest node's update) raises the deployment's waits (:func:`deployment_timeouts`)."""
     return {
         **COMMON_OVERRIDES,
         **METHOD_OVERRIDES[method],
+        **deployment_timeouts(slowest_update),
         "eval-every": args.nodes,
         "min-nodes": args.nodes,
         "max-seconds": float(args.budget),
@@ -212,27 +384,49 @@ def race_config(method: str, args: argparse.Namespace, output_dir: Path, name: s
     }
 
 
-def node_step_seconds(args: argparse.Namespace) -> dict[int, float]:
-    """Partition-id -> emulated seconds per step (the virtual clock's slow set)."""
-    clock = VirtualClock(
-        seed=COMMON_OVERRIDES["seed"],
-        slow_fraction=EMULATED_DEVICES["slow-fraction"],
-        slow_factor=EMULATED_DEVICES["slow-factor"],
-    )
-    factors = clock.speed_factors(list(range(args.nodes)))
-    return {pid: args.step_seconds * factor for pid, factor in factors.items()}
+def deployment_timeouts(slowest_update: float) -> dict[str, float]:
+    """``dispatch-timeout`` and ``message-ttl`` for emulated updates of up to
+    ``slowest_update`` seconds: a dispatch is given 3 of them + 60 s (at least
+    :data:`COMMON_OVERRIDES`' figure), a message 120 s more (at least its figure)."""
+    dispatch = max(COMMON_OVERRIDES["dispatch-timeout"], 3 * slowest_update + 60)
+    return {
+        "dispatch-timeout": float(dispatch),
+        "message-ttl": float(max(COMMON_OVERRIDES["message-ttl"], dispatch + 120)),
+    }
+
+
+def work_scheduling(config: dict) -> str:
+    """What sizes each message's local steps: ``equal-time``, ``compass`` (FedCompass's
+    own scheduler) or ``off`` (the run's own ``local-steps``)."""
+    if config["strategy"] == "fedcompass":
+        return "compass"
+    return str(config.get("work-scheduling", "off"))
+
+
+def update_seconds(step_seconds: dict[int, float]) -> tuple[float, float]:
+    """(fastest, slowest) seconds of one update of the run's own ``local-steps``."""
+    steps = COMMON_OVERRIDES["local-steps"]
+    return steps * min(step_seconds.values()), steps * max(step_seconds.values())
 
 
 # ------------------------------------------------------------------ the deployment
-def start_deployment(args: argparse.Namespace, base: Path) -> Deployment:
-    """SuperLink + ``--nodes`` SuperNodes, partition i emulating its step seconds."""
+def start_deployment(
+    base: Path, run_name: str, nodes: int, step_seconds: dict[int, float] | None
+) -> Deployment:
+    """SuperLink + ``nodes`` SuperNodes, partition i emulating ``step_seconds[i]`` (no
+    emulation if None); returns once every SuperNode is connected. The caller stops it
+    (:meth:`Deployment.stop_everything`), also when this raises."""
     per_node = {
         f"NODE_CONFIG_EXTRA_{pid}": f"step-seconds={seconds!r}"
-        for pid, seconds in node_step_seconds(args).items()
+        for pid, seconds in (step_seconds or {}).items()
     }
-    dep = Deployment(base, "run", PYTHONPATH=str(REPO), **per_node)
-    dep.script("start_local.sh", str(args.nodes), timeout=120 + 30 * args.nodes)
-    dep.wait_connected([f"node-{i}" for i in range(args.nodes)], timeout=300)
+    dep = Deployment(base, run_name, PYTHONPATH=str(REPO), **per_node)
+    try:
+        dep.script("start_local.sh", str(nodes), timeout=120 + 30 * nodes)
+        dep.wait_connected([f"node-{i}" for i in range(nodes)], timeout=300)
+    except BaseException:
+        dep.stop_everything()
+        raise
     return dep
 
 
@@ -251,42 +445,91 @@ def flwr_run(
         code: int | None = proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         kill_all(process_tree(proc.pid))
+        proc.wait()
         code = None
     return code, time.monotonic() - started
 
 
-def measure_round_trip(dep: Deployment, args: argparse.Namespace, base: Path) -> dict:
-    """The probe ServerApp of bench_deployment.py on this deployment: median round trip
-    (push -> reply pulled) and latency (round trip - ClientApp handler), seconds."""
-    app = probe_app(
-        base / "probe-app",
-        "gsgm-race-probe",
-        "1.0.0",
-        {"probe_server.py": PROBE_SERVER, "probe_client.py": PROBE_CLIENT},
-        "probe_client:app",
-        PROBE_CONFIG,
-    )
-    out = base / "probe.json"
-    out.unlink(missing_ok=True)
-    config = (
-        f'nodes={args.nodes} updates-per-node={args.probe_updates} out="{out}" depth=1 '
-        "batch-size=32 local-batches=1"
-    )
-    code, _ = flwr_run(dep, app, config, base / "probe.log", 300 + 60 * args.probe_updates)
-    if not out.is_file():
-        raise RuntimeError(
-            f"the round-trip probe wrote no result (exit {code})\n" + tail(base / "probe.log")
+#: The probe's ClientApp in the race: bench_deployment.py's, with the device emulation
+#: off (node config ``step-seconds`` dropped), so that the probe's round trip is the
+#: protocol's plus one real batch, as in the quiet measurement.
+RACE_PROBE_CLIENT = '''"""The project's ClientApp, device emulation off, stamping each message."""
+
+import dataclasses
+import os
+import time
+
+from flwr.clientapp import ClientApp
+
+from clients.client_app import app as project_app
+
+
+def _process_start() -> float:
+    ticks = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19])
+    uptime = float(open("/proc/uptime").read().split()[0])
+    return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+
+
+PROCESS_START = _process_start()
+app = ClientApp()
+
+
+@app.train()
+def train(msg, context):
+    config = {k: v for k, v in context.node_config.items() if k != "step-seconds"}
+    context = dataclasses.replace(context, node_config=config)
+    start = time.time()
+    reply = project_app(msg, context)
+    end = time.time()
+    metrics = reply.content["metrics"]
+    metrics["t-start"], metrics["t-end"], metrics["t-process"] = start, end, PROCESS_START
+    metrics["pid"] = os.getpid()
+    return reply
+'''
+
+
+class Probe:
+    """The round-trip probe on one deployment (its app built once, in ``folder``)."""
+
+    def __init__(self, dep: Deployment, folder: Path, nodes: int, updates: int) -> None:
+        self.dep, self.folder, self.nodes, self.updates = dep, folder, nodes, updates
+        self.app = probe_app(
+            folder / "probe-app",
+            "gsgm-race-probe",
+            "1.0.0",
+            {"probe_server.py": PROBE_SERVER, "probe_client.py": RACE_PROBE_CLIENT},
+            "probe_client:app",
+            PROBE_CONFIG,
         )
-    rows = [r for r in json.loads(out.read_text())["rows"] if "error" not in r and r["index"] > 0]
-    if not rows:
-        raise RuntimeError(f"the round-trip probe timed no update: {out}")
-    round_trips = [r["pulled"] - r["push_start"] for r in rows]
-    latencies = [rt - (r["t-end"] - r["t-start"]) for rt, r in zip(round_trips, rows)]
-    return {
-        "round_trip_median_seconds": statistics.median(round_trips),
-        "latency_seconds": statistics.median(latencies),
-        "updates": len(rows),
-    }
+        self.count = 0
+
+    def __call__(self, label: str) -> dict:
+        """One probe: {round_trip, latency, updates}. Raises RaceError with its log."""
+        self.count += 1
+        name = f"probe-{self.count:02d}-{label}"
+        out = self.folder / f"{name}.json"
+        out.unlink(missing_ok=True)
+        config = (
+            f'nodes={self.nodes} updates-per-node={self.updates} out="{out}" depth=1 '
+            "batch-size=32 local-batches=1"
+        )
+        log = self.folder / f"{name}.log"
+        code, _ = flwr_run(self.dep, self.app, config, log, 300 + 60 * (self.updates + 1))
+        if not out.is_file():
+            raise RaceError(f"the round-trip probe wrote no result (exit {code})\n" + tail(log))
+        return probe_figures(json.loads(out.read_text())["rows"])
+
+
+def measure_quiet_round_trip(args: argparse.Namespace, base: Path) -> dict:
+    """The quiet figure: the probe on its own deployment of :data:`QUIET_NODES`
+    SuperNodes without emulated speeds, stopped afterwards."""
+    folder = base / "quiet"
+    folder.mkdir(parents=True, exist_ok=True)
+    dep = start_deployment(base, "quiet-run", QUIET_NODES, None)
+    try:
+        return Probe(dep, folder, QUIET_NODES, args.probe_updates)("quiet")
+    finally:
+        dep.stop_everything()
 
 
 # ------------------------------------------------------------------ one run's figures
@@ -324,16 +567,17 @@ def run_method(
     order: int,
     args: argparse.Namespace,
     base: Path,
-    probe: dict,
+    speeds: dict[int, float],
 ) -> dict:
-    """One raced run on the deployment; its CSV row."""
+    """One raced run on the deployment; its CSV row (probe and validity columns are
+    filled in by the caller)."""
     name = f"race-{method}-r{repeat}"
     runs = base / "runs"
-    config = race_config(method, args, runs, name)
-    load_before = os.getloadavg()[0]
-    code, wall = flwr_run(
-        dep, REPO, run_config_pairs(config), base / f"{name}.log", args.budget + 300
-    )
+    config = race_config(method, args, runs, name, update_seconds(speeds)[1])
+    load_before = os.getloadavg()
+    timeout = args.budget + 300 + 2 * update_seconds(speeds)[1]
+    code, wall = flwr_run(dep, REPO, run_config_pairs(config), base / f"{name}.log", timeout)
+    load_after = os.getloadavg()
     run_dir = runs / name
     summary_path = run_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
@@ -342,84 +586,134 @@ def run_method(
     status = summary.get("status", "no summary") if code == 0 else f"flwr run exit {code}"
     if status != "completed":
         print(f"  {name}: {status}\n{tail(base / f'{name}.log', 20)}", flush=True)
+    ordered = sorted(speeds.values())
     return {
         "method": method,
         "repeat": repeat,
         "order": order,
+        "speeds": args.speeds,
         "status": status,
+        "valid": False,
+        "load_before": load_before[0],
+        "load_before_5min": load_before[1],
+        "load_after": load_after[0],
+        "load_after_5min": load_after[1],
+        "probe_round_trip": math.nan,
+        "probe_round_trip_before": math.nan,
+        "probe_round_trip_after": math.nan,
+        "quiet_round_trip": args.quiet_round_trip,
         "target_accuracy": args.target,
         "wall_seconds_to_target": got["seconds_to_target"],
         "predicted_seconds_to_target": math.nan,
+        "updates": summary.get("updates_received", 0),
+        "predicted_updates": math.nan,
         "accuracy_at_budget": got["accuracy_at_budget"],
         "predicted_accuracy_at_budget": math.nan,
         "final_accuracy": summary.get("final_accuracy", math.nan),
         "wall_budget_seconds": float(args.budget),
         "wall_seconds": summary.get("wall_seconds", wall),
-        "updates": summary.get("updates_received", 0),
-        "predicted_updates": math.nan,
         "evaluations": len(rows),
         "nodes": args.nodes,
         "local_steps": config["local-steps"],
         "batch_size": config["batch-size"],
         "local_lr": config["local-lr"],
-        "step_seconds": args.step_seconds,
-        "slow_factor": EMULATED_DEVICES["slow-factor"],
+        "work_scheduling": work_scheduling(config),
+        "fastest_step_seconds": ordered[0],
+        "median_step_seconds": statistics.median(ordered),
+        "slowest_step_seconds": ordered[-1],
         "server_learning_rate": config.get("server-learning-rate", math.nan),
-        "round_trip_median_seconds": probe["round_trip_median_seconds"],
-        "latency_seconds": probe["latency_seconds"],
-        "load_average_before": load_before,
-        "load_average_after": os.getloadavg()[0],
+        "latency_seconds": math.nan,
         "run_name": name,
     }
 
 
-# ------------------------------------------------------------------ the prediction
-def prediction_config(
-    method: str, args: argparse.Namespace, latency: float, output_dir: Path
-) -> dict:
-    """The raced configuration of ``method`` under the time model (virtual seconds).
+def set_probes(row: dict, before: dict | None, after: dict | None) -> None:
+    """The probe columns of a run's row, and its validity."""
+    row["probe_round_trip_before"] = before["round_trip"] if before else math.nan
+    row["probe_round_trip_after"] = after["round_trip"] if after else math.nan
+    pair = [row["probe_round_trip_before"], row["probe_round_trip_after"]]
+    row["probe_round_trip"] = math.nan if any(math.isnan(x) for x in pair) else max(pair)
+    row["valid"] = is_valid(row["status"], row["probe_round_trip"], row["quiet_round_trip"])
 
-    The asynchronous methods stop at the budget in virtual seconds (``max-seconds``);
-    FedAvg, which has no virtual-time budget, gets as many rounds as can fit in it (a
-    round lasts at least the slowest node's compute plus the latency).
-    """
+
+# ------------------------------------------------------------------ the prediction
+def write_device_profile(path: Path, step_seconds: dict[int, float], latency: float) -> Path:
+    """The race's device profile file (:func:`device_profile_rows`) at ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as fh:
+        csv.writer(fh, lineterminator="\n").writerows(device_profile_rows(step_seconds, latency))
+    return path
+
+
+def prediction_config(
+    method: str,
+    args: argparse.Namespace,
+    profile: Path,
+    step_seconds: dict[int, float],
+    latency: float,
+    output_dir: Path,
+) -> dict:
+    """The raced configuration of ``method`` under the time model (virtual seconds),
+    ``device-profile`` = the race's profile file.
+
+    Every method stops at the budget in virtual seconds (``max-seconds``); FedAvg's
+    ``max-updates`` is set to the rounds that can fit in it, + 1 (a round lasts at
+    least the slowest node's compute plus the latency)."""
     config = race_config(method, args, output_dir, f"predict-{method}")
     config.update(PREDICTION_OVERRIDES)
-    config.update({"step-seconds": args.step_seconds, "latency-seconds": latency})
+    config["device-profile"] = str(profile)
     for key in ("min-nodes", "dispatch-timeout", "message-ttl", "startup-timeout", "poll-interval"):
         config.pop(key, None)  # deployment-only: the in-process grid answers at once
     if method == "fedavg":
-        shortest_round = (
-            config["local-steps"] * args.step_seconds * EMULATED_DEVICES["slow-factor"] + latency
-        )
+        shortest_round = update_seconds(step_seconds)[1] + latency
         config["max-updates"] = args.nodes * (math.ceil(args.budget / shortest_round) + 1)
     return config
 
 
-def predict(method: str, args: argparse.Namespace, latency: float, base: Path) -> dict:
+def predict(method: str, args: argparse.Namespace, config: dict, base: Path) -> dict:
     """The time model's prediction of one raced configuration: the project's
-    experiment on the in-process grid with the virtual clock (``device-profile`` =
-    ``loopback``, the emulated step seconds, ``latency`` seconds per message); its
-    virtual seconds to ``--target``, accuracy at the budget and updates.
-
-    Raises
-    ------
-    ValueError
-        If the run config does not know the time model's keys (it is not merged yet:
-        run with ``--skip-prediction``), naming them.
-    """
+    experiment on the in-process grid with the virtual clock; its virtual seconds to
+    ``--target``, accuracy at the budget and updates. The grid's client threads are
+    joined before it returns (a thread still in torch at interpreter exit aborts it)."""
     from clients.client_app import app as client_app
     from flwr_gsgm.simulation.inprocess_grid import InProcessGrid
     from serverapp.app_config import parse_app_config
     from serverapp.experiment import run_experiment
 
-    runs = base / "predictions"
-    cfg = parse_app_config(prediction_config(method, args, latency, runs))
-    run_dir = runs / cfg["run-name"]
+    cfg = parse_app_config(config)
+    run_dir = Path(cfg["output-dir"]) / cfg["run-name"]
     grid = InProcessGrid(client_app, args.nodes, cfg, workers=2)
-    summary = run_experiment(grid, cfg, run_dir)
+    try:
+        summary = run_experiment(grid, cfg, run_dir)
+    finally:
+        grid.close()
+        join_client_threads(timeout=300)
     got = figures(read_rows(run_dir), "virtual_time", args.target, args.budget)
     return {**got, "updates": summary["updates_received"]}
+
+
+#: The name of the in-process grid's ClientApp threads (InProcessGrid._start).
+CLIENT_THREAD_NAME = "inprocess-node"
+
+
+def join_client_threads(timeout: float) -> list[str]:
+    """Wait up to ``timeout`` seconds in all for the in-process grid's ClientApp threads
+    (daemons, still training when the engine stopped) to end; the names of the threads
+    other than the main one still alive then.
+
+    A daemon thread still inside torch when the interpreter exits kills the process with
+    "terminate called without an active exception" (exit 134), after the CSV was
+    written: what ended the race of issue 34's quiet run.
+    """
+    deadline = time.monotonic() + timeout
+    for thread in threading.enumerate():
+        if thread.name == CLIENT_THREAD_NAME:
+            thread.join(max(0.0, deadline - time.monotonic()))
+    return [
+        t.name
+        for t in threading.enumerate()
+        if t.is_alive() and t is not threading.main_thread() and t.name == CLIENT_THREAD_NAME
+    ]
 
 
 def missing_prediction_keys() -> list[str]:
@@ -455,54 +749,90 @@ def _median(values: list[float]) -> float:
     return math.nan if math.isinf(m) else m
 
 
-def summary_text(rows: list[dict], args: argparse.Namespace, probe: dict) -> str:
-    """Medians per method and the race's two ratios, with the issue's targets."""
-    lines = [
-        f"Deployment race: {args.nodes} SuperNodes on 127.0.0.1 (TLS, authentication, warm "
-        f"executor), Fashion-MNIST 2 classes per node, weights mode, "
-        f"{COMMON_OVERRIDES['local-steps']} steps x batch {COMMON_OVERRIDES['batch-size']} at "
-        f"lr {COMMON_OVERRIDES['local-lr']}; {args.step_seconds} s per step "
-        f"({EMULATED_DEVICES['slow-factor']:g}x on {EMULATED_DEVICES['slow-fraction']:.0%} of "
-        f"the nodes); budget {args.budget:g} s; target accuracy {args.target}",
-        f"round trip median {probe['round_trip_median_seconds']:.3f} s, latency (round trip - "
-        f"ClientApp) {probe['latency_seconds']:.3f} s over {probe['updates']} probe updates",
-        f"{'method':<8} {'runs':>4} {'reached':>7} {'s to target':>12} {'predicted':>10} "
-        f"{'pred/meas':>9} {'acc@budget':>10} {'pred acc':>8} {'final acc':>9} {'updates':>8}",
-    ]
-    med: dict[str, dict[str, float]] = {}
-    for method in METHODS:
-        mine = [r for r in rows if r["method"] == method]
+def method_medians(rows: list[dict], methods: list[str] | tuple[str, ...]) -> dict:
+    """Per method, over its **valid** rows only: runs, reached, medians of the time to
+    target, accuracy at the budget, final accuracy and updates, and the prediction."""
+    medians: dict[str, dict[str, float]] = {}
+    for method in methods:
+        mine = [r for r in rows if r["method"] == method and r["valid"]]
         if not mine:
             continue
-        m = {
+        medians[method] = {
+            "runs": len(mine),
+            "reached": sum(not math.isnan(r["wall_seconds_to_target"]) for r in mine),
             "time": _median([r["wall_seconds_to_target"] for r in mine]),
             "predicted": mine[0]["predicted_seconds_to_target"],
             "acc": statistics.median(r["accuracy_at_budget"] for r in mine),
             "pred_acc": mine[0]["predicted_accuracy_at_budget"],
             "final": statistics.median(r["final_accuracy"] for r in mine),
             "updates": statistics.median(r["updates"] for r in mine),
+            "pred_updates": mine[0]["predicted_updates"],
         }
-        med[method] = m
-        reached = sum(not math.isnan(r["wall_seconds_to_target"]) for r in mine)
+    return medians
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b and not (math.isnan(a) or math.isnan(b)) else math.nan
+
+
+def summary_text(rows: list[dict], args: argparse.Namespace, speeds: dict[int, float]) -> str:
+    """Medians per method over the valid runs, the excluded runs, and the issue's targets."""
+    fastest, slowest = update_seconds(speeds)
+    invalid = [r for r in rows if not r["valid"]]
+    lines = [
+        f"Deployment race: {args.nodes} SuperNodes on 127.0.0.1 (TLS, authentication, warm "
+        f"executor), Fashion-MNIST 2 classes per node, weights mode, "
+        f"{COMMON_OVERRIDES['local-steps']} steps x batch {COMMON_OVERRIDES['batch-size']} at "
+        f"lr {COMMON_OVERRIDES['local-lr']}; speeds {args.speeds}: "
+        f"{min(speeds.values()):g}-{max(speeds.values()):g} s per step, an update of "
+        f"{fastest:.1f}-{slowest:.1f} s; budget {args.budget:g} s; target accuracy {args.target}",
+        f"quiet round trip {args.quiet_round_trip:.3f} s ({QUIET_NODES} SuperNodes); a run is "
+        f"valid if its probe round trip <= {VALIDITY_FACTOR:g} x that = "
+        f"{VALIDITY_FACTOR * args.quiet_round_trip:.3f} s",
+        f"medians over the valid runs only ({len(rows) - len(invalid)} of {len(rows)}):",
+        f"{'method':<10} {'runs':>4} {'reached':>7} {'s to target':>12} {'predicted':>10} "
+        f"{'pred/meas':>9} {'acc@budget':>10} {'pred acc':>8} {'final acc':>9} {'updates':>8} "
+        f"{'predicted':>9}",
+    ]
+    med = method_medians(rows, args.methods)
+    for method, m in med.items():
         lines.append(
-            f"{method:<8} {len(mine):>4} {reached:>7} {m['time']:>12.1f} {m['predicted']:>10.1f} "
-            f"{m['predicted'] / m['time']:>9.2f} {m['acc']:>10.4f} {m['pred_acc']:>8.4f} "
-            f"{m['final']:>9.4f} {m['updates']:>8.0f}"
+            f"{method:<10} {m['runs']:>4} {m['reached']:>7} {m['time']:>12.1f} "
+            f"{m['predicted']:>10.1f} {_ratio(m['predicted'], m['time']):>9.2f} {m['acc']:>10.4f} "
+            f"{m['pred_acc']:>8.4f} {m['final']:>9.4f} {m['updates']:>8.0f} "
+            f"{m['pred_updates']:>9.0f}"
+        )
+    if invalid:
+        names = ", ".join(
+            f"{r['run_name']} ({r['status']}, probe {r['probe_round_trip']:.2f} s)" for r in invalid
+        )
+        lines.append(
+            f"EXCLUDED {len(invalid)} invalid run(s): {names}. They must be re-run on a quiet "
+            "machine (nothing else running) before the race is reported."
         )
     if "fedavg" in med and "gsgm" in med:
-        ratio = med["fedavg"]["time"] / med["gsgm"]["time"]
+        ratio = _ratio(med["fedavg"]["time"], med["gsgm"]["time"])
         verdict = "n/a" if math.isnan(ratio) else ("met" if ratio >= 1.5 else "MISSED")
         lines.append(f"FedAvg/GSGM median time to target: {ratio:.2f}x (target >= 1.5x: {verdict})")
-    if "fedavg" in med and "fedbuff" in med:
-        ratio = med["fedavg"]["time"] / med["fedbuff"]["time"]
-        lines.append(f"FedAvg/FedBuff median time to target: {ratio:.2f}x")
+    for other in ("fedbuff", "fedcompass"):
+        if other in med and "gsgm" in med:
+            ratio = _ratio(med[other]["time"], med["gsgm"]["time"])
+            verdict = "n/a" if math.isnan(ratio) else ("met" if ratio >= 1.0 else "MISSED")
+            lines.append(
+                f"{other}/GSGM median time to target: {ratio:.2f}x (GSGM no slower: {verdict})"
+            )
     for method, m in med.items():
-        error = abs(m["predicted"] / m["time"] - 1)
-        verdict = "n/a" if math.isnan(error) else ("met" if error <= 0.25 else "MISSED")
-        lines.append(
-            f"{method}: predicted/measured time to target {m['predicted'] / m['time']:.2f} "
-            f"(within 25%: {verdict})"
-        )
+        for label, predicted, measured in (
+            ("time to target", m["predicted"], m["time"]),
+            ("updates", m["pred_updates"], m["updates"]),
+        ):
+            ratio = _ratio(predicted, measured)
+            verdict = (
+                "n/a" if math.isnan(ratio) else ("met" if abs(ratio - 1) <= 0.15 else "MISSED")
+            )
+            lines.append(
+                f"{method}: predicted/measured {label} {ratio:.2f} (within 15%: {verdict})"
+            )
     return "\n".join(lines)
 
 
@@ -513,14 +843,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--nodes", type=int, help="SuperNodes (default 10; --quick 3)")
     parser.add_argument("--repeats", type=int, help="repetitions per method (default 3; --quick 1)")
     parser.add_argument(
-        "--budget", type=float, help="wall seconds per run (default 300; --quick 60)"
+        "--budget",
+        type=float,
+        help=f"wall seconds per run (default {FULL_BUDGET_SECONDS:g}; --quick 60)",
     )
     parser.add_argument("--target", type=float, default=0.70, help="target accuracy, in (0, 1)")
+    parser.add_argument("--speeds", choices=SPEEDS, default="appfl10", help="emulated devices")
     parser.add_argument(
-        "--step-seconds", type=float, default=0.1, help="emulated seconds per step, fast nodes"
+        "--step-seconds",
+        type=float,
+        default=0.1,
+        help="slow-quarter: emulated seconds per step of the fast nodes",
     )
     parser.add_argument(
-        "--probe-updates", type=int, help="probe updates per node (default 4; --quick 2)"
+        "--quiet-round-trip",
+        type=float,
+        help="seconds: the quiet figure (default: measured at the start with 2 SuperNodes)",
+    )
+    parser.add_argument(
+        "--round-trip-multiple",
+        type=float,
+        help="appfl10: the fastest update lasts this many quiet round trips "
+        f"(default {ROUND_TRIP_MULTIPLE:g}; --quick 1)",
+    )
+    parser.add_argument(
+        "--probe-updates", type=int, help="probe updates per node (default 3; --quick 2)"
     )
     parser.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated: {METHODS}")
     parser.add_argument("--skip-prediction", action="store_true", help="no time-model prediction")
@@ -529,8 +876,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--workdir", type=Path, default=REPO / "outputs" / "deployment_race")
     args = parser.parse_args(argv)
-    quick = {"nodes": 3, "repeats": 1, "budget": 60.0, "probe_updates": 2}
-    full = {"nodes": 10, "repeats": 3, "budget": 300.0, "probe_updates": 4}
+    quick = {
+        "nodes": 3,
+        "repeats": 1,
+        "budget": 60.0,
+        "probe_updates": 2,
+        "round_trip_multiple": 1.0,
+    }
+    full = {
+        "nodes": 10,
+        "repeats": 3,
+        "budget": FULL_BUDGET_SECONDS,
+        "probe_updates": 3,
+        "round_trip_multiple": ROUND_TRIP_MULTIPLE,
+    }
     for key, value in (quick if args.quick else full).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -541,17 +900,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             if args.quick
             else REPO / "docs" / "results" / "deployment_race" / "race.csv"
         )
+    args.out = args.out.resolve()
     args.methods = [m for m in args.methods.split(",") if m]
+    quiet = args.quiet_round_trip
     problems = [
         f"--nodes {args.nodes}: expected an integer >= 2" * (args.nodes < 2),
         f"--repeats {args.repeats}: expected an integer >= 1" * (args.repeats < 1),
         f"--budget {args.budget}: expected seconds > 0" * (not args.budget > 0),
         f"--target {args.target}: expected a fraction in (0, 1)" * (not 0 < args.target < 1),
         f"--step-seconds {args.step_seconds}: expected seconds >= 0" * (args.step_seconds < 0),
+        f"--quiet-round-trip {quiet}: expected seconds > 0"
+        * (quiet is not None and not (math.isfinite(quiet) and quiet > 0)),
+        f"--round-trip-multiple {args.round_trip_multiple}: expected a number > 0"
+        * (not args.round_trip_multiple > 0),
         f"--probe-updates {args.probe_updates}: expected an integer >= 1"
         * (args.probe_updates < 1),
         f"--methods {args.methods}: expected some of {METHODS}"
-        * bool(set(args.methods) - set(METHODS)),
+        * (not args.methods or bool(set(args.methods) - set(METHODS))),
     ]
     if not args.skip_prediction and (missing := missing_prediction_keys()):
         problems.append(
@@ -564,60 +929,129 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def race(args: argparse.Namespace) -> tuple[list[dict], dict[int, float], list[str]]:
+    """Steps 1-5 of the module's docstring; (rows, speeds, failures)."""
     base = args.workdir
     base.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    rows: list[dict] = []
-    print(f"starting the deployment: {args.nodes} SuperNodes, work folder {base}", flush=True)
-    dep = start_deployment(args, base)
-    try:
-        probe = measure_round_trip(dep, args, base)
+
+    def so_far() -> str:
+        return f"({time.monotonic() - started:.0f} s so far)"
+
+    if args.quiet_round_trip is None:
+        print(f"quiet round trip: the probe on {QUIET_NODES} SuperNodes", flush=True)
+        quiet = measure_quiet_round_trip(args, base)
+        args.quiet_round_trip = quiet["round_trip"]
         print(
-            f"round trip median {probe['round_trip_median_seconds']:.3f} s, latency "
-            f"{probe['latency_seconds']:.3f} s ({time.monotonic() - started:.0f} s so far)",
+            f"quiet round trip {quiet['round_trip']:.3f} s (latency {quiet['latency']:.3f} s, "
+            f"{quiet['updates']} updates) {so_far()}",
             flush=True,
         )
+    speeds = node_step_seconds(args, args.quiet_round_trip)
+    fastest, slowest = update_seconds(speeds)
+    print(
+        f"speeds {args.speeds}: "
+        + ", ".join(f"node {p} {s:g} s/step" for p, s in sorted(speeds.items()))
+        + f"; an update of {COMMON_OVERRIDES['local-steps']} steps lasts {fastest:.1f}-"
+        f"{slowest:.1f} s",
+        flush=True,
+    )
+    print(f"starting the deployment: {args.nodes} SuperNodes, work folder {base}", flush=True)
+    rows: list[dict] = []
+    failures: list[str] = []
+    probes: list[dict] = []
+    dep = start_deployment(base, "run", args.nodes, speeds)
+    try:
+        probe = Probe(dep, base, args.nodes, args.probe_updates)
         warmup = {
-            **race_config("fedavg", args, base / "runs", "warmup"),
+            **race_config("fedavg", args, base / "runs", "warmup", slowest),
             "max-updates": args.nodes,  # one round
+            "local-steps": 1,  # of one step: the slowest node's 20 would last minutes
             "max-seconds": 0.0,
             "eval-examples": 100,
         }
         code, wall = flwr_run(dep, REPO, run_config_pairs(warmup), base / "warmup.log", 600)
         print(f"warm-up run: exit {code}, {wall:.0f} s", flush=True)
+        if code != 0:
+            raise RaceError(f"the warm-up run failed (exit {code})\n" + tail(base / "warmup.log"))
+        before: dict | None = probe("start")
+        probes.append(before)
+        print(f"probe: round trip {before['round_trip']:.3f} s {so_far()}", flush=True)
         for repeat in range(1, args.repeats + 1):
             shift = (repeat - 1) % len(args.methods)
             for order, method in enumerate(args.methods[shift:] + args.methods[:shift], start=1):
-                row = run_method(dep, method, repeat, order, args, base, probe)
+                row = run_method(dep, method, repeat, order, args, base, speeds)
+                try:
+                    after: dict | None = probe(f"after-{method}-r{repeat}")
+                    probes.append(after)
+                except RaceError as err:
+                    print(f"  the probe after {row['run_name']} failed: {err}", flush=True)
+                    after = None
+                set_probes(row, before, after)
+                before = after
                 rows.append(row)
+                if row["status"] != "completed":
+                    failures.append(f"{row['run_name']}: {row['status']}")
                 print(
-                    f"{method} repeat {repeat}: {row['status']}, to target "
-                    f"{row['wall_seconds_to_target']:.1f} s, at budget "
-                    f"{row['accuracy_at_budget']:.4f}, {row['updates']} updates "
-                    f"({time.monotonic() - started:.0f} s so far)",
+                    f"{method} repeat {repeat}: {row['status']}, "
+                    f"{'valid' if row['valid'] else 'INVALID'} (probe "
+                    f"{row['probe_round_trip']:.2f} s, load {row['load_before']:.1f}-"
+                    f"{row['load_after']:.1f}), to target {row['wall_seconds_to_target']:.1f} s, "
+                    f"at budget {row['accuracy_at_budget']:.4f}, {row['updates']} updates "
+                    f"{so_far()}",
                     flush=True,
                 )
                 write_csv(args.out, rows)  # what ran so far, if a later run fails
     finally:
         dep.stop_everything()
+        leftovers = dep.leftover_pids()
+        if leftovers:
+            failures.append(f"processes still alive after the deployment's stop: {leftovers}")
+    latency = statistics.median(p["latency"] for p in probes) if probes else math.nan
+    for row in rows:
+        row["latency_seconds"] = latency
+    profile = write_device_profile(
+        args.out.parent / f"{args.out.stem}-device-profile.csv", speeds, latency
+    )
+    print(f"device profile file {profile} (latency {latency:.3f} s)", flush=True)
     if not args.skip_prediction:
         for method in args.methods:
-            got = predict(method, args, probe["latency_seconds"], base)
+            config = prediction_config(method, args, profile, speeds, latency, base / "predictions")
+            got = predict(method, args, config, base)
             for row in rows:
                 if row["method"] == method:
                     row["predicted_seconds_to_target"] = got["seconds_to_target"]
                     row["predicted_accuracy_at_budget"] = got["accuracy_at_budget"]
                     row["predicted_updates"] = got["updates"]
-            print(
-                f"predicted {method}: {got} ({time.monotonic() - started:.0f} s so far)", flush=True
-            )
-    write_csv(args.out, rows)
-    print(summary_text(rows, args, probe))
-    print(f"wrote {args.out}; {time.monotonic() - started:.0f} s in all")
+            print(f"predicted {method}: {got} {so_far()}", flush=True)
+    return rows, speeds, failures
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    started = time.monotonic()
+    failures: list[str] = []
+    try:
+        rows, speeds, failures = race(args)
+        write_csv(args.out, rows)
+        print(summary_text(rows, args, speeds))
+        print(f"wrote {args.out}; {time.monotonic() - started:.0f} s in all", flush=True)
+    except (RaceError, TimeoutError, RuntimeError, OSError, ValueError) as err:
+        failures.append(f"{type(err).__name__}: {err}")
+    except KeyboardInterrupt:
+        failures.append("interrupted (Ctrl-C); every process it started was stopped")
+    finally:
+        alive = join_client_threads(timeout=60)
+    if alive:
+        failures.append(f"client threads still alive at the end: {alive}")
+    if failures:
+        print("race failed: " + "; ".join(failures), file=sys.stderr, flush=True)
+        return 1
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    sys.exit(code)
