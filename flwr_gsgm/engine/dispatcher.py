@@ -31,6 +31,16 @@ from flwr_gsgm.strategy.hooks import TrainConfigFn, merge_train_config
 __all__ = ["Dispatcher"]
 
 
+class _Unset:
+    """A key a train config does not have, in the change log line."""
+
+    def __repr__(self) -> str:
+        return "unset"
+
+
+_UNSET = _Unset()
+
+
 class Dispatcher:
     """Sends train messages to idle active nodes within the budgets and the in-flight limit.
 
@@ -61,6 +71,8 @@ class Dispatcher:
         self.clock = clock
         self.train_config = train_config
         self.train_config_fn = train_config_fn
+        # train_config_fn's last config (the run's before its first): a change is logged.
+        self._fn_config = dict(train_config)
         self.members = members
         self.in_flight = in_flight
         # "auto" is resolved by the strategy, which knows the rule; an engine driven
@@ -161,6 +173,7 @@ class Dispatcher:
             config = merge_train_config(
                 self.train_config, self.train_config_fn, node.node_id, version, received
             )
+            self._log_config_change(config, node.name, received)
         # Work scheduling sets the message's local work last, over train_config_fn's.
         steps = self.work.steps_for(pid, self.members.active_ids(), now=self.clock.now())
         if steps is not None:
@@ -187,6 +200,24 @@ class Dispatcher:
         )
         optimizer.on_dispatch(pid)
         self.in_flight.push_train(dispatch, node.node_id, weights)
+
+    def _log_config_change(self, config: ConfigRecord, node: str, received: int) -> None:
+        """Log at INFO the keys in which ``config`` (``train_config_fn``'s, merged)
+        differs from the previous message's, once per change: a schedule leaves a trace
+        in the log (FedAvg's CustomFedAvg logs "Adjusted learning rate")."""
+        new = dict(config)
+        old, self._fn_config = self._fn_config, new
+        keys = [k for k in {**old, **new} if old.get(k, _UNSET) != new.get(k, _UNSET)]
+        if not keys:
+            return
+        changes = ", ".join(f"{k} {old.get(k, _UNSET)!r} -> {new.get(k, _UNSET)!r}" for k in keys)
+        log(
+            INFO,
+            "[async] train_config_fn changed the train config at %d updates received (%s): %s",
+            received,
+            node,
+            changes,
+        )
 
     # --------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:

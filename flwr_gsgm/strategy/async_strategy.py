@@ -48,16 +48,6 @@ from flwr_gsgm.strategy.hooks import OnEvaluate, OnFederatedEvaluate, TrainConfi
 
 __all__ = ["AsyncStrategy", "AsyncResult", "CLIENT_MODES", "DISPLACEMENT_MODES"]
 
-#: The client work keys that matter in each mode (the summary names those left to
-#: the ClientApp).
-_CLIENT_WORK_KEYS = {
-    "gradient": (),
-    "delta": (),
-    "weights": ("batch-size", "local-steps", "local-epochs", "local-lr", "local-momentum"),
-}
-#: The keys work scheduling sets in a message once its node's speed is measured.
-_SCHEDULED_KEYS = ("local-steps", "local-epochs")
-
 
 @dataclass
 class AsyncResult(Result):
@@ -118,7 +108,7 @@ class AsyncStrategy:
         None (the default): in gradient and delta modes the protocol's default (batch
         32, one batch, one step, no epochs, lr 0.05, no momentum), sent; in weights
         mode not sent: the ClientApp's own (a FedAvg ClientApp keeps its epochs,
-        learning rate and momentum; the strategy's summary names them). Work
+        learning rate and momentum; the strategy's summary says so). Work
         scheduling (``EngineSettings.work_scheduling``) sets ``local-steps`` per
         message once a node's speed is measured.
     virtual_clock : VirtualClock | None
@@ -168,10 +158,14 @@ class AsyncStrategy:
         its own: keep it for a best-model checkpoint, do not modify it), ``metrics``
         the evaluation row of ``metrics.csv`` (``updates``, ``version``,
         ``virtual_time`` and ``wall_time`` in seconds, ``accuracy`` and ``loss``
-        from ``evaluate_fn``, NaN without one, the window's ``staleness_mean``,
-        ``staleness_max``, ``train_loss``, ``deferred``, ``rejected``,
-        ``dropped``) plus the other keys ``evaluate_fn`` returned. Its return value
-        is ignored: logging (W&B), best-model checkpoints (FedAvg's
+        from ``evaluate_fn``, the window's ``staleness_mean``, ``staleness_max``,
+        ``train_loss``, ``deferred``, ``rejected``, ``dropped``) plus the other keys
+        ``evaluate_fn`` returned; a value the run does not have is left out
+        (``train_loss`` at 0 updates, ``accuracy`` and ``loss`` without
+        ``evaluate_fn``: ``metrics.get(...)`` is None), so the metrics are strict
+        JSON. The first call, at 0 updates, is the untrained model: a best-model
+        checkpoint skips it (``if updates == 0: return``). Its return value is
+        ignored: logging (W&B), best-model checkpoints (FedAvg's
         ``aggregate_evaluate`` or ``evaluate_fn`` side effects).
     on_federated_evaluate : callable | None
         ``on_federated_evaluate(updates: int, metrics: MetricRecord)``, called when a
@@ -305,30 +299,28 @@ class AsyncStrategy:
 
     def summary(self) -> None:
         """Log the strategy's configuration: the rule, the server learning rate, the
-        client work (what the strategy sends, what is the ClientApp's own, and, with
-        work scheduling, that ``local-steps`` is set by it), federated evaluation,
-        hooks and clock."""
+        client work (what the strategy sends; in weights mode the rest is the
+        ClientApp's own settings, whatever keys it reads; with work scheduling, that it
+        sends ``local-steps``), federated evaluation, hooks and clock."""
         log(INFO, "\t├── Server optimizer: %s %s", self.optimizer_name, self.optimizer_params)
         lr, source = self.server_learning_rate, self.server_learning_rate_source
         log(INFO, "\t├── Server learning rate: %g (%s)", lr, source)
-        own = [k for k in _CLIENT_WORK_KEYS[self.client_mode] if k not in self.client_work]
-        scheduled = ""
+        # Name no ClientApp key here: a ported ClientApp may read none of the library's
+        # (advanced-pytorch reads "lr"), so only what the strategy sends is a fact.
+        if self.client_work:
+            sent = f"the strategy sends {self.client_work}"
+            if self.client_mode == "weights":
+                sent += " (the ClientApp's own settings for the rest)"
+        else:
+            sent = "the strategy sends no client work (the ClientApp trains with its own settings)"
         if self._work_scheduler != "off":
             # The dispatcher sets local-steps (and local-epochs 0) in every message once
             # the node's speed is measured; its first message carries the run's own work.
-            own = [k for k in own if k not in _SCHEDULED_KEYS]
-            scheduled = (
-                f"; local-steps set by work scheduling ({self._work_scheduler}, with "
+            sent += (
+                f"; work scheduling ({self._work_scheduler}) sends local-steps (and "
                 "local-epochs 0) once a node's speed is measured by its first reply"
             )
-        log(
-            INFO,
-            "\t├── Client work: mode=%s %s%s%s",
-            self.client_mode,
-            self.client_work,
-            f"; the ClientApp's own: {', '.join(own)}" if own else "",
-            scheduled,
-        )
+        log(INFO, "\t├── Client work: mode=%s; %s", self.client_mode, sent)
         if self.engine.work_scheduling != "off":
             log(
                 INFO,

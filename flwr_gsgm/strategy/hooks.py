@@ -21,6 +21,7 @@ nothing waits on it. A hook not given costs nothing: no call, no copy, no RNG dr
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -144,11 +145,18 @@ def evaluation_metrics(row: Mapping[str, Any], evaluated: Mapping[str, Any] | No
     The row is the ``metrics.csv`` line of this evaluation (``updates``, ``version``,
     ``virtual_time``, ``wall_time``, ``accuracy``, ``loss``, the window's
     ``staleness_mean``, ``staleness_max``, ``train_loss``, ``deferred``, ``rejected``,
-    ``dropped``; NaN where unknown); ``evaluated`` is ``evaluate_fn``'s MetricRecord
-    (None: none), whose keys other than the row's are added as returned.
+    ``dropped``); ``evaluated`` is ``evaluate_fn``'s MetricRecord (None: none), whose
+    keys other than the row's are added as returned. A value the run does not have
+    (NaN in ``metrics.csv``: ``train_loss`` at 0 updates or of a window whose replies
+    reported no loss, ``accuracy`` and ``loss`` that ``evaluate_fn`` did not return) is
+    left out, so ``metrics.get("train_loss")`` is None there (a MetricRecord holds no
+    None) and ``json.dumps(dict(metrics), allow_nan=False)`` works; a NaN that
+    ``evaluate_fn`` returned (a diverged model's loss) is kept.
     """
     out: dict[str, Any] = {k: v for k, v in dict(evaluated or {}).items() if k not in row}
     for key, value in row.items():
+        if isinstance(value, float) and math.isnan(value) and key not in (evaluated or {}):
+            continue  # no value, not a measured NaN: the hooks' JSON stays strict
         # numpy integers are no MetricRecord value; bool is an int here, as in the CSV
         out[key] = int(value) if isinstance(value, (int, np.integer)) else float(value)
     return MetricRecord(out)

@@ -9,6 +9,7 @@ received, what the callback saw, and how a failing hook stops the run.
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -206,10 +207,13 @@ def test_on_evaluate_sees_every_evaluation_in_order():
         (0.08, 0.92, 0.5),
         (0.1, 0.9, 0.5),
     ]
-    # metrics is the evaluation row (metrics.csv) plus evaluate_fn's other keys.
+    # metrics is the evaluation row (metrics.csv) plus evaluate_fn's other keys, less
+    # the row's NaN train_loss at 0 updates (no reply yet: no value, left out).
     assert len(result.rows) == len(seen)
+    assert math.isnan(result.rows[0]["train_loss"])  # metrics.csv keeps its NaN
     for row, (_, metrics) in zip(result.rows, seen):
-        assert dict(metrics) == {**row, "f1": 0.5}
+        known = {k: v for k, v in row.items() if not (k == "train_loss" and math.isnan(v))}
+        assert dict(metrics) == {**known, "f1": 0.5}
         assert isinstance(metrics["updates"], int) and isinstance(metrics["staleness_max"], int)
     assert [m["version"] for _, m in seen] == [0, 4, 8, 10]  # ASGD: a step per update
     # The last evaluation's arrays are the final model.
@@ -217,11 +221,38 @@ def test_on_evaluate_sees_every_evaluation_in_order():
     assert best["arrays"]["w"].numpy().tolist() == result.arrays["w"].numpy().tolist()
 
 
-def test_on_evaluate_without_evaluate_fn_gets_nan_accuracy():
+def test_on_evaluate_without_evaluate_fn_gets_no_accuracy():
     seen: list[tuple[int, MetricRecord]] = []
     run(max_updates=4, on_evaluate=lambda u, a, m: seen.append((u, m)))
     assert [u for u, _ in seen] == [0, 4]
-    assert all(math.isnan(m["accuracy"]) and math.isnan(m["loss"]) for _, m in seen)
+    assert [(m.get("accuracy"), m.get("loss")) for _, m in seen] == [(None, None)] * 2
+
+
+def test_the_first_on_evaluate_is_at_0_updates_without_train_loss_and_strict_json():
+    # At 0 updates no reply has come: train_loss has no value. The hook gets none (a
+    # MetricRecord holds no None: the key is left out), not NaN, so a port that writes
+    # its rows with json.dump (advanced-pytorch's results.json) writes strict JSON.
+    def evaluate_fn(updates: int, arrays: ArrayRecord) -> MetricRecord:
+        return MetricRecord({"accuracy": 0.5, "loss": 1.0})
+
+    seen: list[tuple[int, MetricRecord]] = []
+    run(
+        max_updates=4,
+        on_evaluate=lambda u, a, m: seen.append((u, m)),
+        start_kwargs={"evaluate_fn": evaluate_fn},
+    )
+    (first_updates, first), (_, last) = seen
+    assert first_updates == 0
+    assert first.get("train_loss") is None and "train_loss" not in first
+    assert last["train_loss"] == 0.25  # the replies' train_loss, once there are some
+    for _, metrics in seen:
+        assert json.loads(json.dumps(dict(metrics), allow_nan=False)) == dict(metrics)
+    wall = json.dumps(first["wall_time"])
+    assert json.dumps(dict(first), allow_nan=False) == (
+        f'{{"updates": 0, "version": 0, "virtual_time": 0.0, "wall_time": {wall}, '
+        '"accuracy": 0.5, "loss": 1.0, "staleness_mean": 0.0, "staleness_max": 0, '
+        '"deferred": 0, "rejected": 0, "dropped": 0}'
+    )
 
 
 def test_a_raising_on_evaluate_stops_the_run_naming_it():
@@ -241,3 +272,43 @@ def test_a_raising_on_evaluate_stops_the_run_naming_it():
 def test_a_hook_that_is_not_callable_is_refused_at_construction(hook):
     with pytest.raises(TypeError, match=f"^{hook} must be a callable or None, got dict"):
         ASGD(**{hook: {"local-lr": 0.1}})
+
+
+def test_a_train_config_change_is_logged_once_per_change(caplog):
+    # FedAvg's CustomFedAvg logs "Adjusted learning rate"; here the engine logs each
+    # change of what train_config_fn returns, once, not once per message: over the
+    # run's local-lr (0.2) at the first message, then the halving at 6 updates.
+    calls: list[tuple[int, int]] = []
+
+    def schedule(node_id: int, model_version: int, updates_received: int) -> ConfigRecord:
+        calls.append((node_id, updates_received))
+        return ConfigRecord({"local-lr": 0.1 if updates_received < 6 else 0.05})
+
+    caplog.set_level("INFO")
+    run(train_config_fn=schedule)
+    lines = [r.getMessage() for r in caplog.records if "train_config_fn changed" in r.getMessage()]
+    halved = next(n for n, u in calls if u >= 6)
+    assert lines == [
+        "[async] train_config_fn changed the train config at 0 updates received (node 1): "
+        "local-lr 0.2 -> 0.1",
+        f"[async] train_config_fn changed the train config at 6 updates received (node "
+        f"{halved}): local-lr 0.1 -> 0.05",
+    ]
+    assert len(calls) == 12  # called for every message, logged twice
+
+
+def test_a_train_config_fn_returning_the_run_config_logs_nothing(caplog):
+    caplog.set_level("INFO")
+    run(train_config_fn=lambda n, v, u: ConfigRecord({"optimizer": "sgd"}))
+    assert not [r for r in caplog.records if "train_config_fn changed" in r.getMessage()]
+
+
+def test_a_key_the_run_config_lacks_is_logged_as_set_from_unset(caplog):
+    # advanced-pytorch's ClientApp reads "lr", a key the run's train config may lack.
+    caplog.set_level("INFO")
+    run(max_updates=4, train_config_fn=lambda n, v, u: ConfigRecord({"lr": 0.1}))
+    lines = [r.getMessage() for r in caplog.records if "train_config_fn changed" in r.getMessage()]
+    assert lines == [
+        "[async] train_config_fn changed the train config at 0 updates received (node 1): "
+        "lr unset -> 0.1"
+    ]

@@ -148,23 +148,27 @@ def client_work_line(strategy, caplog) -> str:
 
 
 def test_the_summary_says_work_scheduling_sets_local_steps(caplog):
-    # Weights mode without client work: every key is the ClientApp's own (issue 35
-    # item 1), but local-steps (and local-epochs) once work scheduling sets them.
-    own = "the ClientApp's own: batch-size, local-lr, local-momentum"
+    # Weights mode without client work: the strategy sends none and names no key of
+    # the ClientApp's (a ported ClientApp may read none of the library's, e.g. "lr");
+    # with work scheduling it sends local-steps (and local-epochs 0).
+    none = (
+        "\t├── Client work: mode=weights; the strategy sends no client work (the ClientApp "
+        "trains with its own settings)"
+    )
     scheduled = (
-        "local-steps set by work scheduling ({}, with local-epochs 0) once a node's speed "
+        "; work scheduling ({}) sends local-steps (and local-epochs 0) once a node's speed "
         "is measured by its first reply"
     )
     on = EngineSettings(work_scheduling="equal-time")
     assert client_work_line(ASGD(client_mode="weights", engine=on), caplog) == (
-        f"\t├── Client work: mode=weights {{}}; {own}; {scheduled.format('equal-time')}"
+        none + scheduled.format("equal-time")
     )
-    assert client_work_line(ASGD(client_mode="weights"), caplog) == (
-        "\t├── Client work: mode=weights {}; the ClientApp's own: batch-size, local-steps, "
-        "local-epochs, local-lr, local-momentum"
-    )
+    assert client_work_line(ASGD(client_mode="weights"), caplog) == none
     # FedCompass schedules with its own scheduler, work-scheduling off.
     compass = STRATEGIES["fedcompass"](client_mode="weights")
-    assert client_work_line(compass, caplog) == (
-        f"\t├── Client work: mode=weights {{}}; {own}; {scheduled.format('compass')}"
+    assert client_work_line(compass, caplog) == none + scheduled.format("compass")
+    # Client work given: what the strategy sends, the rest the ClientApp's own.
+    assert client_work_line(ASGD(client_mode="weights", local_lr=0.2), caplog) == (
+        "\t├── Client work: mode=weights; the strategy sends {'local-lr': 0.2} (the "
+        "ClientApp's own settings for the rest)"
     )

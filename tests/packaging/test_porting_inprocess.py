@@ -91,3 +91,37 @@ def test_the_in_process_block_runs_the_apps_serverapp(tmp_path, monkeypatch):
     assert result.report.counters["updates_received"] == 20
     for name in ("pytorchexample.client_app", "pytorchexample.server_app", "pytorchexample"):
         sys.modules.pop(name, None)  # another test's app of the same name imports afresh
+
+
+def outputs_block() -> str:
+    """The Python block of PORTING.md's "The result" section (metrics.csv, summary.json)."""
+    section = PORTING.split("## The result", 1)[1].split("\n## ", 1)[0]
+    (block,) = re.findall(r"^```python\n(.*?)^```", section, re.S | re.M)
+    return block
+
+
+def test_the_outputs_block_writes_metrics_csv_and_summary_json(tmp_path, monkeypatch):
+    # A ServerApp of the user's writes no output file; the block writes the two the
+    # project's app writes, from an AsyncResult, with the wheel's functions.
+    import json
+
+    from flwr_gsgm import GSGM, InProcessGrid
+    from tests.engine.quadratic_app import initial_arrays, make_app
+
+    with InProcessGrid(make_app(), 3, run_config={}) as grid:
+        result = GSGM().start(grid, initial_arrays(), max_updates=6, eval_every=3)
+    monkeypatch.chdir(tmp_path)
+    exec(outputs_block(), {"result": result})
+    run_dir = tmp_path / "outputs" / "gsgm-run"
+    lines = (run_dir / "metrics.csv").read_text().splitlines()
+    assert lines[0] == (
+        "updates,version,virtual_time,wall_time,accuracy,loss,staleness_mean,"
+        "staleness_max,train_loss,deferred,rejected,dropped"
+    )
+    assert [line.split(",")[0] for line in lines[1:]] == ["0", "3", "6"]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["status"], summary["evaluations"], summary["updates_received"]) == (
+        "completed",
+        3,
+        6,
+    )
