@@ -51,9 +51,11 @@ Steps:
 3. a warm-up run (one FedAvg round of one step, not recorded) so that every executor
    has imported the race's app and cached its data;
 4. the probe on the race's deployment (its ClientApp with the emulation off, so that
-   its round trip is the protocol's, comparable with the quiet figure), then
-   ``--repeats`` repetitions of every method, interleaved (repeat r starts with method
-   r - 1 mod the number of methods), each followed by the probe again: a run's
+   its round trip is the protocol's, comparable with the quiet figure), then the
+   repetitions ``--repeat`` (default all ``--repeats``) of every method, interleaved
+   (repeat r starts with method r - 1 mod the number of methods), a (method, repeat)
+   with a valid row in the CSV skipped (see "Resuming"), each run followed by the probe
+   again, and the CSV written after every run: a run's
    ``probe_round_trip_before`` is the probe just before it, ``probe_round_trip_after``
    the one just after, ``probe_round_trip`` the larger; the 1- and 5-minute load
    averages (``os.getloadavg``) are read just before and just after the run. Each run
@@ -62,16 +64,37 @@ Steps:
    nodes updates (one FedAvg round);
 5. stop the deployment; write the device profile file (``<out stem>-device-profile.csv``
    beside the CSV: each node's emulated seconds per step and the median latency of the
-   race's probes, bytes free); then the prediction (unless ``--skip-prediction``): the
-   same configuration on the in-process grid under the virtual clock with
-   ``device-profile`` = that file (:func:`predict`; one run per method: the virtual
-   clock is deterministic);
-6. write the CSV and print the summary.
+   race's probes, bytes free; kept as it is when the CSV already holds predictions made
+   with it); then the prediction (unless ``--skip-prediction``) of each method the CSV
+   has no predicted figures for yet (the others' are reused): the same configuration
+   on the in-process grid under the virtual clock with ``device-profile`` = that file
+   (:func:`predict`; one run per method: the virtual clock is deterministic);
+6. write the CSV and print the summary of all its rows.
+
+**Resuming** (the full race lasts about 5 h, a working session at most 3 h): the race
+runs one repetition per session, ``--repeat 1``, then ``--repeat 2``, then ``--repeat 3``
+(``--repeat`` is 1-based, repeatable or a comma list). Each session does the whole
+start-up (steps 1-3) and appends its rows to the CSV (:func:`read_csv`: its columns must
+be :data:`CSV_COLUMNS`, its rows the same ``--speeds``, ``--nodes``, ``--budget``,
+``--target``, else it stops, naming them). A (method, repeat) that already has a valid
+row is skipped, said in the output; an invalid row stays in the CSV (``valid`` False)
+and its repetition is run again under a new name (``race-<method>-r<repeat>-a2``, ...:
+:func:`run_name_for`, never an earlier attempt's run folder). On start, a row whose run
+folder (``<workdir>/runs/<run_name>``) exists without a ``completed`` summary.json is
+ignored: marked invalid, its ``status`` prefixed ``ignored:`` (:func:`mark_incomplete`).
+The CSV is rewritten after every run (a temporary file renamed over it), so a session
+killed mid-race keeps the runs it finished; the run it was in leaves no row and is run
+again. ``appfl10``'s speeds are scaled by the quiet round trip of the CSV's first row,
+so that every session races the first session's devices; each run's validity is against
+its own session's quiet round trip (the row's ``quiet_round_trip``). ``--summary-only``
+reads the CSV, prints the summary and exits (no deployment).
 
 **Validity.** A run is valid when it completed and its ``probe_round_trip`` is at most
-:data:`VALIDITY_FACTOR` (2) x the quiet round trip (:func:`is_valid`). The summary's
-medians are over the valid runs only; it says how many runs were excluded, which, and
-that they must be re-run (an invalid race is re-run, not reported).
+:data:`VALIDITY_FACTOR` (2) x the quiet round trip (:func:`is_valid`). The summary is
+computed from the whole CSV (every session's rows): per method the median over its
+valid repetitions (one row each) with how many and which; it says how many runs were
+excluded, which, those whose repetition must still be re-run, and the (method, repeat)
+without a valid run yet (an invalid race is re-run, not reported).
 
 Per run (one CSV row, :data:`CSV_COLUMNS`): ``wall_seconds_to_target`` is the
 ``wall_time`` of the first evaluation at or above ``--target`` (engine seconds since the
@@ -89,12 +112,19 @@ change what is raced.
 
 Usage (from the repository, with the venv; on a quiet machine, nothing else running):
 
-    .venv/bin/python benchmarks/race_deployment.py            # the full race
-    .venv/bin/python benchmarks/race_deployment.py --quick    # the whole path, small
+    .venv/bin/python benchmarks/race_deployment.py --repeat 1    # session 1, ~1 h 45 min
+    .venv/bin/python benchmarks/race_deployment.py --repeat 2    # session 2, the same
+    .venv/bin/python benchmarks/race_deployment.py --repeat 3    # session 3, the same
+    .venv/bin/python benchmarks/race_deployment.py --summary-only  # the summary again
+    .venv/bin/python benchmarks/race_deployment.py --quick       # the whole path, small
 
 Full race (defaults): 10 SuperNodes, ``appfl10`` speeds, 4 methods x 3 repetitions of
-:data:`FULL_BUDGET_SECONDS` each; its duration is in docs/results/deployment_race/README.md
-("Running it"). ~10 GB of RAM (a SuperNode with its warm executor is ~950 MiB). Writes
+:data:`FULL_BUDGET_SECONDS` each, about 5 h in one go (each run its 1200 s + ~1-2 min:
+12 runs about 4.5 h, + ~25 min of quiet measurement, start-up, warm-up and predictions);
+one repetition per session: 4 runs x (1200 s + 1-2 min) = 84-88 min + the start-up and,
+in the first session, the predictions (part of those ~25 min): about 1 h 45 min
+(docs/results/deployment_race/README.md, "Running it"). ~10 GB of RAM (a SuperNode with
+its warm executor is ~950 MiB). Writes (appends to)
 docs/results/deployment_race/race.csv. ``--quick``: 3 SuperNodes, 60 s budget, 1
 repetition, 2 probe updates per node, the fastest update 1 x the quiet round trip
 (``--round-trip-multiple``) so that a run holds a few updates; writes
@@ -105,7 +135,10 @@ threads are joined before the interpreter exits. Certificates, keys, logs and ru
 folders go to ``--workdir`` (default ``outputs/deployment_race``, git-ignored).
 
 Exit code: 0 when every run completed and the CSV is written (invalid runs are flagged
-in the CSV and the summary, not an error); 1 with the reason printed when a run failed,
+in the CSV and the summary, not an error; also when every asked run was skipped, and for
+``--summary-only`` with rows to summarise); 1 with the reason printed when a run failed,
+the CSV has other columns or another configuration's rows (or, ``--summary-only``, no
+rows),
 the deployment or a probe could not be started, the prediction failed, or a process it
 started was still alive at the end; 2 on bad arguments.
 """
@@ -568,10 +601,12 @@ def run_method(
     args: argparse.Namespace,
     base: Path,
     speeds: dict[int, float],
+    name: str | None = None,
 ) -> dict:
-    """One raced run on the deployment; its CSV row (probe and validity columns are
-    filled in by the caller)."""
-    name = f"race-{method}-r{repeat}"
+    """One raced run on the deployment, in run folder ``name`` (default
+    ``race-<method>-r<repeat>``); its CSV row (probe and validity columns are filled in
+    by the caller)."""
+    name = name or f"race-{method}-r{repeat}"
     runs = base / "runs"
     config = race_config(method, args, runs, name, update_seconds(speeds)[1])
     load_before = os.getloadavg()
@@ -724,13 +759,189 @@ def missing_prediction_keys() -> list[str]:
 
 
 # ------------------------------------------------------------------ outputs
+#: CSV columns read back as text, as integers, as a boolean; the others as floats.
+TEXT_COLUMNS = ("method", "speeds", "status", "work_scheduling", "run_name")
+INT_COLUMNS = ("repeat", "order", "nodes", "local_steps", "batch_size", "evaluations")
+
+
 def write_csv(path: Path, rows: list[dict]) -> None:
+    """All the race's rows at ``path``, written to a temporary file first and renamed,
+    so that a session killed while writing leaves the previous file whole."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as fh:
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=CSV_COLUMNS)
         writer.writeheader()
         for row in rows:
             writer.writerow({k: _cell(row[k]) for k in CSV_COLUMNS})
+    os.replace(tmp, path)
+
+
+def read_csv(path: Path) -> list[dict]:
+    """The rows of an earlier session's CSV, typed as :func:`run_method` makes them
+    ([] if the file does not exist).
+
+    Raises
+    ------
+    RaceError
+        If the file's columns are not :data:`CSV_COLUMNS` (another version's race).
+    """
+    if not path.is_file():
+        return []
+    with path.open(newline="") as fh:
+        reader = csv.DictReader(fh)
+        if tuple(reader.fieldnames or ()) != CSV_COLUMNS:
+            raise RaceError(
+                f"{path} does not have this race's columns (another version's race?): "
+                "move it aside or pass --out"
+            )
+        return [_typed(raw) for raw in reader]
+
+
+def _typed(raw: dict[str, str]) -> dict:
+    row: dict[str, Any] = {}
+    for key, cell in raw.items():
+        if key in TEXT_COLUMNS:
+            row[key] = cell
+        elif key == "valid":
+            row[key] = cell == "True"
+        elif key in INT_COLUMNS and cell:
+            row[key] = int(float(cell))
+        else:
+            row[key] = float(cell) if cell else math.nan
+    return row
+
+
+def mark_incomplete(rows: list[dict], runs: Path) -> list[str]:
+    """Rows whose run folder (``runs/<run_name>``) shows the run did not complete (no
+    ``summary.json``, or its status is not ``completed``) are ignored: marked invalid,
+    ``status`` prefixed with ``ignored:``, kept in the CSV; their repetitions are run
+    again. A missing folder shows nothing (the row stands). Returns the messages."""
+    said = []
+    for row in rows:
+        if row["status"].startswith("ignored:"):
+            continue
+        folder = runs / row["run_name"]
+        if not folder.is_dir():
+            continue
+        summary = folder / "summary.json"
+        status = json.loads(summary.read_text()).get("status") if summary.is_file() else None
+        if status != "completed":
+            reason = f"its run folder {folder} has " + (
+                f"status {status!r}" if summary.is_file() else "no summary.json"
+            )
+            row["status"], row["valid"] = f"ignored: {reason} (was {row['status']})", False
+            said.append(f"ignored {row['run_name']}: {reason}; its repetition runs again")
+    return said
+
+
+def check_same_race(rows: list[dict], args: argparse.Namespace) -> None:
+    """Refuse to append to a CSV holding rows of another configuration (their medians
+    would be mixed with this one's).
+
+    Raises
+    ------
+    RaceError
+        Naming the first rows that differ.
+    """
+    own = {
+        "speeds": args.speeds,
+        "nodes": args.nodes,
+        "wall_budget_seconds": float(args.budget),
+        "target_accuracy": args.target,
+        "local_steps": COMMON_OVERRIDES["local-steps"],
+    }
+    differ = [
+        f"{r['run_name']} ({', '.join(f'{k} {r[k]}' for k in own if r[k] != own[k])})"
+        for r in rows
+        if any(r[k] != own[k] for k in own)
+    ]
+    if differ:
+        raise RaceError(
+            f"{args.out} holds rows of another configuration than {own}: "
+            + "; ".join(differ[:4])
+            + ": pass the same options as its first session, or --out for a new race"
+        )
+
+
+def has_valid_row(rows: list[dict], method: str, repeat: int) -> dict | None:
+    """The first valid row of (method, repeat), if any."""
+    return next(
+        (r for r in rows if (r["method"], r["repeat"], r["valid"]) == (method, repeat, True)), None
+    )
+
+
+def plan_runs(
+    rows: list[dict], methods: list[str], repeats: list[int]
+) -> tuple[list[tuple[int, int, str]], list[str]]:
+    """The runs of ``repeats`` still to do, each repetition interleaved in its method
+    order (repeat r starts with method r - 1 mod the number of methods), as (repeat,
+    order, method); and a message per (method, repeat) skipped (a valid row) or run
+    again (only invalid rows)."""
+    todo: list[tuple[int, int, str]] = []
+    said: list[str] = []
+    for repeat in repeats:
+        shift = (repeat - 1) % len(methods)
+        for order, method in enumerate(methods[shift:] + methods[:shift], start=1):
+            valid = has_valid_row(rows, method, repeat)
+            if valid is not None:
+                said.append(
+                    f"skipped {method} repeat {repeat}: valid row {valid['run_name']} in the CSV"
+                )
+                continue
+            invalid = [
+                r["run_name"] for r in rows if (r["method"], r["repeat"]) == (method, repeat)
+            ]
+            if invalid:
+                said.append(
+                    f"re-running {method} repeat {repeat}: its row(s) {', '.join(invalid)} "
+                    "are invalid (kept in the CSV, valid=False)"
+                )
+            todo.append((repeat, order, method))
+    return todo, said
+
+
+def run_name_for(method: str, repeat: int, rows: list[dict], base: Path) -> str:
+    """``race-<method>-r<repeat>``, or ``...-a2``, ``-a3`` ... for a later attempt: the
+    first name no row, run folder or log uses (an attempt never writes into an earlier
+    one's folder)."""
+    used = {r["run_name"] for r in rows}
+    attempt = 1
+    while True:
+        name = f"race-{method}-r{repeat}" + (f"-a{attempt}" if attempt > 1 else "")
+        if (
+            name not in used
+            and not (base / "runs" / name).exists()
+            and not (base / f"{name}.log").exists()
+        ):
+            return name
+        attempt += 1
+
+
+#: The predicted columns of a row and the prediction's keys (:func:`predict`).
+PREDICTED = {
+    "predicted_seconds_to_target": "seconds_to_target",
+    "predicted_accuracy_at_budget": "accuracy_at_budget",
+    "predicted_updates": "updates",
+}
+
+
+def earlier_prediction(rows: list[dict], method: str) -> dict | None:
+    """The predicted figures of ``method`` already in the CSV (the prediction is
+    deterministic: made once per method), or None."""
+    row = next(
+        (r for r in rows if r["method"] == method and not math.isnan(r["predicted_updates"])),
+        None,
+    )
+    return None if row is None else {key: row[col] for col, key in PREDICTED.items()}
+
+
+def set_prediction(rows: list[dict], method: str, got: dict) -> None:
+    """The predicted columns of every row of ``method``."""
+    for row in rows:
+        if row["method"] == method:
+            for col, key in PREDICTED.items():
+                row[col] = got[key]
 
 
 def _cell(value: Any) -> Any:
@@ -749,16 +960,27 @@ def _median(values: list[float]) -> float:
     return math.nan if math.isinf(m) else m
 
 
+def valid_runs(rows: list[dict], method: str) -> list[dict]:
+    """The valid rows of ``method``, one per repetition (the first valid one)."""
+    mine: dict[int, dict] = {}
+    for row in rows:
+        if row["method"] == method and row["valid"]:
+            mine.setdefault(row["repeat"], row)
+    return [mine[r] for r in sorted(mine)]
+
+
 def method_medians(rows: list[dict], methods: list[str] | tuple[str, ...]) -> dict:
-    """Per method, over its **valid** rows only: runs, reached, medians of the time to
-    target, accuracy at the budget, final accuracy and updates, and the prediction."""
-    medians: dict[str, dict[str, float]] = {}
+    """Per method, over its **valid** repetitions only: runs (how many), repeats (which),
+    reached, medians of the time to target, accuracy at the budget, final accuracy and
+    updates, and the prediction."""
+    medians: dict[str, dict[str, Any]] = {}
     for method in methods:
-        mine = [r for r in rows if r["method"] == method and r["valid"]]
+        mine = valid_runs(rows, method)
         if not mine:
             continue
         medians[method] = {
             "runs": len(mine),
+            "repeats": [r["repeat"] for r in mine],
             "reached": sum(not math.isnan(r["wall_seconds_to_target"]) for r in mine),
             "time": _median([r["wall_seconds_to_target"] for r in mine]),
             "predicted": mine[0]["predicted_seconds_to_target"],
@@ -775,24 +997,56 @@ def _ratio(a: float, b: float) -> float:
     return a / b if b and not (math.isnan(a) or math.isnan(b)) else math.nan
 
 
-def summary_text(rows: list[dict], args: argparse.Namespace, speeds: dict[int, float]) -> str:
-    """Medians per method over the valid runs, the excluded runs, and the issue's targets."""
-    fastest, slowest = update_seconds(speeds)
+def _span(values: list[float], fmt: str) -> str:
+    """``a`` or ``a-b`` of the finite values (``nan`` if none)."""
+    finite = sorted({v for v in values if math.isfinite(v)})
+    if not finite:
+        return "nan"
+    low, high = format(finite[0], fmt), format(finite[-1], fmt)
+    return low if low == high else f"{low}-{high}"
+
+
+def summary_text(
+    rows: list[dict], args: argparse.Namespace, speeds: dict[int, float] | None = None
+) -> str:
+    """Medians per method over the valid runs of the whole CSV (every session's rows),
+    the excluded runs, the repetitions still without a valid run, and the issue's
+    targets. The emulated speeds and quiet round trips are the rows' own where they
+    have them (``speeds`` and ``args.quiet_round_trip`` otherwise)."""
+    steps = COMMON_OVERRIDES["local-steps"]
+    if rows and "fastest_step_seconds" in rows[0]:
+        fastest_step = [r["fastest_step_seconds"] for r in rows]
+        slowest_step = [r["slowest_step_seconds"] for r in rows]
+    else:
+        fastest_step, slowest_step = [min(speeds.values())], [max(speeds.values())]  # type: ignore[union-attr]
+    quiet = [r["quiet_round_trip"] for r in rows if "quiet_round_trip" in r]
+    quiet = [q for q in quiet or [args.quiet_round_trip] if q is not None and math.isfinite(q)]
     invalid = [r for r in rows if not r["valid"]]
+    one_quiet = len({f"{q:.3f}" for q in quiet}) <= 1
+    quiet = quiet or [math.nan]
     lines = [
         f"Deployment race: {args.nodes} SuperNodes on 127.0.0.1 (TLS, authentication, warm "
         f"executor), Fashion-MNIST 2 classes per node, weights mode, "
-        f"{COMMON_OVERRIDES['local-steps']} steps x batch {COMMON_OVERRIDES['batch-size']} at "
+        f"{steps} steps x batch {COMMON_OVERRIDES['batch-size']} at "
         f"lr {COMMON_OVERRIDES['local-lr']}; speeds {args.speeds}: "
-        f"{min(speeds.values()):g}-{max(speeds.values()):g} s per step, an update of "
-        f"{fastest:.1f}-{slowest:.1f} s; budget {args.budget:g} s; target accuracy {args.target}",
-        f"quiet round trip {args.quiet_round_trip:.3f} s ({QUIET_NODES} SuperNodes); a run is "
-        f"valid if its probe round trip <= {VALIDITY_FACTOR:g} x that = "
-        f"{VALIDITY_FACTOR * args.quiet_round_trip:.3f} s",
-        f"medians over the valid runs only ({len(rows) - len(invalid)} of {len(rows)}):",
+        f"{_span(fastest_step, 'g')}-{_span(slowest_step, 'g')} s per step, an update of "
+        f"{_span([steps * s for s in fastest_step], '.1f')}-"
+        f"{_span([steps * s for s in slowest_step], '.1f')} s; budget {args.budget:g} s; "
+        f"target accuracy {args.target}",
+        (
+            f"quiet round trip {_span(quiet, '.3f')} s ({QUIET_NODES} SuperNodes); a run is "
+            f"valid if its probe round trip <= {VALIDITY_FACTOR:g} x that = "
+            f"{VALIDITY_FACTOR * quiet[0]:.3f} s"
+            if one_quiet
+            else f"quiet round trips {_span(quiet, '.3f')} s ({QUIET_NODES} SuperNodes, "
+            f"measured by each session); a run is valid if its probe round trip <= "
+            f"{VALIDITY_FACTOR:g} x its session's figure"
+        ),
+        f"medians over the valid runs only ({len(rows) - len(invalid)} of {len(rows)}), one "
+        "per repetition:",
         f"{'method':<10} {'runs':>4} {'reached':>7} {'s to target':>12} {'predicted':>10} "
         f"{'pred/meas':>9} {'acc@budget':>10} {'pred acc':>8} {'final acc':>9} {'updates':>8} "
-        f"{'predicted':>9}",
+        f"{'predicted':>9} {'repeats':>7}",
     ]
     med = method_medians(rows, args.methods)
     for method, m in med.items():
@@ -800,15 +1054,36 @@ def summary_text(rows: list[dict], args: argparse.Namespace, speeds: dict[int, f
             f"{method:<10} {m['runs']:>4} {m['reached']:>7} {m['time']:>12.1f} "
             f"{m['predicted']:>10.1f} {_ratio(m['predicted'], m['time']):>9.2f} {m['acc']:>10.4f} "
             f"{m['pred_acc']:>8.4f} {m['final']:>9.4f} {m['updates']:>8.0f} "
-            f"{m['pred_updates']:>9.0f}"
+            f"{m['pred_updates']:>9.0f} {','.join(map(str, m['repeats'])):>7}"
         )
     if invalid:
-        names = ", ".join(
-            f"{r['run_name']} ({r['status']}, probe {r['probe_round_trip']:.2f} s)" for r in invalid
-        )
+        names, pending = [], 0
+        for r in invalid:
+            again = has_valid_row(rows, r["method"], r["repeat"])
+            pending += again is None
+            names.append(
+                f"{r['run_name']} ({r['status']}, probe {r['probe_round_trip']:.2f} s"
+                + (f"; re-run as {again['run_name']})" if again else ")")
+            )
         lines.append(
-            f"EXCLUDED {len(invalid)} invalid run(s): {names}. They must be re-run on a quiet "
-            "machine (nothing else running) before the race is reported."
+            f"EXCLUDED {len(invalid)} invalid run(s): {', '.join(names)}."
+            + (
+                " They must be re-run on a quiet machine (nothing else running) before the "
+                "race is reported."
+                if pending
+                else ""
+            )
+        )
+    missing = [
+        f"{method} r{repeat}"
+        for repeat in range(1, args.repeats + 1)
+        for method in args.methods
+        if repeat not in med.get(method, {}).get("repeats", [])
+    ]
+    if missing:
+        lines.append(
+            f"without a valid run yet ({len(missing)} of {args.repeats * len(args.methods)}): "
+            f"{', '.join(missing)}: run them with --repeat"
         )
     if "fedavg" in med and "gsgm" in med:
         ratio = _ratio(med["fedavg"]["time"], med["gsgm"]["time"])
@@ -870,6 +1145,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--probe-updates", type=int, help="probe updates per node (default 3; --quick 2)"
     )
     parser.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated: {METHODS}")
+    parser.add_argument(
+        "--repeat",
+        action="append",
+        metavar="R",
+        help="run only repetition R (1-based; repeatable or a comma list: --repeat 2,3); "
+        "default every one of --repeats",
+    )
+    parser.add_argument(
+        "--summary-only",
+        action="store_true",
+        help="read the CSV (--out), print the summary of its rows and exit",
+    )
     parser.add_argument("--skip-prediction", action="store_true", help="no time-model prediction")
     parser.add_argument(
         "--out", type=Path, help="CSV (default docs/results/deployment_race/race.csv)"
@@ -902,6 +1189,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         )
     args.out = args.out.resolve()
     args.methods = [m for m in args.methods.split(",") if m]
+    asked = [part.strip() for value in args.repeat or [] for part in value.split(",")]
+    bad_repeat = [r for r in asked if not (r.isdigit() and int(r) >= 1)]
+    args.repeat = (
+        sorted({int(r) for r in asked}) if asked else list(range(1, max(args.repeats, 0) + 1))
+    )
     quiet = args.quiet_round_trip
     problems = [
         f"--nodes {args.nodes}: expected an integer >= 2" * (args.nodes < 2),
@@ -917,8 +1209,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         * (args.probe_updates < 1),
         f"--methods {args.methods}: expected some of {METHODS}"
         * (not args.methods or bool(set(args.methods) - set(METHODS))),
+        f"--repeat {','.join(bad_repeat)}: expected integers >= 1" * bool(bad_repeat),
     ]
-    if not args.skip_prediction and (missing := missing_prediction_keys()):
+    if (
+        not args.skip_prediction
+        and not args.summary_only
+        and (missing := missing_prediction_keys())
+    ):
         problems.append(
             f"the time model's run config keys {missing} are unknown to "
             "flwr_gsgm/config/run_config.py "
@@ -929,8 +1226,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def race(args: argparse.Namespace) -> tuple[list[dict], dict[int, float], list[str]]:
-    """Steps 1-5 of the module's docstring; (rows, speeds, failures)."""
+def load_rows(args: argparse.Namespace) -> list[dict]:
+    """The CSV's rows (every earlier session's), those whose run folder shows they did
+    not complete marked ignored (:func:`mark_incomplete`, said in the output)."""
+    rows = read_csv(args.out)
+    for message in mark_incomplete(rows, args.workdir / "runs"):
+        print(message, flush=True)
+    return rows
+
+
+def race(
+    args: argparse.Namespace, rows: list[dict] | None = None
+) -> tuple[list[dict], dict[int, float] | None, list[str]]:
+    """Steps 1-6 of the module's docstring for the repetitions ``args.repeat``, appending
+    to ``rows`` (the CSV's earlier rows: default :func:`load_rows`); (all rows, speeds or
+    None if nothing ran, failures). The CSV is written after every run."""
+    rows = load_rows(args) if rows is None else rows
+    check_same_race(rows, args)
+    todo, said = plan_runs(rows, args.methods, args.repeat)
+    for message in said:
+        print(message, flush=True)
+    if not todo:
+        print(
+            f"nothing to run: every (method, repeat) of repetition(s) {args.repeat} has a "
+            f"valid row in {args.out}",
+            flush=True,
+        )
+        return rows, None, []
     base = args.workdir
     base.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
@@ -938,6 +1260,11 @@ def race(args: argparse.Namespace) -> tuple[list[dict], dict[int, float], list[s
     def so_far() -> str:
         return f"({time.monotonic() - started:.0f} s so far)"
 
+    print(
+        f"to run: {', '.join(f'{m} r{r}' for r, _, m in todo)}; appending to {args.out} "
+        f"({len(rows)} earlier row(s))",
+        flush=True,
+    )
     if args.quiet_round_trip is None:
         print(f"quiet round trip: the probe on {QUIET_NODES} SuperNodes", flush=True)
         quiet = measure_quiet_round_trip(args, base)
@@ -947,17 +1274,26 @@ def race(args: argparse.Namespace) -> tuple[list[dict], dict[int, float], list[s
             f"{quiet['updates']} updates) {so_far()}",
             flush=True,
         )
-    speeds = node_step_seconds(args, args.quiet_round_trip)
+    # every session races the first session's devices: appfl10 is scaled by the quiet
+    # round trip of the CSV's first row (validity is against this session's own figure)
+    fleet_round_trip = rows[0]["quiet_round_trip"] if rows else args.quiet_round_trip
+    speeds = node_step_seconds(args, fleet_round_trip)
     fastest, slowest = update_seconds(speeds)
     print(
-        f"speeds {args.speeds}: "
+        f"speeds {args.speeds}"
+        + (
+            f" (scaled by the first session's quiet round trip {fleet_round_trip:.3f} s)"
+            if rows and args.speeds == "appfl10"
+            else ""
+        )
+        + ": "
         + ", ".join(f"node {p} {s:g} s/step" for p, s in sorted(speeds.items()))
         + f"; an update of {COMMON_OVERRIDES['local-steps']} steps lasts {fastest:.1f}-"
         f"{slowest:.1f} s",
         flush=True,
     )
     print(f"starting the deployment: {args.nodes} SuperNodes, work folder {base}", flush=True)
-    rows: list[dict] = []
+    mine: list[dict] = []  # this session's rows
     failures: list[str] = []
     probes: list[dict] = []
     dep = start_deployment(base, "run", args.nodes, speeds)
@@ -977,52 +1313,59 @@ def race(args: argparse.Namespace) -> tuple[list[dict], dict[int, float], list[s
         before: dict | None = probe("start")
         probes.append(before)
         print(f"probe: round trip {before['round_trip']:.3f} s {so_far()}", flush=True)
-        for repeat in range(1, args.repeats + 1):
-            shift = (repeat - 1) % len(args.methods)
-            for order, method in enumerate(args.methods[shift:] + args.methods[:shift], start=1):
-                row = run_method(dep, method, repeat, order, args, base, speeds)
-                try:
-                    after: dict | None = probe(f"after-{method}-r{repeat}")
-                    probes.append(after)
-                except RaceError as err:
-                    print(f"  the probe after {row['run_name']} failed: {err}", flush=True)
-                    after = None
-                set_probes(row, before, after)
-                before = after
-                rows.append(row)
-                if row["status"] != "completed":
-                    failures.append(f"{row['run_name']}: {row['status']}")
-                print(
-                    f"{method} repeat {repeat}: {row['status']}, "
-                    f"{'valid' if row['valid'] else 'INVALID'} (probe "
-                    f"{row['probe_round_trip']:.2f} s, load {row['load_before']:.1f}-"
-                    f"{row['load_after']:.1f}), to target {row['wall_seconds_to_target']:.1f} s, "
-                    f"at budget {row['accuracy_at_budget']:.4f}, {row['updates']} updates "
-                    f"{so_far()}",
-                    flush=True,
-                )
-                write_csv(args.out, rows)  # what ran so far, if a later run fails
+        for repeat, order, method in todo:
+            name = run_name_for(method, repeat, rows, base)
+            row = run_method(dep, method, repeat, order, args, base, speeds, name)
+            try:
+                after: dict | None = probe(f"after-{name}")
+                probes.append(after)
+            except RaceError as err:
+                print(f"  the probe after {row['run_name']} failed: {err}", flush=True)
+                after = None
+            set_probes(row, before, after)
+            before = after
+            if (earlier := earlier_prediction(rows, method)) is not None:
+                set_prediction([row], method, earlier)
+            rows.append(row)
+            mine.append(row)
+            latency = statistics.median(p["latency"] for p in probes)
+            for done in mine:  # this session's probes so far
+                done["latency_seconds"] = latency
+            if row["status"] != "completed":
+                failures.append(f"{row['run_name']}: {row['status']}")
+            print(
+                f"{method} repeat {repeat} ({name}): {row['status']}, "
+                f"{'valid' if row['valid'] else 'INVALID'} (probe "
+                f"{row['probe_round_trip']:.2f} s, load {row['load_before']:.1f}-"
+                f"{row['load_after']:.1f}), to target {row['wall_seconds_to_target']:.1f} s, "
+                f"at budget {row['accuracy_at_budget']:.4f}, {row['updates']} updates "
+                f"{so_far()}",
+                flush=True,
+            )
+            write_csv(args.out, rows)  # a session killed later keeps this run
     finally:
         dep.stop_everything()
         leftovers = dep.leftover_pids()
         if leftovers:
             failures.append(f"processes still alive after the deployment's stop: {leftovers}")
     latency = statistics.median(p["latency"] for p in probes) if probes else math.nan
-    for row in rows:
-        row["latency_seconds"] = latency
-    profile = write_device_profile(
-        args.out.parent / f"{args.out.stem}-device-profile.csv", speeds, latency
-    )
-    print(f"device profile file {profile} (latency {latency:.3f} s)", flush=True)
+    to_predict = [m for m in args.methods if earlier_prediction(rows, m) is None]
+    path = args.out.parent / f"{args.out.stem}-device-profile.csv"
+    if path.is_file() and len(to_predict) < len(args.methods):
+        profile = path  # the file the earlier predictions were made with
+        print(f"device profile file {profile}: kept (the earlier predictions' own)", flush=True)
+    else:
+        profile = write_device_profile(path, speeds, latency)
+        print(f"device profile file {profile} (latency {latency:.3f} s)", flush=True)
+    for method in args.methods:
+        if method not in to_predict:
+            print(f"predicted {method}: reused from the CSV", flush=True)
     if not args.skip_prediction:
-        for method in args.methods:
+        for method in to_predict:
             config = prediction_config(method, args, profile, speeds, latency, base / "predictions")
             got = predict(method, args, config, base)
-            for row in rows:
-                if row["method"] == method:
-                    row["predicted_seconds_to_target"] = got["seconds_to_target"]
-                    row["predicted_accuracy_at_budget"] = got["accuracy_at_budget"]
-                    row["predicted_updates"] = got["updates"]
+            set_prediction(rows, method, got)
+            write_csv(args.out, rows)
             print(f"predicted {method}: {got} {so_far()}", flush=True)
     return rows, speeds, failures
 
@@ -1031,6 +1374,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.monotonic()
     failures: list[str] = []
+    if args.summary_only:
+        try:
+            rows = load_rows(args)
+        except RaceError as err:
+            print(f"race failed: {err}", file=sys.stderr, flush=True)
+            return 1
+        if not rows:
+            print(f"race failed: no rows in {args.out}", file=sys.stderr, flush=True)
+            return 1
+        print(summary_text(rows, args))
+        return 0
     try:
         rows, speeds, failures = race(args)
         write_csv(args.out, rows)

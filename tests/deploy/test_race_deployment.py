@@ -6,6 +6,7 @@ the device profile file of its prediction. Values hand-computed."""
 from __future__ import annotations
 
 import math
+import re
 import threading
 
 import pytest
@@ -156,7 +157,7 @@ def test_summary_says_how_many_runs_were_excluded_and_to_rerun_them():
     assert "race-gsgm-r1 (completed, probe nan s)" in text
     assert "must be re-run on a quiet machine" in text
     assert "valid if its probe round trip <= 2 x that = 4.000 s" in text
-    fedavg = next(line for line in text.splitlines() if line.startswith("fedavg "))
+    fedavg = table_line(text, "fedavg")
     assert fedavg.split()[1:4] == ["2", "2", "110.0"]  # runs, reached, median seconds
     assert not any(line.startswith("gsgm ") for line in text.splitlines())
 
@@ -257,3 +258,300 @@ def test_client_threads_are_joined_before_exit():
     release.set()
     assert race.join_client_threads(timeout=5) == []
     assert not thread.is_alive()
+
+
+# ------------------------------------------------------------------ resuming (--repeat)
+def full_row(method, repeat, valid=True, seconds=500.0, accuracy=0.72, predicted=None, **extra):
+    """A CSV row of the full race (every column), hand-made."""
+    speeds = race.appfl10_step_seconds(10, 2.0, 20)
+    row = {c: math.nan for c in race.CSV_COLUMNS}
+    row.update(
+        method=method,
+        repeat=repeat,
+        order=1,
+        speeds="appfl10",
+        status="completed",
+        valid=valid,
+        probe_round_trip=3.0 if valid else 9.0,
+        quiet_round_trip=2.0,
+        target_accuracy=0.7,
+        wall_seconds_to_target=seconds,
+        updates=100,
+        evaluations=12,
+        accuracy_at_budget=accuracy,
+        final_accuracy=accuracy,
+        wall_budget_seconds=1200.0,
+        nodes=10,
+        local_steps=20,
+        batch_size=32,
+        local_lr=0.05,
+        work_scheduling="off",
+        fastest_step_seconds=min(speeds.values()),
+        median_step_seconds=1.0,
+        slowest_step_seconds=max(speeds.values()),
+        run_name=f"race-{method}-r{repeat}",
+    )
+    if predicted is not None:
+        row.update(
+            predicted_seconds_to_target=predicted,
+            predicted_accuracy_at_budget=0.75,
+            predicted_updates=90,
+        )
+    row.update(extra)
+    return row
+
+
+def table_line(text, method):
+    """The summary table's line of ``method``."""
+    return next(line for line in text.splitlines() if re.match(rf"{method} +\d", line))
+
+
+def resume_args(tmp_path, *extra):
+    return race.parse_args(
+        [
+            "--quiet-round-trip",
+            "2.0",
+            "--out",
+            str(tmp_path / "race.csv"),
+            "--workdir",
+            str(tmp_path / "work"),
+            *extra,
+        ]
+    )
+
+
+class FakeDeployment:
+    """What race() uses of a deployment, with no process behind it."""
+
+    def __init__(self, probe_round_trips):
+        self.probe_round_trips = list(probe_round_trips)
+        self.runs, self.predicted, self.stopped = [], [], False
+
+    def install(self, monkeypatch, seconds):
+        """Patch race_deployment: each run of method m reaches the target after
+        ``seconds[m]`` (one value per call, in order) and leaves a completed run folder."""
+        fake = self
+
+        class Probe:
+            def __init__(self, *a):
+                pass
+
+            def __call__(self, label):
+                return {"round_trip": fake.probe_round_trips.pop(0), "latency": 1.5, "updates": 3}
+
+        def run_method(dep, method, repeat, order, args, base, speeds, name):
+            # the CSV already holds every earlier run of this session (written after each)
+            fake.runs.append((name, len(race.read_csv(args.out))))
+            folder = base / "runs" / name
+            folder.mkdir(parents=True)
+            (folder / "summary.json").write_text('{"status": "completed"}')
+            return full_row(
+                method,
+                repeat,
+                valid=False,
+                seconds=seconds[method].pop(0),
+                order=order,
+                run_name=name,
+                probe_round_trip=math.nan,
+            )
+
+        def predict(method, args, config, base):
+            fake.predicted.append(method)
+            return {"seconds_to_target": 400.0, "accuracy_at_budget": 0.8, "updates": 120}
+
+        monkeypatch.setattr(race, "start_deployment", lambda *a: fake)
+        monkeypatch.setattr(race, "Probe", Probe)
+        monkeypatch.setattr(race, "flwr_run", lambda *a: (0, 1.0))
+        monkeypatch.setattr(race, "run_method", run_method)
+        monkeypatch.setattr(race, "predict", predict)
+
+    def stop_everything(self):
+        self.stopped = True
+
+    def leftover_pids(self):
+        return []
+
+
+def test_repeat_option_takes_repeatable_comma_lists(capsys):
+    assert args("--repeat", "3,1", "--repeat", "2", "--repeat", "1").repeat == [1, 2, 3]
+    assert args().repeat == [1, 2, 3]  # every one of --repeats
+    assert args("--repeats", "2").repeat == [1, 2]
+    with pytest.raises(SystemExit):
+        args("--repeat", "0")
+    assert "--repeat 0: expected integers >= 1" in capsys.readouterr().err
+
+
+def test_plan_skips_a_valid_repeat_and_reruns_an_invalid_one():
+    rows = [full_row("gsgm", 2, valid=True), full_row("fedbuff", 2, valid=False)]
+    todo, said = race.plan_runs(rows, list(race.METHODS), [2])
+    # repeat 2 starts with the second method: gsgm (skipped), fedbuff, fedcompass, fedavg
+    assert todo == [(2, 2, "fedbuff"), (2, 3, "fedcompass"), (2, 4, "fedavg")]
+    assert said == [
+        "skipped gsgm repeat 2: valid row race-gsgm-r2 in the CSV",
+        "re-running fedbuff repeat 2: its row(s) race-fedbuff-r2 are invalid (kept in the CSV, "
+        "valid=False)",
+    ]
+
+
+def test_a_rerun_never_reuses_an_earlier_attempts_name(tmp_path):
+    rows = [full_row("gsgm", 1, valid=False)]
+    assert race.run_name_for("gsgm", 1, rows, tmp_path) == "race-gsgm-r1-a2"
+    (tmp_path / "runs" / "race-gsgm-r1-a2").mkdir(parents=True)  # a killed attempt's folder
+    assert race.run_name_for("gsgm", 1, rows, tmp_path) == "race-gsgm-r1-a3"
+    assert race.run_name_for("gsgm", 2, rows, tmp_path) == "race-gsgm-r2"
+
+
+def test_csv_rows_read_back_as_written(tmp_path):
+    row = full_row("gsgm", 3, valid=False, predicted=410.5, seconds=math.nan)
+    race.write_csv(tmp_path / "r.csv", [row])
+    (back,) = race.read_csv(tmp_path / "r.csv")
+    assert (back["method"], back["repeat"], back["valid"], back["status"]) == (
+        "gsgm",
+        3,
+        False,
+        "completed",
+    )
+    assert back["predicted_seconds_to_target"] == 410.5
+    assert math.isnan(back["wall_seconds_to_target"]) and math.isnan(back["latency_seconds"])
+    assert race.read_csv(tmp_path / "none.csv") == []
+    (tmp_path / "old.csv").write_text("method,repeat,status\nfedavg,1,completed\n")
+    with pytest.raises(race.RaceError, match="does not have this race's columns"):
+        race.read_csv(tmp_path / "old.csv")
+
+
+def test_resumed_race_skips_the_valid_row_and_reruns_the_invalid_one(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "race.csv"
+    race.write_csv(
+        out,
+        [
+            full_row("fedavg", 1, valid=True, predicted=450.0),
+            full_row("gsgm", 1, valid=False),  # no prediction yet
+        ],
+    )
+    fake = FakeDeployment([2.2, 2.4])
+    fake.install(monkeypatch, {"gsgm": [300.0]})
+    assert race.main(["--repeat", "1", "--methods", "fedavg,gsgm", *_resume(tmp_path)]) == 0
+    text = capsys.readouterr().out
+    assert "skipped fedavg repeat 1: valid row race-fedavg-r1 in the CSV" in text
+    assert "re-running gsgm repeat 1: its row(s) race-gsgm-r1 are invalid" in text
+    assert fake.runs == [("race-gsgm-r1-a2", 2)]  # only gsgm, under a new name
+    assert fake.stopped
+    assert fake.predicted == ["gsgm"]  # fedavg's prediction is in the CSV: reused
+    rows = race.read_csv(out)
+    assert [(r["run_name"], r["valid"]) for r in rows] == [
+        ("race-fedavg-r1", True),
+        ("race-gsgm-r1", False),  # kept, marked invalid
+        ("race-gsgm-r1-a2", True),  # probes 2.2 and 2.4 <= 2 x 2.0
+    ]
+    assert rows[2]["probe_round_trip"] == 2.4 and rows[2]["latency_seconds"] == 1.5
+    assert [r["predicted_seconds_to_target"] for r in rows] == [450.0, 400.0, 400.0]
+    assert (tmp_path / "race-device-profile.csv").is_file()
+    # the summary: gsgm from its valid re-run only, the invalid row named
+    assert "medians over the valid runs only (2 of 3)" in text
+    gsgm = table_line(text, "gsgm")
+    assert gsgm.split()[1:4] == ["1", "1", "300.0"]
+    assert "EXCLUDED 1 invalid run(s): race-gsgm-r1 (completed, probe 9.00 s; re-run as " in text
+    assert "race-gsgm-r1-a2)." in text and "must be re-run" not in text  # it was
+
+
+def _resume(tmp_path):
+    return [
+        "--quiet-round-trip",
+        "2.0",
+        "--out",
+        str(tmp_path / "race.csv"),
+        "--workdir",
+        str(tmp_path / "work"),
+    ]
+
+
+def test_summary_over_rows_appended_across_two_invocations(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "race.csv"
+    fake = FakeDeployment([2.0, 2.1, 2.2, 2.0, 2.2, 9.0])  # invocation 2's second run: invalid
+    fake.install(monkeypatch, {"fedavg": [600.0, 800.0], "gsgm": [300.0, 200.0]})
+    common = ["--methods", "fedavg,gsgm", "--repeats", "2", *_resume(tmp_path)]
+    assert race.main(["--repeat", "1", *common]) == 0
+    assert len(race.read_csv(out)) == 2
+    assert race.main(["--repeat", "2", *common]) == 0
+    # every run found the CSV holding the runs before it (written after every run)
+    assert fake.runs == [
+        ("race-fedavg-r1", 0),
+        ("race-gsgm-r1", 1),
+        ("race-gsgm-r2", 2),  # repeat 2 starts with gsgm
+        ("race-fedavg-r2", 3),
+    ]
+    assert fake.predicted == ["fedavg", "gsgm"]  # in the first invocation only
+    capsys.readouterr()
+    assert race.main(["--summary-only", *common]) == 0
+    text = capsys.readouterr().out
+    rows = race.read_csv(out)
+    assert [(r["method"], r["repeat"], r["order"], r["valid"]) for r in rows] == [
+        ("fedavg", 1, 1, True),
+        ("gsgm", 1, 2, True),
+        ("gsgm", 2, 1, True),
+        ("fedavg", 2, 2, False),  # its probe after: 9.0 s > 4.0 s
+    ]
+    assert "medians over the valid runs only (3 of 4)" in text
+    gsgm = table_line(text, "gsgm")
+    assert gsgm.split()[1:4] == ["2", "2", "250.0"] and gsgm.split()[-1] == "1,2"
+    fedavg = table_line(text, "fedavg")
+    assert fedavg.split()[1:4] == ["1", "1", "600.0"] and fedavg.split()[-1] == "1"
+    assert "without a valid run yet (1 of 4): fedavg r2: run them with --repeat" in text
+    assert "FedAvg/GSGM median time to target: 2.40x (target >= 1.5x: met)" in text
+    # a third invocation of repetition 1 has nothing to run
+    capsys.readouterr()
+    monkeypatch.setattr(race, "start_deployment", None)  # would fail if called
+    assert race.main(["--repeat", "1", *common]) == 0
+    assert "nothing to run" in capsys.readouterr().out
+
+
+def test_summary_only_prints_the_csvs_summary_and_exits(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(race, "start_deployment", None)  # no deployment: would fail
+    monkeypatch.setattr(race, "measure_quiet_round_trip", None)
+    out = tmp_path / "race.csv"
+    assert race.main(["--summary-only", "--out", str(out)]) == 1
+    assert "no rows in" in capsys.readouterr().err
+    race.write_csv(
+        out,
+        [
+            full_row("fedavg", 1, seconds=900.0, predicted=1000.0),
+            full_row("fedavg", 2, seconds=1100.0, predicted=1000.0, quiet_round_trip=2.4),
+            full_row("gsgm", 1, seconds=500.0, predicted=550.0),
+            full_row("gsgm", 2, valid=False, seconds=50.0),
+        ],
+    )
+    assert race.main(["--summary-only", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "quiet round trips 2.000-2.400 s" in text  # two sessions' figures
+    assert "medians over the valid runs only (3 of 4)" in text
+    fedavg = table_line(text, "fedavg")
+    assert fedavg.split()[1:6] == ["2", "2", "1000.0", "1000.0", "1.00"]
+    assert "EXCLUDED 1 invalid run(s): race-gsgm-r2" in text
+    assert "FedAvg/GSGM median time to target: 2.00x (target >= 1.5x: met)" in text
+    assert "without a valid run yet (9 of 12): fedbuff r1, fedcompass r1, gsgm r2," in text
+
+
+def test_a_row_whose_run_folder_did_not_complete_is_ignored(tmp_path, capsys):
+    out = tmp_path / "race.csv"
+    race.write_csv(out, [full_row("fedavg", 1), full_row("gsgm", 1), full_row("fedbuff", 1)])
+    runs = tmp_path / "work" / "runs"
+    (runs / "race-fedavg-r1").mkdir(parents=True)  # no summary.json
+    (runs / "race-gsgm-r1").mkdir()
+    (runs / "race-gsgm-r1" / "summary.json").write_text('{"status": "completed"}')
+    a = resume_args(tmp_path, "--skip-prediction")
+    rows = race.load_rows(a)
+    assert "ignored race-fedavg-r1: its run folder" in capsys.readouterr().out
+    assert [r["valid"] for r in rows] == [False, True, True]  # fedbuff: no folder, stands
+    assert rows[0]["status"].startswith("ignored: ") and rows[0]["status"].endswith(
+        "has no summary.json (was completed)"
+    )
+    todo, _ = race.plan_runs(rows, ["fedavg", "gsgm", "fedbuff"], [1])
+    assert todo == [(1, 1, "fedavg")]
+    assert race.mark_incomplete(rows, runs) == []  # marked once
+
+
+def test_a_csv_of_another_configuration_is_refused(tmp_path):
+    race.write_csv(tmp_path / "race.csv", [full_row("fedavg", 1, wall_budget_seconds=300.0)])
+    a = resume_args(tmp_path, "--skip-prediction")
+    with pytest.raises(race.RaceError, match="another configuration"):
+        race.race(a)
