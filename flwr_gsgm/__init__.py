@@ -26,7 +26,7 @@ _STRATEGY_NAMES = (
 _PUBLIC = {
     "AsyncStrategy": "flwr_gsgm.strategy.async_strategy",
     "AsyncResult": "flwr_gsgm.strategy.async_strategy",
-    "FederatedEvaluation": "flwr_gsgm.evaluation.federated",
+    "FederatedEvaluation": "flwr_gsgm.engine.federated_evaluation",
     "VirtualClock": "flwr_gsgm.simulation.virtual_clock",
     "InProcessGrid": "flwr_gsgm.simulation.inprocess_grid",
     "build_strategy": "flwr_gsgm.config.build",
