@@ -35,8 +35,8 @@ from flwr_gsgm.config.build import build_strategy, virtual_clock_from
 from flwr_gsgm.config.outputs import run_dir_for
 from flwr_gsgm.config.run_config import SYNC_STRATEGIES, unread_settings
 from flwr_gsgm.engine.divergence import evaluation_divergence
+from flwr_gsgm.engine.federated_evaluation import column_name
 from flwr_gsgm.engine.run_end import DIVERGED, RunDiverged, RunFailed
-from flwr_gsgm.evaluation.federated import column_name
 from flwr_gsgm.strategy.fednova import FedNova
 from flwr_gsgm.strategy.time_budget_fedavg import TimeBudgetFedAvg
 from serverapp.app_config import parse_app_config

@@ -1,3 +1,3 @@
 """Checkpoints of a run: the files, atomic writes, and what a resume must share with its
-checkpoint.
+checkpoint (the engine's own checkpoint state: :mod:`flwr_gsgm.engine.checkpoint_state`).
 """

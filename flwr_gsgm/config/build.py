@@ -19,8 +19,8 @@ from typing import Any
 
 from flwr_gsgm.checkpoint.resume import parse_allowed
 from flwr_gsgm.config.run_config import optimizer_params_from
+from flwr_gsgm.engine.federated_evaluation import FederatedEvaluation
 from flwr_gsgm.engine.settings import EngineSettings
-from flwr_gsgm.evaluation.federated import FederatedEvaluation
 from flwr_gsgm.simulation.virtual_clock import VirtualClock
 from flwr_gsgm.strategy.async_strategy import AsyncStrategy
 from flwr_gsgm.strategy.strategies import STRATEGIES

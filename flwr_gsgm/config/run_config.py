@@ -40,6 +40,7 @@ from flwr_gsgm.config.keys import (
 )
 from flwr_gsgm.core import OPTIMIZERS
 from flwr_gsgm.core.params import DISPLACEMENT_MODES
+from flwr_gsgm.engine.settings import EngineSettings, check_deadlines
 from flwr_gsgm.intake.norm_bound import INITIAL_ROOM, NEW_NODE_ROOM, NODE_MIN, WARMUP, WINDOW
 from flwr_gsgm.scheduling.work_scheduler import WORK_SCHEDULING
 from flwr_gsgm.simulation.virtual_clock import DEVICE_PROFILE_EXPECTED, is_device_profile
@@ -73,6 +74,16 @@ def _key(default: Any, check: Callable[[Any], bool], expected: str, help: str) -
     return RunConfigKey(default, check, expected, help)
 
 
+def _engine_default(name: str) -> Any:
+    """The default of the engine key whose :class:`EngineSettings` field is ``name``.
+
+    The engine declares it (the run config is above the engine and reads it, never the
+    other way); None there, "no limit", is 0 in a run config (TOML has no null).
+    """
+    default = EngineSettings.__dataclass_fields__[name].default
+    return 0 if default is None else default
+
+
 RUN_CONFIG: dict[str, RunConfigKey] = {
     # what to run
     "strategy": _key(
@@ -82,7 +93,10 @@ RUN_CONFIG: dict[str, RunConfigKey] = {
         "server strategy",
     ),
     "max-updates": _key(
-        4000, positive, "an integer > 0", "budget: client updates received (client computations)"
+        _engine_default("max_updates"),
+        positive,
+        "an integer > 0",
+        "budget: client updates received (client computations)",
     ),
     "max-seconds": _key(
         0.0,
@@ -90,7 +104,12 @@ RUN_CONFIG: dict[str, RunConfigKey] = {
         ">= 0 (0 = no limit)",
         "budget: virtual seconds (virtual-clock = true) or wall seconds",
     ),
-    "eval-every": _key(100, positive, "an integer > 0", "evaluate every N client updates received"),
+    "eval-every": _key(
+        _engine_default("eval_every"),
+        positive,
+        "an integer > 0",
+        "evaluate every N client updates received",
+    ),
     "federated-eval-every": _key(
         0,
         non_negative,
@@ -160,46 +179,51 @@ RUN_CONFIG: dict[str, RunConfigKey] = {
     ),
     # engine
     "message-ttl": _key(
-        600.0,
+        _engine_default("message_ttl"),
         positive,
         "> 0 seconds",
         "TTL of every train and evaluate message (above dispatch-timeout)",
     ),
     "startup-timeout": _key(
-        300.0,
+        _engine_default("startup_timeout"),
         positive,
         "> 0 seconds",
         "start-up deadline: wall seconds for min-nodes to answer the query (also a joining "
         "node's query, and a query's TTL)",
     ),
     "dispatch-timeout": _key(
-        300.0,
+        _engine_default("dispatch_timeout"),
         positive,
         "> 0 seconds, below message-ttl",
         "per-dispatch deadline: wall seconds a train message may go unanswered before the "
         "node fails",
     ),
     "max-node-failures": _key(
-        5,
+        _engine_default("max_node_failures"),
         positive,
         "an integer > 0",
         "failures in a row (time-outs, error replies; each backs the node off) that exclude a node",
     ),
     "rejoin-timeout": _key(
-        120.0,
+        _engine_default("rejoin_timeout"),
         non_negative,
         ">= 0 seconds",
         "with no node left training, wall seconds to wait for a lost node before the run fails",
     ),
-    "poll-interval": _key(0.01, non_negative, ">= 0 seconds", "sleep between pulls when idle"),
+    "poll-interval": _key(
+        _engine_default("poll_interval"),
+        non_negative,
+        ">= 0 seconds",
+        "sleep between pulls when idle",
+    ),
     "max-consecutive-rejections": _key(
-        10,
+        _engine_default("max_consecutive_rejections"),
         non_negative,
         "an integer >= 0 (0 = never)",
         "a node whose updates are rejected this often in a row is excluded",
     ),
     "max-norm-ratio": _key(
-        10.0,
+        _engine_default("max_norm_ratio"),
         non_negative,
         ">= 0 (0 = off)",
         f"reject an update whose L2 norm exceeds this times the median of the last {WINDOW} "
@@ -207,28 +231,33 @@ RUN_CONFIG: dict[str, RunConfigKey] = {
         f"and for all in the first {WARMUP}, which must also stay within "
         f"{INITIAL_ROOM:g}x the initial model's scale)",
     ),
-    "min-nodes": _key(1, positive, "an integer > 0", "nodes to wait for before training"),
+    "min-nodes": _key(
+        _engine_default("min_nodes"),
+        positive,
+        "an integer > 0",
+        "nodes to wait for before training",
+    ),
     "max-in-flight": _key(
-        0,
+        _engine_default("max_in_flight"),
         non_negative,
         "an integer >= 0 (0 = all nodes)",
         "nodes training at once (FedAvg/FedAvgM: nodes sampled per round)",
     ),
     "prefetch": _key(
-        False,
+        _engine_default("prefetch"),
         any_value,
         "true or false",
         "deployment: a second train message queued per node, waiting when it polls",
     ),
     "dispatch": _key(
-        "auto",
+        _engine_default("dispatch"),
         one_of("auto", "random", "scheduled"),
         "auto, random or scheduled",
         "which idle node gets a freed slot (max-in-flight < nodes); auto = scheduled "
         "for GSGM with scheduling, random for the others",
     ),
     "work-scheduling": _key(
-        "off",
+        _engine_default("work_scheduling"),
         one_of(*WORK_SCHEDULING),
         ", ".join(WORK_SCHEDULING),
         "delta/weights mode: equal-time sizes each message's local-steps by its node's "
@@ -238,13 +267,13 @@ RUN_CONFIG: dict[str, RunConfigKey] = {
     ),
     # checkpoints
     "checkpoint-every": _key(
-        0,
+        _engine_default("checkpoint_every"),
         non_negative,
         "an integer >= 0 (0 = never)",
         "save the server state every N client updates (and on SIGTERM)",
     ),
     "resume": _key(
-        False,
+        _engine_default("resume"),
         any_value,
         "true or false",
         "continue from outputs/<run-name>/checkpoint.pt (fails without one)",
@@ -268,27 +297,6 @@ REMOVED_KEYS = {
     "reply-timeout": "startup-timeout (the start-up deadline) and dispatch-timeout (the "
     "per-dispatch deadline, below message-ttl)",
 }
-
-
-def check_deadlines(message_ttl: float, dispatch_timeout: float) -> None:
-    """Refuse time settings that contradict each other.
-
-    A train message expires on the SuperLink after ``message-ttl`` seconds, so a
-    per-dispatch deadline at or above it could never fire before the message is gone
-    (docs/DEPLOYMENT.md: the deadline stays below the TTL).
-
-    Raises
-    ------
-    ValueError
-        If ``message_ttl <= dispatch_timeout``; the message names both keys and values.
-    """
-    if not message_ttl > dispatch_timeout:
-        raise ValueError(
-            f"run config message-ttl={message_ttl!r} must be greater than "
-            f"dispatch-timeout={dispatch_timeout!r}: a message expires after message-ttl, so "
-            "the per-dispatch deadline must come first; raise message-ttl or lower "
-            "dispatch-timeout"
-        )
 
 
 def _coerce(key: str, value: Any, spec: RunConfigKey) -> Any:

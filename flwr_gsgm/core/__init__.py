@@ -3,15 +3,12 @@
 Server optimizers on flat float32 numpy buffers, shared by every engine. This
 package imports numpy only (never flwr, never torch).
 
-Every module of the package is imported here, so a rule class in a new file
-registers itself in :data:`OPTIMIZERS` without any other edit (see
-:mod:`flwr_gsgm.core.registry`). The explicit imports below come first: they fix
-the order of the shipped rules in ``OPTIMIZERS`` (GSGM, then the baselines), which
-the run config and its generated reference (docs/REFERENCE.md) list in that order.
+Every rule module is imported here by name (a rule class registers itself in
+:data:`OPTIMIZERS` when its module is imported, see :mod:`flwr_gsgm.core.registry`),
+so a new rule file adds its import line below; the import order is the order of the
+rules in ``OPTIMIZERS`` (GSGM, then the baselines), which the run config and its
+generated reference (docs/REFERENCE.md) list in that order.
 """
-
-import importlib as _importlib
-import pkgutil as _pkgutil
 
 # The import order is the registration order (GSGM first, then the baselines in the
 # order the run config and docs/REFERENCE.md list them): keep it, whatever isort would do.
@@ -24,6 +21,7 @@ from .fedbuff import FedBuffRule  # isort: skip
 from .ca2fl import CA2FLRule  # isort: skip
 from .ace import ACERule  # isort: skip
 from .delay_adaptive_asgd import DelayAdaptiveASGDRule  # isort: skip
+from .fedcompass import FedCompassRule  # isort: skip
 from .base import (
     CORE_REASONS,
     INTAKE_REASONS,
@@ -36,10 +34,6 @@ from .base import (
 from .params import Param
 from .registry import OPTIMIZERS, declared_params, make_optimizer, optimizer_params
 
-# Rules added in new files: registered on import, after the shipped ones.
-for _module in sorted(m.name for m in _pkgutil.iter_modules(__path__)):
-    _importlib.import_module(f"{__name__}.{_module}")
-
 __all__ = [
     "ACERule",
     "ASGDRule",
@@ -50,6 +44,7 @@ __all__ = [
     "DelayAdaptiveASGDRule",
     "FedAsyncRule",
     "FedBuffRule",
+    "FedCompassRule",
     "MomentumASGDRule",
     "Outcome",
     "Param",

@@ -3,9 +3,10 @@
 Rule classes register themselves: a subclass of
 :class:`~flwr_gsgm.core.base.ServerOptimizer` that sets ``name`` is added to
 :data:`OPTIMIZERS` when its module is imported (``ServerOptimizer.__init_subclass__``
-calls :func:`register`), and ``flwr_gsgm.core`` imports every module of the package.
-Adding a rule is therefore one new file in ``flwr_gsgm/core/``; its ``PARAMS``
-declaration feeds everything else.
+calls :func:`register`), and ``flwr_gsgm.core`` imports each rule module by name.
+Adding a rule is one new file in ``flwr_gsgm/core/``, its import line in
+``flwr_gsgm/core/__init__.py`` and its strategy class in
+``flwr_gsgm/strategy/strategies.py``; its ``PARAMS`` declaration feeds everything else.
 
 This module imports nothing from :mod:`~flwr_gsgm.core.base` (base imports it), so
 there is no import cycle; it treats a rule class as any class with ``name``,

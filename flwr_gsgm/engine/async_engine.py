@@ -18,10 +18,10 @@ The engine owns its parts, each in its own module, each holding its own state
 
 - the clock (:mod:`flwr_gsgm.engine.clock`): virtual or wall seconds, and what the
   time budget means;
-- membership (:mod:`flwr_gsgm.nodes.membership`): who is in the federation and each
+- membership (:mod:`flwr_gsgm.engine.membership`): who is in the federation and each
   node's state and transitions (joins, back-offs, losses, exclusions, rejoins),
   told to the optimizer, the norm bound and the dispatcher through a
-  :class:`~flwr_gsgm.nodes.membership.NodeListener`;
+  :class:`~flwr_gsgm.engine.membership.NodeListener`;
 - what is in flight (:mod:`flwr_gsgm.engine.in_flight`) and the dispatcher
   (:mod:`flwr_gsgm.engine.dispatcher`, :mod:`flwr_gsgm.engine.dispatch_policy`);
 - reply intake (:mod:`flwr_gsgm.intake.reply`, :mod:`flwr_gsgm.intake.norm_bound`) and
@@ -29,9 +29,10 @@ The engine owns its parts, each in its own module, each holding its own state
   to a framework-free server rule (``flwr_gsgm.core``) that decides its outcome and
   staleness (``docs/ARCHITECTURE.md``, layer 2);
 - the books (:mod:`flwr_gsgm.engine.ledger`, :mod:`flwr_gsgm.nodes.stats`), evaluation
-  (:mod:`flwr_gsgm.evaluation.central`, :mod:`flwr_gsgm.evaluation.federated`), how the
-  run ends (:mod:`flwr_gsgm.engine.run_end`), checkpoints
-  (:mod:`flwr_gsgm.checkpoint.state`, :mod:`flwr_gsgm.checkpoint.files`) and the report
+  (:mod:`flwr_gsgm.engine.central_evaluation`,
+  :mod:`flwr_gsgm.engine.federated_evaluation`), how the run ends
+  (:mod:`flwr_gsgm.engine.run_end`), checkpoints
+  (:mod:`flwr_gsgm.engine.checkpoint_state`, :mod:`flwr_gsgm.checkpoint.files`) and the report
   (:mod:`flwr_gsgm.engine.report`).
 
 With ``max_in_flight`` at most that many nodes train at once and a
@@ -51,27 +52,28 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from flwr_gsgm.checkpoint import files as checkpoint
-from flwr_gsgm.checkpoint import state as engine_state
 from flwr_gsgm.checkpoint.resume import ResumeRefused
 from flwr_gsgm.core import Outcome, ServerOptimizer, UpdateRejected
+from flwr_gsgm.engine import checkpoint_state as engine_state
+from flwr_gsgm.engine.central_evaluation import EvaluateFn, Evaluator
 from flwr_gsgm.engine.clock import make_clock
 from flwr_gsgm.engine.dispatcher import Dispatcher
-from flwr_gsgm.engine.in_flight import Dispatch, InFlight
+from flwr_gsgm.engine.federated_evaluation import FederatedEvaluator
+from flwr_gsgm.engine.hooks import OnEvaluate, OnFederatedEvaluate, TrainConfigFn
+from flwr_gsgm.engine.in_flight import InFlight
 from flwr_gsgm.engine.ledger import Ledger
+from flwr_gsgm.engine.membership import Membership, Node, NodeListener
 from flwr_gsgm.engine.memory import MemoryEstimate, PeakMemory
 from flwr_gsgm.engine.report import EngineReport
 from flwr_gsgm.engine.run_end import RunEnd, RunFailed
 from flwr_gsgm.engine.settings import EngineSettings
-from flwr_gsgm.evaluation.central import EvaluateFn, Evaluator
-from flwr_gsgm.evaluation.federated import FederatedEvaluator
+from flwr_gsgm.intake.dispatch import Dispatch
 from flwr_gsgm.intake.norm_bound import RelativeNormBound, initial_scale
 from flwr_gsgm.intake.reply import ReplyIntake
 from flwr_gsgm.model.layout import ModelLayout
 from flwr_gsgm.model.optimizer import ModelOptimizer
-from flwr_gsgm.nodes.membership import Membership, Node, NodeListener
 from flwr_gsgm.nodes.stats import NodeStats
 from flwr_gsgm.scheduling.compass import CompassScheduler
-from flwr_gsgm.strategy.hooks import OnEvaluate, OnFederatedEvaluate, TrainConfigFn
 
 __all__ = ["EngineSettings", "AsyncEngine", "EngineReport", "EvaluateFn", "OptimizerFactory"]
 
@@ -106,12 +108,12 @@ class AsyncEngine:
         buffers (:mod:`flwr_gsgm.model.buffers`).
     train_config_fn : callable, optional
         ``(node_id, model_version, updates_received) -> ConfigRecord`` merged over
-        ``train_config`` for each train message (:mod:`flwr_gsgm.strategy.hooks`).
+        ``train_config`` for each train message (:mod:`flwr_gsgm.engine.hooks`).
     on_evaluate : callable, optional
         ``(updates, arrays, metrics) -> None`` after each evaluation row.
     on_federated_evaluate : callable, optional
         ``(updates, metrics) -> None`` when a federated evaluation's aggregate arrives
-        (:class:`~flwr_gsgm.evaluation.federated.FederatedEvaluator`).
+        (:class:`~flwr_gsgm.engine.federated_evaluation.FederatedEvaluator`).
 
     Raises
     ------
@@ -220,7 +222,8 @@ class AsyncEngine:
     # ------------------------------------------------------------------ set-up
     def _checkpoint_to_resume(self) -> dict[str, Any] | None:
         """The verified checkpoint to resume from (None without ``resume``), checked
-        against the run's settings (:func:`flwr_gsgm.checkpoint.state.check_before_start`)."""
+        against the run's settings
+        (:func:`flwr_gsgm.engine.checkpoint_state.check_before_start`)."""
         path, resume = self.settings.checkpoint_path, self.settings.resume
         saved = checkpoint.load_for_resume(path, resume)
         if saved is not None:
@@ -531,7 +534,8 @@ class AsyncEngine:
     # ------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue this run bit-identically: each part's
-        ``state_dict()`` under the checkpoint's top-level keys (:mod:`flwr_gsgm.checkpoint.state`).
+        ``state_dict()`` under the checkpoint's top-level keys
+        (:mod:`flwr_gsgm.engine.checkpoint_state`).
 
         In-flight dispatches are saved with the weights they carried; a resumed run
         re-sends them with the same seed and virtual finish time.
@@ -569,7 +573,7 @@ class AsyncEngine:
         ResumeRefused
             The nodes report another number of partitions (unless allowed), or (a
             strategy started without a run config) the rule's parameters or train
-            config differ (:func:`flwr_gsgm.checkpoint.state.check_after_start`).
+            config differ (:func:`flwr_gsgm.engine.checkpoint_state.check_after_start`).
         CheckpointError
             Anything else in the state does not fit the run (model keys, optimizer
             state, dispatch policy): the message names the checkpoint and the cause.

@@ -35,8 +35,8 @@ from flwr.app import ConfigRecord
 from flwr_gsgm.simulation.virtual_clock import VirtualClock
 
 if TYPE_CHECKING:
-    from flwr_gsgm.engine.in_flight import Dispatch
     from flwr_gsgm.engine.settings import EngineSettings
+    from flwr_gsgm.intake.dispatch import Dispatch
 
 __all__ = ["Clock", "VirtualTime", "WallTime", "make_clock"]
 

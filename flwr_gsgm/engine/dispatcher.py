@@ -20,13 +20,14 @@ from flwr.common.logger import log
 
 from flwr_gsgm.engine.clock import Clock
 from flwr_gsgm.engine.dispatch_policy import make_dispatch_policy
-from flwr_gsgm.engine.in_flight import Dispatch, InFlight
+from flwr_gsgm.engine.hooks import TrainConfigFn, merge_train_config
+from flwr_gsgm.engine.in_flight import InFlight
+from flwr_gsgm.engine.membership import Membership
 from flwr_gsgm.engine.settings import EngineSettings
+from flwr_gsgm.intake.dispatch import Dispatch
 from flwr_gsgm.model.optimizer import ModelOptimizer
-from flwr_gsgm.nodes.membership import Membership
 from flwr_gsgm.scheduling.work_scheduler import WorkScheduler
 from flwr_gsgm.simulation.virtual_clock import derive_seed
-from flwr_gsgm.strategy.hooks import TrainConfigFn, merge_train_config
 
 __all__ = ["Dispatcher"]
 
@@ -54,7 +55,7 @@ class Dispatcher:
     ``seq`` counts dispatches sent (their tie-break order); it is checkpointed with
     the dispatch policy's state (:meth:`state_dict`). The update budget is
     ``settings.max_updates``, the time budget the ``clock``'s. ``train_config_fn``
-    (:mod:`flwr_gsgm.strategy.hooks`), if given, is called for each train message and
+    (:mod:`flwr_gsgm.engine.hooks`), if given, is called for each train message and
     its keys are merged over ``train_config``.
     """
 
@@ -161,8 +162,8 @@ class Dispatcher:
 
         Raises
         ------
-        flwr_gsgm.strategy.hooks.HookFailed, TypeError, ValueError
-            From ``train_config_fn`` (:func:`flwr_gsgm.strategy.hooks.merge_train_config`),
+        flwr_gsgm.engine.hooks.HookFailed, TypeError, ValueError
+            From ``train_config_fn`` (:func:`flwr_gsgm.engine.hooks.merge_train_config`),
             before anything of this dispatch is counted or sent.
         """
         node = self.members.nodes[pid]

@@ -28,7 +28,7 @@ A run has diverged, ends at once with ``status`` "diverged" (:data:`DIVERGED`) a
    nodes' latest replies pass, and the bad node is excluded as before.
 
 Checks 1-3 run at every evaluation of the asynchronous engine
-(:mod:`flwr_gsgm.evaluation.central`), 2-3 on the evaluation rows of Flower's FedAvg and
+(:mod:`flwr_gsgm.engine.central_evaluation`), 2-3 on the evaluation rows of Flower's FedAvg and
 FedAvgM in ``serverapp/experiment.py``; check 4 at every rejected update
 (:class:`DivergenceWatch`).
 """

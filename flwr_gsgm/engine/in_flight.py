@@ -15,7 +15,7 @@ import heapq
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from logging import WARNING
 from typing import Any
 
@@ -25,35 +25,9 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from flwr_gsgm.deploy.flower_waits import shorten_reply_pull_backoff
+from flwr_gsgm.intake.dispatch import Dispatch
 
-__all__ = ["Dispatch", "InFlight"]
-
-
-@dataclass(order=True)
-class Dispatch:
-    """One train message in flight; ordered by virtual finish time, then send order.
-
-    ``v_finish`` is in virtual seconds (0.0 without the virtual clock); ``sent_at``
-    in seconds of ``time.monotonic()``.
-    """
-
-    v_finish: float
-    seq: int
-    partition_id: int = field(compare=False)
-    base_version: int = field(compare=False)
-    config: dict[str, Any] = field(compare=False)
-    # The weights sent (model order), kept when checkpoints are on (a resumed run
-    # re-sends them) and in "weights" client mode (the displacement is formed
-    # from them): one model copy per message in flight.
-    arrays: list[np.ndarray] | None = field(compare=False, default=None)
-    message_id: str = field(compare=False, default="")
-    node_id: int = field(compare=False, default=0)
-    # The local steps work scheduling gave this message (None: the run's own work).
-    scheduled_steps: int | None = field(compare=False, default=None)
-    sent_at: float = field(compare=False, default=0.0)
-
-    #: Fields that belong to one push, not to the dispatch: not checkpointed.
-    TRANSIENT = ("message_id", "node_id", "sent_at")
+__all__ = ["InFlight"]
 
 
 class InFlight:

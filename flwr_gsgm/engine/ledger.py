@@ -32,7 +32,7 @@ ENGINE_COUNTERS = (
     "lost_in_flight",
     "nodes_refused",
     "nodes_joined",
-    # federated evaluation (flwr_gsgm.evaluation.federated): evaluate messages sent,
+    # federated evaluation (flwr_gsgm.engine.federated_evaluation): evaluate messages sent,
     # replies aggregated, replies left out (error, invalid, too late)
     "federated_eval_sent",
     "federated_eval_replies",

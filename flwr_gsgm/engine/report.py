@@ -8,16 +8,16 @@ from typing import TYPE_CHECKING, Any
 
 from flwr.app import ArrayRecord, MetricRecord
 
-from flwr_gsgm.evaluation.central import weights_record
+from flwr_gsgm.engine.central_evaluation import weights_record
 
 if TYPE_CHECKING:
+    from flwr_gsgm.engine.central_evaluation import Evaluator
     from flwr_gsgm.engine.clock import Clock
+    from flwr_gsgm.engine.federated_evaluation import FederatedEvaluator
     from flwr_gsgm.engine.ledger import Ledger
+    from flwr_gsgm.engine.membership import Membership
     from flwr_gsgm.engine.run_end import RunEnd
-    from flwr_gsgm.evaluation.central import Evaluator
-    from flwr_gsgm.evaluation.federated import FederatedEvaluator
     from flwr_gsgm.model.optimizer import ModelOptimizer
-    from flwr_gsgm.nodes.membership import Membership
     from flwr_gsgm.nodes.stats import NodeStats
     from flwr_gsgm.scheduling.work_scheduler import WorkScheduler
 

@@ -31,8 +31,8 @@ from flwr.common.logger import log
 from flwr_gsgm.engine.divergence import DivergenceWatch
 
 if TYPE_CHECKING:
+    from flwr_gsgm.engine.membership import Membership
     from flwr_gsgm.engine.settings import EngineSettings
-    from flwr_gsgm.nodes.membership import Membership
 
 __all__ = ["COMPLETED", "DIVERGED", "FAILED", "RunDiverged", "RunEnd", "RunFailed"]
 

@@ -1,4 +1,9 @@
-"""Engine parameters (:class:`EngineSettings`), each tied to its run config key."""
+"""Engine parameters (:class:`EngineSettings`), each tied to its run config key.
+
+The engine declares its defaults here and the run config shows them
+(:data:`flwr_gsgm.config.run_config.RUN_CONFIG` reads them from this class), so the
+engine imports nothing from the config layer above it.
+"""
 
 from __future__ import annotations
 
@@ -7,24 +12,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flwr_gsgm.config.run_config import RUN_CONFIG, check_deadlines
 from flwr_gsgm.engine.dispatch_policy import DISPATCH_POLICIES
-from flwr_gsgm.evaluation.federated import FederatedEvaluation
+from flwr_gsgm.engine.federated_evaluation import FederatedEvaluation
 from flwr_gsgm.nodes.backoff import Backoff
 from flwr_gsgm.scheduling.work_scheduler import WORK_SCHEDULING
 from flwr_gsgm.simulation.virtual_clock import VirtualClock
 
-__all__ = ["EngineSettings"]
-
-
-def _run_default(key: str) -> Any:
-    """The run config's default of ``key``: the engine keeps no default of its own."""
-    return RUN_CONFIG[key].default
+__all__ = ["EngineSettings", "check_deadlines"]
 
 
 @dataclass(frozen=True)
 class EngineSettings:
-    """Engine parameters (run config keys in brackets; defaults are the run config's).
+    """Engine parameters (run config keys in brackets; the run config's defaults are these).
 
     Attributes
     ----------
@@ -121,7 +120,7 @@ class EngineSettings:
         Evaluation on the nodes every ``federated_evaluation.every`` updates (a
         multiple of ``eval_every``), without pausing training
         [``federated-eval-every``, ``fraction-evaluate``]; None (default) = none.
-        See :mod:`flwr_gsgm.evaluation.federated`.
+        See :mod:`flwr_gsgm.engine.federated_evaluation`.
     work_scheduling : str
         "off" or "equal-time" [``work-scheduling``]: size each train message's
         ``local-steps`` by its node's measured speed so that every node computes for
@@ -143,31 +142,31 @@ class EngineSettings:
         names the run config key and the value.
     """
 
-    max_updates: int = _run_default("max-updates")
+    max_updates: int = 4000
     max_seconds: float | None = None
-    eval_every: int = _run_default("eval-every")
-    message_ttl: float = _run_default("message-ttl")
-    startup_timeout: float = _run_default("startup-timeout")
-    dispatch_timeout: float = _run_default("dispatch-timeout")
-    max_node_failures: int = _run_default("max-node-failures")
+    eval_every: int = 100
+    message_ttl: float = 600.0
+    startup_timeout: float = 300.0
+    dispatch_timeout: float = 300.0
+    max_node_failures: int = 5
     backoff: Backoff = Backoff()
-    rejoin_timeout: float = _run_default("rejoin-timeout")
-    poll_interval: float = _run_default("poll-interval")
+    rejoin_timeout: float = 120.0
+    poll_interval: float = 0.01
     node_refresh_interval: float = 10.0
-    max_consecutive_rejections: int = _run_default("max-consecutive-rejections")
-    max_norm_ratio: float | None = _run_default("max-norm-ratio") or None
-    min_nodes: int = _run_default("min-nodes")
-    checkpoint_every: int = _run_default("checkpoint-every")
+    max_consecutive_rejections: int = 10
+    max_norm_ratio: float | None = 10.0
+    min_nodes: int = 1
+    checkpoint_every: int = 0
     checkpoint_path: Path | None = None
-    resume: bool = _run_default("resume")
+    resume: bool = False
     virtual_clock: VirtualClock | None = None
     query_partition_ids: bool | None = None
     seed: int = 0
-    max_in_flight: int | None = _run_default("max-in-flight") or None
-    dispatch: str = _run_default("dispatch")
+    max_in_flight: int | None = None
+    dispatch: str = "auto"
     federated_evaluation: FederatedEvaluation | None = None
-    prefetch: bool = _run_default("prefetch")
-    work_scheduling: str = _run_default("work-scheduling")
+    prefetch: bool = False
+    work_scheduling: str = "off"
     run_config: Mapping[str, Any] | None = None
     resume_allow_changes: tuple[str, ...] = ()
 
@@ -253,3 +252,24 @@ class EngineSettings:
     def in_flight_limit(self) -> int | None:
         """``max_in_flight`` with 0 read as None (no limit)."""
         return self.max_in_flight or None
+
+
+def check_deadlines(message_ttl: float, dispatch_timeout: float) -> None:
+    """Refuse time settings that contradict each other.
+
+    A train message expires on the SuperLink after ``message-ttl`` seconds, so a
+    per-dispatch deadline at or above it could never fire before the message is gone
+    (docs/DEPLOYMENT.md: the deadline stays below the TTL).
+
+    Raises
+    ------
+    ValueError
+        If ``message_ttl <= dispatch_timeout``; the message names both keys and values.
+    """
+    if not message_ttl > dispatch_timeout:
+        raise ValueError(
+            f"run config message-ttl={message_ttl!r} must be greater than "
+            f"dispatch-timeout={dispatch_timeout!r}: a message expires after message-ttl, so "
+            "the per-dispatch deadline must come first; raise message-ttl or lower "
+            "dispatch-timeout"
+        )

@@ -20,7 +20,7 @@ import numpy as np
 from flwr.app import ArrayRecord, Message, MetricRecord
 
 from flwr_gsgm.core import INTAKE_REASONS, UpdateRejected
-from flwr_gsgm.engine.in_flight import Dispatch
+from flwr_gsgm.intake.dispatch import Dispatch
 from flwr_gsgm.model.layout import ModelLayout, ModelUpdate
 
 __all__ = [

@@ -1,3 +1,3 @@
-"""The nodes of a run: membership and each node's state (joins, back-off, loss, exclusion),
-their query replies and per-node counts.
+"""The parts of a node's life the engine's membership (:mod:`flwr_gsgm.engine.membership`)
+uses: the back-off schedule, query replies, Flower error codes and per-node counts.
 """

@@ -5,7 +5,7 @@ is answered with an error (any Flower error code). After its k-th failure in a r
 gets no work for :meth:`Backoff.delay` ``(k) = min(cap, base * factor ** (k - 1))``
 seconds of the engine clock (virtual seconds under the virtual clock, so a simulation
 stays reproducible; wall seconds in deployment); after ``max-node-failures`` failures
-in a row it is excluded from the run (:meth:`flwr_gsgm.nodes.membership.Membership.fail`).
+in a row it is excluded from the run (:meth:`flwr_gsgm.engine.membership.Membership.fail`).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ error reply (code ``CLIENT_APP_RAISED_EXCEPTION``, "No query function registered
 as it does for a query handler that raises. Such a node, or one whose reply carries
 no ``partition-id``, is registered at once **without a partition-id**
 (:data:`NO_PARTITION`): the engine keys it by its node id
-(:meth:`flwr_gsgm.nodes.membership.Membership.key_for`). A reply with a malformed or
+(:meth:`flwr_gsgm.engine.membership.Membership.key_for`). A reply with a malformed or
 foreign partition-id refuses the node; any other error (the ClientApp cannot be
 loaded, the node is unreachable) registers nothing.
 """

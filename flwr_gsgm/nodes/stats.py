@@ -1,7 +1,7 @@
 """Per-node counts of a run, and the warnings they call for.
 
 ``summary.json`` ``per_node`` holds, for each node by its name ("node 8123 (partition
-6)", :attr:`~flwr_gsgm.nodes.membership.Node.name`), its ``node_id`` and
+6)", :attr:`~flwr_gsgm.engine.membership.Node.name`), its ``node_id`` and
 ``partition_id`` (null for a node without one), what happened to its replies
 (:data:`PER_NODE_COUNTS`, the names of the run's own counters) and its state at the end
 ("active", "backing-off", "lost", "excluded", with the reason of an exclusion). Three
@@ -67,7 +67,7 @@ STALL_FACTOR = 10
 
 
 class NodeView(Protocol):
-    """What the per-node report reads of a node (a :class:`~flwr_gsgm.nodes.membership.Node`)."""
+    """What the per-node report reads of a node (a :class:`~flwr_gsgm.engine.membership.Node`)."""
 
     @property
     def node_id(self) -> int: ...
@@ -87,7 +87,7 @@ class NodeView(Protocol):
 
 class Members(Protocol):
     """What the per-node report reads of the run's nodes (a
-    :class:`~flwr_gsgm.nodes.membership.Membership`, which counts through this module:
+    :class:`~flwr_gsgm.engine.membership.Membership`, which counts through this module:
     it is not imported here)."""
 
     @property

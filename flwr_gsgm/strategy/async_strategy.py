@@ -32,8 +32,9 @@ from flwr.serverapp.strategy import Result
 from flwr_gsgm.core import ServerOptimizer, make_optimizer
 from flwr_gsgm.core.params import DISPLACEMENT_MODES
 from flwr_gsgm.engine.async_engine import AsyncEngine, EngineReport, EngineSettings, EvaluateFn
+from flwr_gsgm.engine.federated_evaluation import FederatedEvaluation
+from flwr_gsgm.engine.hooks import OnEvaluate, OnFederatedEvaluate, TrainConfigFn, check_hook
 from flwr_gsgm.engine.run_end import DIVERGED, FAILED, RunDiverged, RunFailed
-from flwr_gsgm.evaluation.federated import FederatedEvaluation
 from flwr_gsgm.simulation.virtual_clock import VirtualClock
 from flwr_gsgm.strategy.arguments import (
     CLIENT_MODES,
@@ -44,7 +45,6 @@ from flwr_gsgm.strategy.arguments import (
 )
 from flwr_gsgm.strategy.arguments import trainable_keys as _trainable_keys
 from flwr_gsgm.strategy.fedavg_keywords import fedavg_refusal
-from flwr_gsgm.strategy.hooks import OnEvaluate, OnFederatedEvaluate, TrainConfigFn, check_hook
 
 __all__ = ["AsyncStrategy", "AsyncResult", "CLIENT_MODES", "DISPLACEMENT_MODES"]
 
@@ -129,7 +129,7 @@ class AsyncStrategy:
         Evaluation on the nodes (their ClientApp's ``@app.evaluate()``) every
         ``every`` updates, on a fraction of them, aggregated as Flower's FedAvg does,
         without pausing training; None: none [``federated-eval-every``,
-        ``fraction-evaluate``]. See :mod:`flwr_gsgm.evaluation.federated`.
+        ``fraction-evaluate``]. See :mod:`flwr_gsgm.engine.federated_evaluation`.
     train_config_fn : callable | None
         ``train_config_fn(node_id: int, model_version: int, updates_received: int)
         -> ConfigRecord``, called once for every train message the engine sends, just
@@ -204,7 +204,7 @@ class AsyncStrategy:
         neither None nor callable.
 
     A hook that raises during the run stops it with
-    :class:`flwr_gsgm.strategy.hooks.HookFailed` (naming the hook and the exception); a
+    :class:`flwr_gsgm.engine.hooks.HookFailed` (naming the hook and the exception); a
     ``train_config_fn`` that returns anything but a ConfigRecord stops it with a
     TypeError naming what came back.
     """
@@ -391,7 +391,7 @@ class AsyncStrategy:
             On a keyword argument ``start`` does not take (FedAvg's ``num_rounds``,
             ``timeout``: the message names the counterpart), before any message is
             sent; or a ``train_config_fn`` that returned no ConfigRecord.
-        flwr_gsgm.strategy.hooks.HookFailed
+        flwr_gsgm.engine.hooks.HookFailed
             If ``train_config_fn``, ``on_evaluate`` or ``on_federated_evaluate`` raised
             (the run stops there).
         flwr_gsgm.engine.run_end.RunFailed

@@ -7,17 +7,17 @@ optimizer keyword arguments and their defaults are the rule's declaration
 (``server_learning_rate``, client work, virtual clock, engine settings, seed) are documented on
 ``AsyncStrategy``.
 
-:data:`STRATEGIES` has one class per registered rule: the named classes below, and
-for a rule without one, a class generated here under the core class's name without
-its ``Rule`` suffix (``CA2FLRule`` -> ``CA2FL``; also an attribute of this module),
-so a new rule file needs no edit of this one.
+:data:`STRATEGIES` has one class per registered rule, each written out below under the
+core class's name without its ``Rule`` suffix (``CA2FLRule`` -> ``CA2FL``), so that an
+editor's go-to-definition finds every one; a new rule adds its class here
+(``tests/engine/test_rule_declarations.py`` fails on a rule without one).
 """
 
 from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from flwr_gsgm.core import OPTIMIZERS, declared_params
+from flwr_gsgm.core import declared_params
 from flwr_gsgm.core.params import describe
 from flwr_gsgm.strategy.async_strategy import AsyncStrategy
 
@@ -28,6 +28,10 @@ __all__ = [
     "DCASGD",
     "FedAsync",
     "FedBuff",
+    "CA2FL",
+    "ACE",
+    "DelayAdaptiveASGD",
+    "FedCompass",
     "RuleStrategy",
     "STRATEGIES",
 ]
@@ -110,25 +114,58 @@ class FedBuff(RuleStrategy):
     rule = "fedbuff"
 
 
-def _strategy_classes() -> dict[str, type[AsyncStrategy]]:
-    """One class per registered rule, in registry order; generated where none is named."""
-    named = {cls.rule: cls for cls in (GSGM, ASGD, MomentumASGD, DCASGD, FedAsync, FedBuff)}
-    classes: dict[str, type[AsyncStrategy]] = {}
-    for rule, core_cls in OPTIMIZERS.items():
-        cls = named.get(rule)
-        if cls is None:
-            where = f"{core_cls.__module__}.{core_cls.__name__}"
-            doc = f"Asynchronous strategy of the rule :class:`{where}`."
-            # The core class is ``<Name>Rule``; its strategy is plain ``<Name>``.
-            cls = type(
-                core_cls.__name__.removesuffix("Rule"),
-                (RuleStrategy,),
-                {"rule": rule, "__doc__": doc, "__module__": __name__},
-            )
-            globals().setdefault(cls.__name__, cls)
-        classes[rule] = cls
-    return classes
+class CA2FL(RuleStrategy):
+    """CA2FL (Wang et al., ICLR 2024): buffered aggregation with cached update calibration.
+
+    See :class:`flwr_gsgm.core.ca2fl.CA2FLRule` for the rule.
+    """
+
+    rule = "ca2fl"
 
 
-#: rule name -> strategy class, for every registered rule.
-STRATEGIES: dict[str, type[AsyncStrategy]] = _strategy_classes()
+class ACE(RuleStrategy):
+    """ACE (Chang et al., 2025): a step along the mean of every node's latest update.
+
+    See :class:`flwr_gsgm.core.ace.ACERule` for the rule.
+    """
+
+    rule = "ace"
+
+
+class DelayAdaptiveASGD(RuleStrategy):
+    """Delay-adaptive ASGD (Mishchenko et al.; Koloskova et al., NeurIPS 2022): the step
+    shrinks when the delay exceeds the number of workers.
+
+    See :class:`flwr_gsgm.core.delay_adaptive_asgd.DelayAdaptiveASGDRule` for the rule.
+    """
+
+    rule = "daasgd"
+
+
+class FedCompass(RuleStrategy):
+    """FedCompass (Li et al., ICLR 2024): semi-asynchronous aggregation of arrival groups,
+    weighted by staleness; its scheduler sizes each node's local steps.
+
+    See :class:`flwr_gsgm.core.fedcompass.FedCompassRule` for the rule and
+    :mod:`flwr_gsgm.scheduling.compass` for its scheduler.
+    """
+
+    rule = "fedcompass"
+
+
+#: rule name -> strategy class, for every registered rule, in registry order.
+STRATEGIES: dict[str, type[RuleStrategy]] = {
+    cls.rule: cls
+    for cls in (
+        GSGM,
+        ASGD,
+        MomentumASGD,
+        DCASGD,
+        FedAsync,
+        FedBuff,
+        CA2FL,
+        ACE,
+        DelayAdaptiveASGD,
+        FedCompass,
+    )
+}

@@ -6,8 +6,8 @@ from flwr.app import ConfigRecord
 
 from flwr_gsgm.engine import clock as clock_module
 from flwr_gsgm.engine.clock import VirtualTime, WallTime, make_clock
-from flwr_gsgm.engine.in_flight import Dispatch
 from flwr_gsgm.engine.settings import EngineSettings
+from flwr_gsgm.intake.dispatch import Dispatch
 from flwr_gsgm.simulation.virtual_clock import VirtualClock
 
 # No jitter, no slow set, no bytes charged: a message lasts steps x speed factor.

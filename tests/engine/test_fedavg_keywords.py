@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from flwr.serverapp.strategy import FedAvg
 
+from flwr_gsgm.engine.federated_evaluation import FederatedEvaluation
 from flwr_gsgm.engine.settings import EngineSettings
-from flwr_gsgm.evaluation.federated import FederatedEvaluation
 from flwr_gsgm.simulation.inprocess_grid import InProcessGrid
 from flwr_gsgm.strategy.async_strategy import AsyncStrategy
 from flwr_gsgm.strategy.fedavg_keywords import FEDAVG_COUNTERPARTS, fedavg_refusal

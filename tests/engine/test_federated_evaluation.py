@@ -17,8 +17,8 @@ import pytest
 from flwr.app import Context, Message, MetricRecord, RecordDict
 
 from flwr_gsgm.config import outputs as run_outputs
+from flwr_gsgm.engine.federated_evaluation import FederatedEvaluation
 from flwr_gsgm.engine.settings import EngineSettings
-from flwr_gsgm.evaluation.federated import FederatedEvaluation
 from flwr_gsgm.simulation.inprocess_grid import InProcessGrid
 from flwr_gsgm.simulation.virtual_clock import VirtualClock
 from flwr_gsgm.strategy.strategies import ASGD, GSGM

@@ -5,9 +5,9 @@ from __future__ import annotations
 from flwr_gsgm.engine.clock import VirtualTime
 from flwr_gsgm.engine.in_flight import InFlight
 from flwr_gsgm.engine.ledger import Ledger
+from flwr_gsgm.engine.membership import Membership, Node, NodeListener
 from flwr_gsgm.engine.settings import EngineSettings
 from flwr_gsgm.nodes.backoff import Backoff
-from flwr_gsgm.nodes.membership import Membership, Node, NodeListener
 from flwr_gsgm.nodes.stats import NodeStats
 from flwr_gsgm.simulation.virtual_clock import VirtualClock
 

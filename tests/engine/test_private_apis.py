@@ -113,7 +113,7 @@ def test_flwr_datasets_partitioner_exposes_its_row_assignment():
 
 
 def test_flwr_fedavg_metric_aggregation_is_a_weighted_mean():
-    """flwr_gsgm/evaluation/federated.py aggregates with FedAvg's own default
+    """flwr_gsgm/engine/federated_evaluation.py aggregates with FedAvg's own default
     (``strategy_utils.aggregate_metricrecords``, not exported by ``flwr.serverapp.strategy``)."""
     from flwr.app import MetricRecord, RecordDict
     from flwr.serverapp.strategy import FedAvg
@@ -122,7 +122,7 @@ def test_flwr_fedavg_metric_aggregation_is_a_weighted_mean():
         "flwr.serverapp.strategy.strategy_utils.aggregate_metricrecords",
         "flwr",
         FLWR_PINNED,
-        "flwr_gsgm/evaluation/federated.py",
+        "flwr_gsgm/engine/federated_evaluation.py",
     )
     try:
         from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords

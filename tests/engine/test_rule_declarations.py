@@ -236,11 +236,30 @@ CHECK_NEW_RULE = textwrap.dedent(
 )
 
 
-def test_a_new_rule_file_reaches_every_layer(tmp_path):
+def test_a_new_rule_file_and_its_two_lines_reach_every_layer(tmp_path):
     shutil.copytree(
         REPO / "flwr_gsgm", tmp_path / "flwr_gsgm", ignore=shutil.ignore_patterns("__pycache__")
     )
-    (tmp_path / "flwr_gsgm" / "core" / "zz_scaled.py").write_text(NEW_RULE)
+    core = tmp_path / "flwr_gsgm" / "core"
+    (core / "zz_scaled.py").write_text(NEW_RULE)
+    # The two lines a new rule adds by hand: its import (the registration order) and its
+    # strategy class, written out so that go-to-definition finds it.
+    init = (core / "__init__.py").read_text()
+    anchor = "from .fedcompass import FedCompassRule  # isort: skip\n"
+    assert anchor in init
+    init = init.replace(anchor, anchor + "from .zz_scaled import ScaledSGD  # isort: skip\n")
+    (core / "__init__.py").write_text(init)
+    strategies = tmp_path / "flwr_gsgm" / "strategy" / "strategies.py"
+    text = strategies.read_text()
+    anchor = "        FedCompass,\n    )\n}"
+    assert anchor in text
+    text = text.replace(anchor, "        FedCompass,\n        ScaledSGD,\n    )\n}")
+    text = text.replace(
+        "\n\n#: rule name -> strategy class",
+        '\n\nclass ScaledSGD(RuleStrategy):\n    """Scaled SGD."""\n\n    rule = "zz-scaled"\n'
+        "\n\n#: rule name -> strategy class",
+    )
+    strategies.write_text(text)
     proc = subprocess.run(
         [sys.executable, "-c", CHECK_NEW_RULE],
         cwd=tmp_path,
@@ -250,3 +269,26 @@ def test_a_new_rule_file_reaches_every_layer(tmp_path):
         timeout=300,
     )
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout + proc.stderr
+
+
+def test_every_rule_module_is_imported_by_name_and_every_strategy_written_out():
+    """No rule is left to an automatic import or a generated class: importing every
+    module of the core registers no rule the core's imports did not, and each strategy
+    is a class statement of strategies.py (go-to-definition finds it)."""
+    import ast
+    import pkgutil
+
+    import flwr_gsgm
+    import flwr_gsgm.core as core
+    from flwr_gsgm.strategy import strategies
+
+    before = list(OPTIMIZERS)
+    for module in pkgutil.iter_modules(core.__path__):
+        importlib.import_module(f"flwr_gsgm.core.{module.name}")
+    assert list(OPTIMIZERS) == before, "a rule module is not imported in core/__init__.py"
+    tree = ast.parse(Path(strategies.__file__).read_text())
+    written = {node.name for node in tree.body if isinstance(node, ast.ClassDef)}
+    for rule, cls in STRATEGIES.items():
+        assert cls.__name__ in written and cls.__module__ == strategies.__name__, rule
+        assert getattr(flwr_gsgm, cls.__name__) is cls
+        assert cls.__name__ + "Rule" == OPTIMIZERS[rule].__name__

@@ -17,9 +17,9 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from flwr_gsgm.engine.hooks import ENGINE_TRAIN_KEYS, HookFailed
 from flwr_gsgm.simulation.inprocess_grid import InProcessGrid
 from flwr_gsgm.simulation.virtual_clock import VirtualClock
-from flwr_gsgm.strategy.hooks import ENGINE_TRAIN_KEYS, HookFailed
 from flwr_gsgm.strategy.strategies import ASGD
 from tests.engine.quadratic_app import TARGETS, initial_arrays
 

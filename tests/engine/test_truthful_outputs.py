@@ -23,8 +23,8 @@ import pytest
 from clients.client_app import app as client_app
 from flwr_gsgm.config import outputs as run_outputs
 from flwr_gsgm.config.outputs import strict_json
+from flwr_gsgm.engine.federated_evaluation import FederatedEvaluation
 from flwr_gsgm.engine.run_end import RunFailed
-from flwr_gsgm.evaluation.federated import FederatedEvaluation
 from flwr_gsgm.simulation.inprocess_grid import InProcessGrid
 from flwr_gsgm.simulation.virtual_clock import VirtualClock
 from flwr_gsgm.strategy.strategies import ASGD

@@ -70,7 +70,7 @@ def test_every_flwr_gsgm_import_the_readme_shows_works():
         for name in names:
             assert hasattr(imported, name), f"README: from {module} import {name} fails"
     from flwr_gsgm import FederatedEvaluation
-    from flwr_gsgm.evaluation.federated import FederatedEvaluation as defined
+    from flwr_gsgm.engine.federated_evaluation import FederatedEvaluation as defined
 
     assert FederatedEvaluation is defined
 

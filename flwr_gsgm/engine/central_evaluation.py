@@ -17,9 +17,9 @@ from flwr.app import Array, ArrayRecord, MetricRecord
 from flwr.common.logger import log
 
 from flwr_gsgm.engine.divergence import evaluation_divergence
+from flwr_gsgm.engine.hooks import OnEvaluate, call_hook, evaluation_metrics
 from flwr_gsgm.engine.ledger import Ledger
 from flwr_gsgm.model.optimizer import ModelOptimizer
-from flwr_gsgm.strategy.hooks import OnEvaluate, call_hook, evaluation_metrics
 
 __all__ = ["EvaluateFn", "Evaluator", "weights_record"]
 
@@ -44,8 +44,8 @@ class Evaluator:
         The run's budget, for the log line only.
     on_evaluate : callable | None
         ``(updates, arrays, metrics) -> None``, called after each row is built
-        (:mod:`flwr_gsgm.strategy.hooks`; ``metrics``:
-        :func:`~flwr_gsgm.strategy.hooks.evaluation_metrics`).
+        (:mod:`flwr_gsgm.engine.hooks`; ``metrics``:
+        :func:`~flwr_gsgm.engine.hooks.evaluation_metrics`).
 
     Attributes
     ----------
@@ -107,7 +107,7 @@ class Evaluator:
     ) -> tuple[dict[str, float], str | None]:
         """Evaluate now; return the row and why the model diverged (None if it did not).
 
-        Raises :class:`flwr_gsgm.strategy.hooks.HookFailed` if ``on_evaluate`` raised.
+        Raises :class:`flwr_gsgm.engine.hooks.HookFailed` if ``on_evaluate`` raised.
 
         ``clock_now`` is the engine clock and ``wall`` the wall seconds since the start;
         :func:`flwr_gsgm.engine.divergence.evaluation_divergence` checks the weights and the

@@ -42,10 +42,10 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 
 from flwr_gsgm.core import ServerOptimizer
+from flwr_gsgm.engine.central_evaluation import weights_record
+from flwr_gsgm.engine.hooks import OnFederatedEvaluate, call_hook
 from flwr_gsgm.engine.ledger import Ledger
-from flwr_gsgm.evaluation.central import weights_record
 from flwr_gsgm.simulation.virtual_clock import derive_seed
-from flwr_gsgm.strategy.hooks import OnFederatedEvaluate, call_hook
 
 __all__ = [
     "COLUMN_PREFIX",
@@ -147,7 +147,7 @@ class FederatedEvaluator:
     on_metrics : callable | None
         ``(updates, metrics) -> None``, called with each point's aggregate (a copy)
         once it is formed: the strategy's ``on_federated_evaluate``. If it raises,
-        :class:`~flwr_gsgm.strategy.hooks.HookFailed` stops the run.
+        :class:`~flwr_gsgm.engine.hooks.HookFailed` stops the run.
     """
 
     def __init__(

@@ -24,7 +24,7 @@ what changes the result (:mod:`flwr_gsgm.checkpoint.resume`) or its nodes report
 another number of partitions, unless run config ``resume-allow-changes`` lists the
 key. Every node that answers at the restart is in the run again: one lost before the
 checkpoint rejoins, one active then but silent now is lost until it comes back
-(:meth:`Membership.reconcile <flwr_gsgm.nodes.membership.Membership.reconcile>`).
+(:meth:`Membership.reconcile <flwr_gsgm.engine.membership.Membership.reconcile>`).
 
 A checkpoint of a delta- or weights-mode run records ``displacement_updates``
 (:data:`DISPLACEMENT_UPDATES`): its updates are displacements ``w_sent - w_local``
