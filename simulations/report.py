@@ -1105,6 +1105,17 @@ def _setting_section(sweep: _Sweep, qname, q, srows, methods, setting, single, f
     )
     if p:
         md += [f"![accuracy curves]({_rel(p, md_dir)})", ""]
+    if _virtual_x(q):  # a time question is read per client training too (parity)
+        p = plot_curves(
+            view,
+            series,
+            sweep.out,
+            figures / f"{qname}_{label}_curves_trainings.png",
+            f"{_setting_name(setting)}: per client training",
+            x="updates",
+        )
+        if p:
+            md += [f"![accuracy per client training]({_rel(p, md_dir)})", ""]
     return md
 
 

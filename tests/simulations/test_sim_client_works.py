@@ -575,6 +575,9 @@ def test_tuning_per_work_by_the_accuracy_at_budget_then_runs_csv_and_report(tmp_
     assert cells[9] == "20 ± 0 (2/2)"
     fig = tmp_path / "results" / "figures" / "e2e" / "q_n4-iid-edge_curves.png"
     assert fig.is_file() and f"({fig.relative_to(md.parent).as_posix()})" in text
+    # a time question is plotted per client training too
+    fig = tmp_path / "results" / "figures" / "e2e" / "q_n4-iid-edge_curves_trainings.png"
+    assert fig.is_file() and f"({fig.relative_to(md.parent).as_posix()})" in text
     # the headline takes each method's best work (gsgm/batch) and does not fail
     assert "Each method with its best client work in each setting." in text
     page = read_csv(md.parent / "runs.csv")
