@@ -545,22 +545,25 @@ class ServerOptimizer(RangeGuard, abc.ABC):
         """Restore a ``state_dict()`` (of an optimizer of the same class and shapes).
 
         Hyperparameters are restored too, as in PyTorch optimizers, except those of
-        :attr:`STATE_LAYOUT` (GSGM's ``averaging`` and ``scheduling``),
-        which must already be equal: a state never switches the optimizer's mode.
+        :attr:`STATE_LAYOUT`, which must already be equal: a state never switches the
+        optimizer's mode. The state's params must be the rule's declared ones: a
+        state written by a version of the rule with other parameters is refused, not
+        upgraded.
         The arrays of ``weights`` keep their identity (values are copied into the
         buffer).
 
         Raises:
-            ValueError: the state belongs to another optimizer, other shapes or a
-                different layout (a :attr:`STATE_LAYOUT` parameter differs: the
-                message names each), or is inconsistent (a count or version that is not
-                an integer >= 0, a node listed twice, a rule's node that is not in
-                ``active_nodes``, rule data its params do not have: see
-                :meth:`_check_state`); the message names the field. The optimizer is
+            ValueError: the state belongs to another optimizer, other shapes, other
+                parameters (the message names them) or a different layout (a
+                :attr:`STATE_LAYOUT` parameter differs: the message names each), or is
+                inconsistent (a count or version that is not an integer >= 0, a node
+                listed twice, a rule's node that is not in ``active_nodes``, rule data
+                its params do not have: see :meth:`_check_state`); the message names
+                the field. The optimizer is
                 then left unchanged.
         """
         state_checks.check_header(state, STATE_FORMAT, self.name, self._shapes)
-        state = self._upgrade_state(state)
+        state_checks.check_params(state, self.name, self._param_names)
         self._check_layout(state)
         self._check_state(state)
         backup = self.state_dict()
@@ -594,11 +597,6 @@ class ServerOptimizer(RangeGuard, abc.ABC):
     def _check_extra(self, partition_id: int, base_version: int) -> tuple[str, str] | None:
         """Hook: rule-specific validation; return ``(reason, message)`` to reject."""
         return None
-
-    def _upgrade_state(self, state: dict[str, Any]) -> dict[str, Any]:
-        """Hook: ``state`` (written by an earlier version of the rule) in today's
-        layout, before it is checked; raise ValueError if it cannot be. As is here."""
-        return state
 
     def _extra_state(self) -> dict[str, Any]:
         return {}
@@ -638,11 +636,7 @@ class ServerOptimizer(RangeGuard, abc.ABC):
         """Hook: validate the rule's fields of ``state`` (raise ValueError naming one)."""
 
     def _load(self, state: dict[str, Any]) -> None:
-        params = dict(state["params"])
-        if set(params) != set(self._param_names):
-            raise ValueError(
-                f"state params {sorted(params)} differ from {sorted(self._param_names)}"
-            )
+        params = dict(state["params"])  # the declared names (check_params)
         weights = self._flat_array(state["weights"], "weights")
         counters = {str(k): int(v) for k, v in dict(state["counters"]).items()}
         for k, v in params.items():
