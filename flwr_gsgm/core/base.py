@@ -164,9 +164,11 @@ class ServerOptimizer(RangeGuard, abc.ABC):
             (keyword only; a missing one takes its declared default). Declared here
             for every rule:
 
-            - ``lr``: server learning rate eta, > 0 (default 0.02 in gradient mode,
-              0.1 of the displacement in delta and weights modes; each rule
-              redeclares both, see :func:`~flwr_gsgm.core.params.server_learning_rate`).
+            - ``lr``: server learning rate eta, > 0. Each rule declares its own
+              defaults, one for gradients and one for displacements (delta and
+              weights modes), in its ``PARAMS``
+              (:func:`~flwr_gsgm.core.params.server_learning_rate`), listed in its
+              docstring.
             - ``max_staleness``: optional staleness bound s_max >= 0: a valid update
               with staleness ``version - base_version`` above it is dropped
               (:attr:`Outcome.STALE`). Default None (no bound).
@@ -213,8 +215,8 @@ class ServerOptimizer(RangeGuard, abc.ABC):
     name: ClassVar[str] = ""
     #: This class's own parameters; :meth:`declared_params` adds the inherited ones.
     PARAMS: ClassVar[tuple[Param, ...]] = (
-        # Gradient mode: a step per arrival. Displacement modes: a tenth of the
-        # node's displacement per arrival (about FedAvg's step per round at 10 nodes).
+        # Only a rule that declares no lr of its own uses these defaults: every
+        # registered rule declares its own (tests/core/test_core_params.py).
         server_learning_rate(0.02, displacement=0.1),
         Param(
             "max_staleness",
@@ -460,8 +462,8 @@ class ServerOptimizer(RangeGuard, abc.ABC):
                 writes do not change it.
             base_version: the ``version`` of the weights the node computed on.
             now: the engine's clock in seconds (virtual seconds in simulation),
-                passed to the rule's hooks; no shipped rule reads it (GSGM's cycle time
-                budget, which did, was deleted: docs/GSGM.md).
+                passed to the rule's hooks (FedCompass's ``_tick`` reads it for its
+                groups' deadlines).
 
         Returns:
             The :class:`Outcome` of the update.
