@@ -9,8 +9,8 @@
 # links, flwr itself left out), so nothing big is installed twice. The project is
 # imported from this checkout (PYTHONPATH), never installed: its dependency on flwr
 # (another name than flwr-nightly) would make pip add flwr 1.42 over the nightly.
-# Default tests: tests/engine and
-# tests/simulation_engine (flwr run with the nightly's CLI).
+# Default tests: the library's test folders that run the engine on Flower (those of
+# NIGHTLY_TESTS below) and tests/simulation_engine (flwr run with the nightly's CLI).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 VENV="${1:-/tmp/flwr-nightly-venv}"
@@ -42,5 +42,8 @@ done
 echo "$SHARED" > "$SITE/project-deps.pth"
 echo "flwr in $VENV: $("$VENV/bin/python" -c 'import flwr; print(flwr.__version__, flwr.__file__)')"
 cd "$ROOT"
-if [ "$#" -eq 0 ]; then set -- tests/engine tests/simulation_engine -q; fi
+NIGHTLY_TESTS=(tests/engine tests/config tests/strategy tests/nodes tests/intake tests/model
+  tests/checkpoint tests/scheduling tests/simulation tests/serverapp
+  tests/packaging/test_private_apis.py tests/packaging/test_architecture_doc.py)
+if [ "$#" -eq 0 ]; then set -- "${NIGHTLY_TESTS[@]}" tests/simulation_engine -q; fi
 PATH="$VENV/bin:$PATH" PYTHONPATH="$ROOT" "$VENV/bin/python" -m pytest "$@"

@@ -82,8 +82,9 @@ class ACERule(ServerOptimizer):
 
     name: ClassVar[str] = "ace"
     PARAMS: ClassVar[tuple[Param, ...]] = (
-        # Displacement modes: every arrival steps 0.1 along the mean displacement of the
-        # table, so 10 arrivals move w about as far as FedAvg's mean (as ASGD).
+        # Displacement modes: every arrival steps the declared fraction along the mean
+        # displacement of the table, tuned at 10 nodes, seed 0 (docs/GSGM.md, "Client
+        # modes").
         server_learning_rate(0.02, displacement=0.1),
         Param(
             "max_row_age",

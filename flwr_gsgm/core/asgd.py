@@ -35,8 +35,8 @@ class ASGDRule(ServerOptimizer):
 
     name: ClassVar[str] = "asgd"
     PARAMS: ClassVar[tuple[Param, ...]] = (
-        # Displacement modes: every arrival applies 0.1 of its node's displacement, so
-        # 10 arrivals (a round of 10 nodes) move w about as far as FedAvg's mean.
+        # Displacement modes: every arrival applies the declared fraction of its node's
+        # displacement, tuned at 10 nodes, seed 0 (docs/GSGM.md, "Client modes").
         server_learning_rate(0.02, displacement=0.05),
     )
 

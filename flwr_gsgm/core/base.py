@@ -164,9 +164,11 @@ class ServerOptimizer(RangeGuard, abc.ABC):
             (keyword only; a missing one takes its declared default). Declared here
             for every rule:
 
-            - ``lr``: server learning rate eta, > 0 (default 0.02 in gradient mode,
-              0.1 of the displacement in delta and weights modes; each rule
-              redeclares both, see :func:`~flwr_gsgm.core.params.server_learning_rate`).
+            - ``lr``: server learning rate eta, > 0. Each rule declares its own
+              defaults, one for gradients and one for displacements (delta and
+              weights modes), in its ``PARAMS``
+              (:func:`~flwr_gsgm.core.params.server_learning_rate`), listed in its
+              docstring.
             - ``max_staleness``: optional staleness bound s_max >= 0: a valid update
               with staleness ``version - base_version`` above it is dropped
               (:attr:`Outcome.STALE`). Default None (no bound).
@@ -213,8 +215,8 @@ class ServerOptimizer(RangeGuard, abc.ABC):
     name: ClassVar[str] = ""
     #: This class's own parameters; :meth:`declared_params` adds the inherited ones.
     PARAMS: ClassVar[tuple[Param, ...]] = (
-        # Gradient mode: a step per arrival. Displacement modes: a tenth of the
-        # node's displacement per arrival (about FedAvg's step per round at 10 nodes).
+        # Only a rule that declares no lr of its own uses these defaults: every
+        # registered rule declares its own (tests/core/test_core_params.py).
         server_learning_rate(0.02, displacement=0.1),
         Param(
             "max_staleness",
@@ -460,8 +462,8 @@ class ServerOptimizer(RangeGuard, abc.ABC):
                 writes do not change it.
             base_version: the ``version`` of the weights the node computed on.
             now: the engine's clock in seconds (virtual seconds in simulation),
-                passed to the rule's hooks; no shipped rule reads it (GSGM's cycle time
-                budget, which did, was deleted: docs/GSGM.md).
+                passed to the rule's hooks (FedCompass's ``_tick`` reads it for its
+                groups' deadlines).
 
         Returns:
             The :class:`Outcome` of the update.
@@ -545,22 +547,25 @@ class ServerOptimizer(RangeGuard, abc.ABC):
         """Restore a ``state_dict()`` (of an optimizer of the same class and shapes).
 
         Hyperparameters are restored too, as in PyTorch optimizers, except those of
-        :attr:`STATE_LAYOUT` (GSGM's ``averaging`` and ``scheduling``),
-        which must already be equal: a state never switches the optimizer's mode.
+        :attr:`STATE_LAYOUT`, which must already be equal: a state never switches the
+        optimizer's mode. The state's params must be the rule's declared ones: a
+        state written by a version of the rule with other parameters is refused, not
+        upgraded.
         The arrays of ``weights`` keep their identity (values are copied into the
         buffer).
 
         Raises:
-            ValueError: the state belongs to another optimizer, other shapes or a
-                different layout (a :attr:`STATE_LAYOUT` parameter differs: the
-                message names each), or is inconsistent (a count or version that is not
-                an integer >= 0, a node listed twice, a rule's node that is not in
-                ``active_nodes``, rule data its params do not have: see
-                :meth:`_check_state`); the message names the field. The optimizer is
+            ValueError: the state belongs to another optimizer, other shapes, other
+                parameters (the message names them) or a different layout (a
+                :attr:`STATE_LAYOUT` parameter differs: the message names each), or is
+                inconsistent (a count or version that is not an integer >= 0, a node
+                listed twice, a rule's node that is not in ``active_nodes``, rule data
+                its params do not have: see :meth:`_check_state`); the message names
+                the field. The optimizer is
                 then left unchanged.
         """
         state_checks.check_header(state, STATE_FORMAT, self.name, self._shapes)
-        state = self._upgrade_state(state)
+        state_checks.check_params(state, self.name, self._param_names)
         self._check_layout(state)
         self._check_state(state)
         backup = self.state_dict()
@@ -594,11 +599,6 @@ class ServerOptimizer(RangeGuard, abc.ABC):
     def _check_extra(self, partition_id: int, base_version: int) -> tuple[str, str] | None:
         """Hook: rule-specific validation; return ``(reason, message)`` to reject."""
         return None
-
-    def _upgrade_state(self, state: dict[str, Any]) -> dict[str, Any]:
-        """Hook: ``state`` (written by an earlier version of the rule) in today's
-        layout, before it is checked; raise ValueError if it cannot be. As is here."""
-        return state
 
     def _extra_state(self) -> dict[str, Any]:
         return {}
@@ -638,11 +638,7 @@ class ServerOptimizer(RangeGuard, abc.ABC):
         """Hook: validate the rule's fields of ``state`` (raise ValueError naming one)."""
 
     def _load(self, state: dict[str, Any]) -> None:
-        params = dict(state["params"])
-        if set(params) != set(self._param_names):
-            raise ValueError(
-                f"state params {sorted(params)} differ from {sorted(self._param_names)}"
-            )
+        params = dict(state["params"])  # the declared names (check_params)
         weights = self._flat_array(state["weights"], "weights")
         counters = {str(k): int(v) for k, v in dict(state["counters"]).items()}
         for k, v in params.items():

@@ -60,7 +60,7 @@ class CA2FLRule(ServerOptimizer):
         weights: initial weights, a sequence of numpy arrays (copied to float32).
         partition_ids: partition-ids of the initially active nodes.
         lr: server learning rate eta, > 0.
-        buffer_size: ``M`` >= 1, arrivals per step (default 10, the paper's).
+        buffer_size: ``M`` >= 1, arrivals per step (the declared default is the paper's).
         max_staleness: optional staleness bound (see :class:`ServerOptimizer`);
             a dropped update touches neither the buffer nor the caches.
         max_norm: optional L2-norm bound (see :class:`ServerOptimizer`).
@@ -79,7 +79,8 @@ class CA2FLRule(ServerOptimizer):
     PARAMS: ClassVar[tuple[Param, ...]] = (
         # A step per buffer of several updates: the tuned rate (10 nodes, seed 0,
         # docs/results/fashion_mnist_scale/tuned.toml) is larger than a per-arrival one.
-        # Displacement modes: 1.0 steps along the calibrated mean displacement (FedBuff's).
+        # Displacement modes: a step of the declared fraction along the calibrated mean
+        # displacement, tuned at 10 nodes, seed 0 (docs/GSGM.md, "Client modes").
         server_learning_rate(0.1, displacement=0.25),
         Param(
             "buffer_size",

@@ -61,7 +61,8 @@ class DCASGDRule(DispatchBackups):
 
     name: ClassVar[str] = "dcasgd"
     PARAMS: ClassVar[tuple[Param, ...]] = (
-        # Displacement modes: ASGD's (the compensation is a small correction).
+        # Displacement modes (not tuned): ASGD's fraction before its tuning, the
+        # compensation being a small correction (docs/GSGM.md, "Client modes").
         server_learning_rate(0.02, displacement=0.1),
         Param("dc_lambda", 0.04, "delay compensation lambda", low=0.0, run_config_key="dc-lambda"),
         # Set by the strategy from the client mode and local-lr, not a run config key.

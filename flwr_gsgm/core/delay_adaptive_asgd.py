@@ -55,7 +55,8 @@ class DelayAdaptiveASGDRule(ServerOptimizer):
 
     name: ClassVar[str] = "daasgd"
     PARAMS: ClassVar[tuple[Param, ...]] = (
-        # Displacement modes: ASGD's (the step of an update no older than m).
+        # Displacement modes (not tuned): ASGD's fraction before its tuning, for the
+        # step of an update no older than m (docs/GSGM.md, "Client modes").
         server_learning_rate(0.02, displacement=0.1),
         Param(
             "delay_threshold",

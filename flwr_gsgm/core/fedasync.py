@@ -54,8 +54,9 @@ class FedAsyncRule(DispatchBackups):
 
     name: ClassVar[str] = "fedasync"
     PARAMS: ClassVar[tuple[Param, ...]] = (
-        # Displacement modes: 1.0 rebuilds the node's model w_i = w_tau - d = w_local
-        # (the paper's rule); the step size is the mixing weight alpha.
+        # Displacement modes: a fraction of 1 would rebuild the node's model
+        # w_i = w_tau - d = w_local (the paper's rule), mixed in with weight alpha; the
+        # declared fraction was tuned at 10 nodes, seed 0 (docs/GSGM.md, "Client modes").
         server_learning_rate(0.02, displacement=0.3),
         Param(
             "alpha",

@@ -48,9 +48,9 @@ class FedBuffRule(ServerOptimizer):
     PARAMS: ClassVar[tuple[Param, ...]] = (
         # A step per buffer of several updates: the tuned rate (10 nodes, seed 0,
         # docs/results/fashion_mnist_scale/tuned.toml) is larger than a per-arrival one.
-        # Displacement modes: a step along the mean displacement of K = 5 nodes; at 10
-        # nodes two steps per FedAvg round, so 0.5 moves w per client training about as
-        # far as FedAvg; 1.0 was unstable in a sanity check (docs/GSGM.md).
+        # Displacement modes: a step of the declared fraction along the mean displacement
+        # of the buffer's K nodes (buffer_size), tuned at 10 nodes, seed 0 (docs/GSGM.md,
+        # "Client modes").
         server_learning_rate(0.1, displacement=0.25),
         Param("buffer_size", 5, "buffer size K", kind=int, low=1, run_config_key="fedbuff-k"),
     )

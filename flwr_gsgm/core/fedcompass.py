@@ -6,9 +6,9 @@ Reference:
     Heterogeneous Client Devices Using a Computing Power-Aware Scheduler", ICLR 2024,
     arXiv 2309.14675. Public code: APPFL (github.com/APPFL/APPFL), its
     ``CompassScheduler`` and ``FedCompassAggregator``, and the original server
-    ``ServerFedCompass``; defaults from its FedCompass configuration (alpha 0.9,
-    polynomial staleness with a = 0.5, equal client weights, lambda 1.5,
-    Q_min = 0.2 Q_max, speed momentum 0.9).
+    ``ServerFedCompass``; the declared defaults (``FedCompassRule.PARAMS``) are its
+    FedCompass configuration's: alpha, polynomial staleness with exponent a, equal
+    client weights, lambda, Q_min and Q_max, speed momentum.
 
 The COMPASS scheduler (the step assignment, its arrival groups and their deadlines)
 lives in :mod:`flwr_gsgm.scheduling.compass`: the engine builds it for this rule
@@ -31,7 +31,7 @@ groups (:meth:`FedCompassRule.share_schedule`). This module is the aggregation:
   that reports no ``train-steps``), every arrival goes to the general buffer,
   aggregated every ``buffer_size`` arrivals: FedBuff-like, with the same ``c_i``.
 
-eta is APPFL's ``alpha`` (0.9) in the displacement modes.
+eta's displacement-mode default is APPFL's ``alpha``.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ class FedCompassRule(ServerOptimizer):
     Args:
         weights: initial weights, a sequence of numpy arrays (copied to float32).
         partition_ids: partition-ids of the initially active nodes.
-        lr: eta, > 0 (displacement modes: APPFL's alpha, 0.9).
+        lr: eta, > 0 (its displacement-mode default is APPFL's alpha).
         q_min, q_max: Q_min and Q_max of the scheduler as fractions / multiples of a
             node's own work (``q_min <= q_max``).
         latest_factor: lambda >= 1 of a group's deadline.
@@ -115,10 +115,10 @@ class FedCompassRule(ServerOptimizer):
     name: ClassVar[str] = "fedcompass"
     WORK_SCHEDULER: ClassVar[str | None] = "compass"
     PARAMS: ClassVar[tuple[Param, ...]] = (
-        # Displacement modes: APPFL's alpha, 0.9, on sum_i Delta_i / N: a round in which
-        # every node arrives once moves w by 0.9 of the nodes' mean displacement.
-        # Gradient mode (not the paper's: no local steps to schedule): 0.2 / N per
-        # gradient, 0.02 at 10 nodes, ASGD's step.
+        # Displacement modes: APPFL's alpha on sum_i Delta_i / N: a round in which every
+        # node arrives once moves w by alpha of the nodes' mean displacement.
+        # Gradient mode (not the paper's: no local steps to schedule): the declared rate
+        # / N per gradient, at 10 nodes ASGD's gradient step (ASGDRule.PARAMS).
         server_learning_rate(0.2, displacement=0.9),
         Param(
             "q_min",

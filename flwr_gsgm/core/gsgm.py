@@ -193,8 +193,9 @@ class GSGMRule(ServerOptimizer):
             choices=_AVERAGING,
             run_config_key="averaging",
         ),
-        # The tuned choice (docs/results/fashion_mnist_scale/tuned.toml): lr 0.1 per
-        # cycle, which at 10 nodes and quorum 0.5 is the earlier default of 0.02 per step.
+        # Gradient mode: the tuned choice (docs/results/fashion_mnist_scale/tuned.toml),
+        # a rate per cycle (lr_scaling), which at 10 nodes and the declared cycle_quorum
+        # is the earlier default of 0.02 per step.
         # Displacement modes: the whole staleness-weighted mean displacement of a cycle
         # at its close (apply_at "auto" -> "close"): FedAvg's step per round, and the
         # one that matched FedAvg per client training on seed 0 (docs/GSGM.md, "FedAvg
@@ -255,16 +256,6 @@ class GSGMRule(ServerOptimizer):
         "cycles_quorum",
         "slots_applied",
     )
-    #: Parameters of earlier versions (docs/GSGM.md, "Deleted options") and the value
-    #: a state written then must hold for them to load: the behaviour every run has
-    #: now (``start_time`` only set the clock of the deleted time budget: any value).
-    _RETIRED: ClassVar[dict[str, Any]] = {
-        "apply": "arrival",
-        "table_max_age": None,
-        "cycle_max_updates": None,
-        "cycle_max_seconds": None,
-    }
-    _RETIRED_ANY: ClassVar[tuple[str, ...]] = ("start_time",)
 
     def __init__(
         self, weights: Sequence[np.ndarray], partition_ids: Iterable[int], **params: Any
@@ -718,29 +709,6 @@ class GSGMRule(ServerOptimizer):
             "apply_at_in_use": self._apply,
         }
 
-    def _upgrade_state(self, state: dict[str, Any]) -> dict[str, Any]:
-        """A state written before the options of ``_RETIRED`` were deleted loads if it
-        holds, for each, the behaviour every run has now; else ValueError naming it."""
-        params = state.get("params")
-        if isinstance(params, dict) and "apply_at" not in params:
-            # Written before apply_at: it stepped on every arrival. It loads into an
-            # optimizer whose apply_at is "auto" or "arrival" (and goes on stepping on
-            # arrival: the state's apply_at_in_use is "arrival"), not into "close".
-            mine = self._apply_at if self._apply_at != "close" else "arrival"
-            params = {**params, "apply_at": mine, "displacement": self._displacement}
-            state = {**state, "params": params}
-        gone = set(self._RETIRED) | set(self._RETIRED_ANY)
-        if not isinstance(params, dict) or not gone & set(params):
-            return state
-        for key, value in self._RETIRED.items():
-            if key in params and params[key] != value:
-                raise ValueError(
-                    f"state of a 'gsgm' optimizer with {key}={params[key]!r} cannot be loaded: "
-                    f'the option was deleted (docs/GSGM.md, "Deleted options"); only a '
-                    f"state with {key}={value!r} loads"
-                )
-        return {**state, "params": {k: v for k, v in params.items() if k not in gone}}
-
     def _check_state_extra(self, state: dict[str, Any], version: int, active: set[int]) -> None:
         """GSGM's invariants (the params are the state's, which the load restores).
 
@@ -748,9 +716,7 @@ class GSGMRule(ServerOptimizer):
         the nodes with a slot or a table row are active and listed once; the white
         list holds no node that contributed in this cycle; a state with
         ``averaging = "slot"`` has no table (rows or sum) and one with ``"table"`` has
-        its sum; without scheduling there is no white list and no slot. Fields of
-        deleted options (slot and row versions, the cycle's start and arrivals) in a
-        state written before are ignored.
+        its sum; without scheduling there is no white list and no slot.
         """
         params = dict(state["params"])
         for key in ("cycle_count", "cycle_index"):
@@ -762,18 +728,17 @@ class GSGMRule(ServerOptimizer):
                 f"state['white_list'] holds node(s) {sorted(white & contributed)} that "
                 "contributed in this cycle (state['contributed'])"
             )
-        if "members" in state:  # states written before the members rule derive them
-            members = state_nodes(state["members"], "members", within=active)
-            if not white <= members:
-                raise ValueError(
-                    f"state['white_list'] holds node(s) {sorted(white - members)} that are "
-                    "not members of the cycle (state['members'])"
-                )
+        members = state_nodes(state["members"], "members", within=active)
+        if not white <= members:
+            raise ValueError(
+                f"state['white_list'] holds node(s) {sorted(white - members)} that are "
+                "not members of the cycle (state['members'])"
+            )
         slots = state_nodes(state["slot_nodes"], "slot_nodes", within=active)
         for i, count in enumerate(state["slot_counts"]):
             state_int(count, "slot_counts", i, low=1)
         rows = state_nodes(state["table_nodes"], "table_nodes", within=active)
-        variant = self._state_variant(state)
+        variant = state["averaging_in_use"]
         if variant not in ("slot", "table"):
             raise ValueError(
                 f"state['averaging_in_use'] is {variant!r}, expected 'slot' or 'table'"
@@ -786,40 +751,18 @@ class GSGMRule(ServerOptimizer):
             )
         if table and state["table_sum"] is None:
             raise ValueError("state['table_sum'] is None, but the state's averaging is 'table'")
-        if not params.get("scheduling", True) and (white or slots):
+        if not params["scheduling"] and (white or slots):
             raise ValueError(
                 "state['white_list'] / state['slot_nodes'] are not empty, but the state's "
                 "params have scheduling=False"
             )
-        apply_at = self._state_apply_at(state)
+        apply_at = state["apply_at_in_use"]
         if apply_at not in ("arrival", "close"):
             raise ValueError(
                 f"state['apply_at_in_use'] is {apply_at!r}, expected 'arrival' or 'close'"
             )
         if apply_at == "close" and table:
             raise ValueError("state['apply_at_in_use'] is 'close', but its averaging is 'table'")
-
-    @staticmethod
-    def _state_variant(state: dict[str, Any]) -> Any:
-        """The averaging variant a state was written in (states written before
-        ``"auto"`` have it in their params; the layout check made those agree)."""
-        return state.get("averaging_in_use", state["params"].get("averaging"))
-
-    @staticmethod
-    def _state_apply_at(state: dict[str, Any]) -> Any:
-        """When a state's run applied contributions (states written before
-        ``apply_at`` stepped on every arrival)."""
-        return state.get("apply_at_in_use", "arrival")
-
-    @staticmethod
-    def _state_members(state: dict[str, Any]) -> set[int]:
-        """The cycle's members of a state; for a state without them (written before the
-        members rule), the white list and the active nodes that contributed."""
-        if "members" in state:
-            return {int(n) for n in state["members"]}
-        active = {int(n) for n in state["active_nodes"]}
-        white = {int(n) for n in state["white_list"]}
-        return white | ({int(n) for n in state["contributed"]} & active)
 
     def _load_extra(self, state: dict[str, Any]) -> None:
         M = self._flat_array(state["momentum"], "momentum")
@@ -836,9 +779,9 @@ class GSGMRule(ServerOptimizer):
         tsum = state["table_sum"]
         # With averaging = "auto" the state's variant is the one chosen when the run
         # started, with its nodes; this optimizer's may have been resolved without them.
-        self._variant = self._state_variant(state)
+        self._variant = state["averaging_in_use"]
         # Likewise apply_at = "auto": the state's choice, made with its client mode.
-        self._apply = self._state_apply_at(state)
+        self._apply = state["apply_at_in_use"]
         self._close_mode = self._apply == "close"
         self._M[...] = M
         self._S[...] = S
@@ -846,7 +789,7 @@ class GSGMRule(ServerOptimizer):
         self._momentum_ready = bool(state["momentum_ready"])
         self._cycle_index = int(state["cycle_index"])
         self._white = {int(n) for n in state["white_list"]}
-        self._members = self._state_members(state)
+        self._members = {int(n) for n in state["members"]}
         self._contributed = {int(n) for n in state["contributed"]}
         self._slots = {n: [v, c] for n, c, v in zip(partition_ids, counts, values)}
         self._table = dict(zip(tnodes, tvalues))

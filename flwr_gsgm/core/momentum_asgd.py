@@ -42,7 +42,8 @@ class MomentumASGDRule(ServerOptimizer):
 
     name: ClassVar[str] = "masgd"
     PARAMS: ClassVar[tuple[Param, ...]] = (
-        # Displacement modes: ASGD's 0.1 over the momentum's gain 1 / (1 - beta) = 2.
+        # Displacement modes (not tuned): ASGD's fraction before its tuning over the
+        # momentum's gain 1 / (1 - beta) at BETA's default (docs/GSGM.md, "Client modes").
         server_learning_rate(0.02, displacement=0.05),
         BETA,
     )

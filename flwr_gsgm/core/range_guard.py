@@ -12,11 +12,16 @@ stays below ``STATE_LIMIT / 2`` runs as is; only one near the limit (an absurd
 update, or a state grown huge) runs with a copy of the state to roll back to, and
 its result is checked value by value.
 
-This module imports numpy only.
+A rule without its own ``_step_bound`` is correct but slow: every step of it takes
+the exact path, and the first one logs a WARNING naming the rule. Every registered
+rule defines one (``tests/core/test_core_step_range.py`` checks it).
+
+This module imports numpy (and the standard library's logging) only.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
@@ -35,6 +40,10 @@ STATE_LIMIT = 2.0**100
 _FAST_LIMIT = STATE_LIMIT / 2
 # Elements scanned at a time when looking for the first value out of range.
 _SCAN = 1 << 18
+
+_log = logging.getLogger(__name__)
+# Rule classes whose missing _step_bound was logged (once per class).
+_SLOW_PATH_LOGGED: set[type] = set()
 
 
 def max_abs(arr: np.ndarray) -> float:
@@ -141,9 +150,21 @@ class RangeGuard:
         ``total`` bounds the magnitude of every value the call may compute or store
         (intermediates included), ``w_after`` that of ``w`` after it, given
         ``|w|, |copies of w| <= self._bound_w`` and ``|every update folded so far|
-        <= self._bound_u``. The default, infinity, checks every step exactly (correct
-        but slow): each rule overrides it.
+        <= self._bound_u``. Each rule overrides it: the default, infinity, sends every
+        step down the slow path (a copy of the state, then a check of every value:
+        correct but slow) and logs a WARNING naming the rule the first time.
         """
+        cls = type(self)
+        if cls not in _SLOW_PATH_LOGGED:
+            _SLOW_PATH_LOGGED.add(cls)
+            _log.warning(
+                "%s.%s (rule %r) defines no _step_bound: every step of it takes the range "
+                "guard's slow path (a copy of the state, then a check of every value); "
+                "derive the rule's bound as the shipped rules do (flwr_gsgm/core/range_guard.py)",
+                cls.__module__,
+                cls.__qualname__,
+                getattr(self, "name", ""),
+            )
         return math.inf, math.inf
 
     def _measure_bounds(self) -> None:

@@ -20,6 +20,7 @@ from .range_guard import STATE_LIMIT, first_out_of_range, max_abs
 
 __all__ = [
     "check_header",
+    "check_params",
     "check_layout",
     "check_common",
     "check_state_values",
@@ -99,6 +100,25 @@ def check_header(
             f"state shapes {list(got)} differ from the optimizer's {[list(s) for s in shapes]}"
         )
     return state
+
+
+def check_params(state: Mapping[str, Any], name: str, declared: Sequence[str]) -> None:
+    """``state["params"]`` names exactly the parameters the optimizer ``name``
+    declares; else ValueError naming those it does not declare and those it lacks
+    (a state of another version of the rule: none is upgraded)."""
+    params = state.get("params")
+    if not isinstance(params, dict):
+        raise ValueError(f"state['params'] is {params!r}, expected a dict of parameters")
+    unknown = sorted(str(k) for k in set(params) - set(declared))
+    missing = [k for k in declared if k not in params]
+    if unknown or missing:
+        differs = [f"parameters {name!r} does not declare: {', '.join(unknown)}"] * bool(unknown)
+        differs += [f"no value of {', '.join(missing)}"] * bool(missing)
+        raise ValueError(
+            f"state of a {name!r} optimizer with {'; '.join(differs)} cannot be loaded: "
+            "it was written by another version of the rule, and only states of its "
+            'current parameters load (docs/ARCHITECTURE.md, "A rule\'s state")'
+        )
 
 
 def check_layout(

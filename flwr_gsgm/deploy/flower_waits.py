@@ -15,7 +15,7 @@ None of these waits has a setting in Flower 1.42:
 
 Each replacement first checks that the installed Flower has the code it replaces
 (:func:`check_supernode_waits`, :func:`check_grid_pull`; pinned by
-``tests/engine/test_private_apis.py``) and refuses to start otherwise.
+``tests/packaging/test_private_apis.py``) and refuses to start otherwise.
 """
 
 from __future__ import annotations

@@ -373,7 +373,7 @@ def _claim_task_identity(run_id: int) -> None:
 
     ``Message`` reads the run id from it. A real ServerApp process already has one;
     it is left alone. The fields are private (no public setter in flwr 1.42):
-    ``tests/engine/test_private_apis.py`` pins them, as it pins ``_message_id``.
+    ``tests/packaging/test_private_apis.py`` pins them, as it pins ``_message_id``.
     """
     for attr, value in (("_run_id", run_id), ("_node_id", 0), ("_task_id", 0)):
         if getattr(TaskIdentity, attr) is None:

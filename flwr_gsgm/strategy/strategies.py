@@ -10,7 +10,7 @@ optimizer keyword arguments and their defaults are the rule's declaration
 :data:`STRATEGIES` has one class per registered rule, each written out below under the
 core class's name without its ``Rule`` suffix (``CA2FLRule`` -> ``CA2FL``), so that an
 editor's go-to-definition finds every one; a new rule adds its class here
-(``tests/engine/test_rule_declarations.py`` fails on a rule without one).
+(``tests/config/test_rule_declarations.py`` fails on a rule without one).
 """
 
 from __future__ import annotations

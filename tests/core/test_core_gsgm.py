@@ -533,14 +533,12 @@ def test_close_mode_state_round_trips_and_keeps_its_choice():
     other.load_state_dict(state)  # the state's choice, made with its client mode
     assert other.apply_at_in_use == "close" and other.holds(1)
     assert_bits_equal(other.cycle_sum, f32(4, 0), "S")
-    # A state written before apply_at existed stepped on every arrival.
+    # A state written before apply_at existed is refused (not upgraded), naming it.
     old = GSGMRule([f32(0, 0)], [1, 2, 3], lr=0.5).state_dict()
     del old["apply_at_in_use"]
     old["params"] = {
         k: v for k, v in old["params"].items() if k not in ("apply_at", "displacement")
     }
     fresh = GSGMRule([f32(0, 0)], [1, 2, 3], lr=0.5, displacement=True)
-    fresh.load_state_dict(old)
-    assert fresh.apply_at_in_use == "arrival"
-    with pytest.raises(ValueError, match="apply_at"):
-        GSGMRule([f32(0, 0)], [1, 2, 3], lr=0.5, apply_at="close").load_state_dict(old)
+    with pytest.raises(ValueError, match="no value of apply_at, displacement cannot be loaded"):
+        fresh.load_state_dict(old)

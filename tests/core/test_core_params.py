@@ -116,6 +116,19 @@ def test_every_rule_builds_from_its_declared_defaults(name):
     assert cls([f32(0, 0)], [1], lr=defaults["lr"]).params == defaults
 
 
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_every_rule_declares_its_own_server_learning_rate(name):
+    # The base class's lr defaults serve only a rule that declares none (a test's).
+    cls = OPTIMIZERS[name]
+    own = {
+        p.name: p
+        for klass in cls.__mro__[:-1]
+        if klass is not ServerOptimizer
+        for p in klass.__dict__.get("PARAMS", ())
+    }
+    assert "lr" in own, f"{cls.__qualname__} takes the base class's lr defaults"
+
+
 def test_shipped_defaults_are_the_tuned_run_config_ones():
     assert {
         k: v

@@ -9,6 +9,7 @@ within +-2**100 (``STATE_LIMIT``); a step that would leave it is rejected with r
 
 from __future__ import annotations
 
+import logging
 import pickle
 
 import numpy as np
@@ -17,6 +18,7 @@ from core_testutil import Engine, assert_bits_equal, assert_state_equal, f32
 
 from flwr_gsgm.core import OPTIMIZERS, STATE_LIMIT, GSGMRule, UpdateRejected, make_optimizer
 from flwr_gsgm.core.asgd import ASGDRule
+from flwr_gsgm.core.range_guard import RangeGuard
 
 
 def arrays(*values):
@@ -71,6 +73,34 @@ def test_a_finite_2e38_update_is_rejected_by_every_rule_and_changes_nothing(name
             k: v for k, v in s["counters"].items() if k not in ("rejected", "range_checks")
         }
     assert_state_equal(a, b)
+
+
+# ------------------------------------------------------- every rule has its bound
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_every_registered_rule_derives_its_step_bound(name):
+    # Without one every step takes the slow path (a copy and a check of every value).
+    cls = OPTIMIZERS[name]
+    assert cls._step_bound is not RangeGuard._step_bound, (
+        f"{cls.__module__}.{cls.__qualname__} defines no _step_bound"
+    )
+
+
+def test_a_rule_without_a_step_bound_takes_the_slow_path_and_says_so_once(caplog):
+    class Unbounded(ASGDRule):  # not registered: no name of its own
+        _step_bound = RangeGuard._step_bound
+
+    opt = Unbounded([f32(0, 0)], [1, 2], lr=0.5)
+    with caplog.at_level(logging.WARNING, logger="flwr_gsgm.core.range_guard"):
+        opt.on_update(1, [f32(2, 4)], 0)
+        opt.on_update(2, [f32(2, 4)], 0)
+        Unbounded([f32(0, 0)], [1], lr=0.5).on_update(1, [f32(1, 1)], 0)
+    np.testing.assert_array_equal(opt.weights[0], f32(-2, -4))
+    assert opt.counters["range_checks"] == 2  # both steps checked value by value
+    warned = [r for r in caplog.records if "_step_bound" in r.getMessage()]
+    assert len(warned) == 1, [r.getMessage() for r in warned]
+    assert warned[0].levelno == logging.WARNING
+    assert "Unbounded (rule 'asgd') defines no _step_bound" in warned[0].getMessage()
+    assert "slow path" in warned[0].getMessage()
 
 
 def test_gsgm_defaults_reject_2e38_naming_what_would_leave_the_range():

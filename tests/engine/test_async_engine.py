@@ -105,7 +105,7 @@ def test_error_replies_exclude_the_node_and_the_run_finishes_with_the_others():
         ASGD(server_learning_rate=0.1, virtual_clock=CLOCK), num_nodes=3, max_updates=50, app=app
     )
     c = result.report.counters
-    assert c["error_replies"] == 5  # max-node-failures (tests/engine/test_failing_nodes.py)
+    assert c["error_replies"] == 5  # max-node-failures (tests/nodes/test_failing_nodes.py)
     assert c["nodes_excluded"] == 1 and c["nodes_lost"] == 0
     assert c["updates_received"] == 50
 

@@ -7,8 +7,8 @@ import pytest
 from flwr_gsgm.core import CORE_REASONS, INTAKE_REASONS, REASONS, UpdateRejected
 from flwr_gsgm.engine.ledger import Ledger
 from flwr_gsgm.intake.reply import ReplyRejected
-from tests.engine import test_hostile_replies
 from tests.engine.quadratic_app import make_app
+from tests.intake import test_hostile_replies
 
 
 def test_the_list_is_intake_then_core_without_repeats():

@@ -2,9 +2,10 @@
 and summary.json (item 3), the federated evaluation's metrics live to a hook (item 4),
 every JSON file a run writes is strict JSON (item 5).
 
-Node names (item 2) are asserted where each line is made: tests/engine/
-test_fedavg_style_clients.py (a node without a partition-id), test_failing_nodes.py,
-test_run_status.py and test_node_share.py (per_node keys, exclusions, warnings).
+Node names (item 2) are asserted where each line is made:
+tests/intake/test_fedavg_style_clients.py (a node without a partition-id),
+tests/nodes/test_failing_nodes.py, tests/engine/test_run_status.py and
+tests/nodes/test_node_share.py (per_node keys, exclusions, warnings).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ import pytest
 from flwr_gsgm.intake.reply import metadata_int
 from flwr_gsgm.simulation.inprocess_grid import InProcessGrid
 from tests.engine.quadratic_app import make_app
-from tests.engine.test_hostile_replies import HOSTILE, run
+from tests.intake.test_hostile_replies import HOSTILE, run
 
 # (key, bad value, text the rejection message must carry)
 BAD_METADATA = [

@@ -20,7 +20,8 @@ from flwr_gsgm.model.optimizer import ModelOptimizer
 from flwr_gsgm.simulation.inprocess_grid import InProcessGrid
 from flwr_gsgm.simulation.virtual_clock import VirtualClock
 from flwr_gsgm.strategy.strategies import ASGD, GSGM
-from tests.engine import buffer_app, quadratic_app
+from tests.engine import quadratic_app
+from tests.model import buffer_app
 
 CLOCK = VirtualClock(seed=3)
 BN_KEYS = ["0.weight", "0.bias", "1.weight", "1.bias"]

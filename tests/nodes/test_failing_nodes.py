@@ -278,7 +278,7 @@ def test_contradictory_time_settings_fail_at_start(config, expected):
 def flaky_query_app(fails: dict[int, int]):
     """The quadratic ClientApp whose query expires (TTL, code 3) the first
     ``fails[partition]`` times. (A query that raises is another case: the node is
-    registered without a partition-id, tests/engine/test_fedavg_style_clients.py.)"""
+    registered without a partition-id, tests/intake/test_fedavg_style_clients.py.)"""
     inner, seen = make_app(), Counter()
 
     def app(msg: Message, context) -> Message:

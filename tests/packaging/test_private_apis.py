@@ -15,8 +15,9 @@ flwr = pytest.importorskip("flwr")
 
 FLWR_PINNED = "1.42"
 #: Minor versions whose private attributes below were checked: 1.42 in CI, 1.43 on
-#: flwr-nightly 1.43.0.dev20261026 (scripts/check_flower_nightly.sh, every test of
-#: tests/engine and tests/simulation_engine passed there).
+#: flwr-nightly 1.43.0.dev20261026 (scripts/check_flower_nightly.sh, every test then
+#: in tests/engine, now in the library's test folders, and tests/simulation_engine
+#: passed there).
 FLWR_CHECKED = ("1.42", "1.43")
 FLWR_DATASETS_PINNED = "0.6"
 
@@ -41,7 +42,7 @@ def _why(attr: str, dist: str, pinned: str, user: str) -> str:
 
 def test_flwr_version_is_the_pinned_one():
     assert _installed("flwr").startswith(tuple(v + "." for v in FLWR_CHECKED)), (
-        f"flwr {_installed('flwr')} installed; tests/engine/test_private_apis.py was checked "
+        f"flwr {_installed('flwr')} installed; tests/packaging/test_private_apis.py was checked "
         f"on {', '.join(v + '.x' for v in FLWR_CHECKED)}: re-check the private attributes "
         "below, then add the version"
     )

@@ -9,7 +9,7 @@ from flwr_gsgm.simulation.inprocess_grid import InProcessGrid
 from flwr_gsgm.simulation.virtual_clock import VirtualClock
 from flwr_gsgm.strategy.strategies import STRATEGIES
 from tests.engine.quadratic_app import initial_arrays, make_app
-from tests.engine.test_work_scheduling import stepping_app
+from tests.scheduling.test_work_scheduling import stepping_app
 
 FLEET = "partition-id,step-seconds,bandwidth,latency-seconds\n0,1,inf,0\n1,2,inf,0\n2,4,inf,0\n"
 

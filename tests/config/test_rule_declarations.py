@@ -204,6 +204,10 @@ class ScaledSGD(ServerOptimizer):
               run_config_key="zz-warm"),
     )
 
+    def _step_bound(self, norm):
+        w_after = self._bound_w + self._scale * self._lr * norm
+        return w_after + (1.0 + self._scale * self._lr) * norm, w_after
+
     def _on_valid(self, node, parts, base_version, staleness, now):
         self._sgd_step(parts, self._scale * self._lr)
         self._version += 1
