@@ -264,10 +264,10 @@ def test_a_table_per_nodes_and_max_in_flight_and_a_runs_csv_beside_the_page(tmp_
         "partition",
         "client_work",
         "device_profile",
+        "work_scheduling",
         "seed",
         "status",
         "final_accuracy",
-        "masd",
     ]
     # a sweep without client works, device profiles or a speed reference: empty, NaN
     assert {(r["client_work"], r["device_profile"]) for r in page_rows} == {("", "")}
