@@ -93,9 +93,9 @@ class TimeBudgetFedAvg(FedAvg):
     ----------
     work : WorkScheduler
         Each node's measured seconds per step, keyed by node id (``work.speeds``),
-        its own steps, and whether scheduling turned itself off (``work.describe()``).
-    sent_steps : dict[int, int | None]
-        The current round's ``local-steps`` per node id (None: the run's own work).
+        its own steps, the ``local-steps`` of its latest message (``work.sent_steps``,
+        None: the run's own work) and whether scheduling turned itself off
+        (``work.describe()``).
 
     The train config given to :meth:`start` is sent as is, plus ``local-steps`` and
     ``local-epochs`` = 0 in each scheduled message; each node's message has its own
@@ -105,7 +105,6 @@ class TimeBudgetFedAvg(FedAvg):
     def __init__(self, *args: Any, work_scheduling: str = "equal-time", **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.work = WorkScheduler(work_scheduling, name=lambda node_id: f"node {node_id}")
-        self.sent_steps: dict[int, int | None] = {}
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -114,12 +113,10 @@ class TimeBudgetFedAvg(FedAvg):
         ``local-steps`` (and ``local-epochs`` = 0) once its speed is measured."""
         messages = list(super().configure_train(server_round, arrays, config, grid))
         node_ids = list(grid.get_node_ids())  # the target is the median over all nodes
-        self.sent_steps = {}
         out = []
         for message in messages:
             node = message.metadata.dst_node_id
             steps = self.work.steps_for(node, node_ids)
-            self.sent_steps[node] = steps
             self.work.sent(node, steps)
             own = ConfigRecord(dict(config))  # a copy: FedAvg's record is shared
             if steps is not None:
@@ -146,7 +143,8 @@ class TimeBudgetFedAvg(FedAvg):
             node = reply.metadata.src_node_id
             steps, seconds = reported_work(reply)
             was_active = self.work.active
-            self.work.on_reply(node, self.sent_steps.get(node), steps, seconds)
+            # A round's replies answer its messages: the steps the scheduler last sent.
+            self.work.on_reply(node, self.work.sent_steps.get(node), steps, seconds)
             if was_active and not self.work.active:
                 log(
                     WARNING,
