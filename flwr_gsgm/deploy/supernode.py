@@ -57,14 +57,18 @@ def refused_activation_reason(
     """Why the SuperLink refused ``call`` (``activate-node``, ``register-node``) with
     a 401 whose body says ``detail``.
 
-    ``server_date`` is the response's HTTP ``Date`` header (the SuperLink's clock, 1 s
-    resolution; None if absent) and ``now`` this machine's time (timezone-aware): their
-    difference, in seconds, is named when it exceeds the 5 s Flower tolerates ahead.
+    ``server_date`` is the response's HTTP ``Date`` header (the SuperLink's clock,
+    truncated to the second; None if absent) and ``now`` this machine's time
+    (timezone-aware) when the SuperLink answered, best taken halfway between sending the
+    request and reading its answer: their difference, in seconds, is named when it
+    exceeds the 5 s Flower tolerates ahead. It is exact to within 0.5 s plus half the
+    request's round trip.
     """
     offset = ""
     parsed = email.utils.parsedate_to_datetime(server_date) if server_date else None
     if parsed is not None:
-        seconds = (now - parsed).total_seconds()
+        # The header's truncated second stands for its middle.
+        seconds = (now - parsed).total_seconds() - 0.5
         # Flower's SuperLink accepts a signed timestamp from 5 s ahead to 305 s behind.
         if abs(seconds) > 5:
             side = "ahead of" if seconds > 0 else "behind"
@@ -108,21 +112,22 @@ def _refusal_reported(original: Any, call: str) -> Any:
 
     @functools.wraps(original)
     def start_call(self: Any, request: Any) -> Any:
+        # The clock Flower signs the request's timestamp with, read around the call:
+        # the SuperLink stamped its Date header in between (a loaded machine's round
+        # trip is seconds, so the answer's arrival alone would overstate the offset).
+        sent = flower_date.now()
         try:
             return original(self, request)
         except httpx.HTTPStatusError as err:
             if err.response.status_code != httpx.codes.UNAUTHORIZED:
                 raise
+            answered = sent + (flower_date.now() - sent) / 2
             try:
                 detail = str(err.response.json().get("detail", ""))
             except (ValueError, AttributeError):  # not a JSON object
                 detail = err.response.text[:200]
             reason = refused_activation_reason(
-                # The clock Flower signs the request's timestamp with.
-                call,
-                detail,
-                err.response.headers.get("date"),
-                flower_date.now(),
+                call, detail, err.response.headers.get("date"), answered
             )
             raise ActivationRefused(reason) from None
 

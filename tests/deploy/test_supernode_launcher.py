@@ -231,6 +231,7 @@ def test_a_401_on_activate_node_names_the_clock_and_the_key(monkeypatch):
         FleetHttpClient.ActivateNode(None, None)
     reason = str(err.value)
     assert "HTTP 401 on activate-node: Invalid SuperNode authentication" in reason
-    # The Date header has 1 s resolution and the check runs a fraction later: 30 or 31 s.
+    # The Date header truncates to the second, read as its middle: 29.5 s to 30.5 s plus
+    # the microseconds this call takes, printed 30 (31 only past 30.5).
     assert re.search(r"clock is 3[01] s ahead of the SuperLink's", reason), reason
     assert "check NTP" in reason and "an unregistered key" in reason

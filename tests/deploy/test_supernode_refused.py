@@ -120,7 +120,11 @@ def test_launcher_with_a_clock_30_s_ahead_exits_non_zero_naming_the_clock(deploy
     out = text(log)
     assert code != 0, out
     assert "HTTP 401 on activate-node: Invalid SuperNode authentication" in out, out
-    assert re.search(r"This machine's clock is (29|30|31) s ahead of the SuperLink's", out), out
+    # Exact to 0.5 s plus half the request's round trip, seconds on a loaded machine
+    # (CI once read 32 s when the offset was taken at the answer's arrival).
+    assert re.search(r"This machine's clock is (2[7-9]|3[0-3]) s ahead of the SuperLink's", out), (
+        out
+    )
     assert "check NTP" in out and "an unregistered key" in out
     assert "Exit Code: 305" in out
     assert "terminated gracefully" not in out
