@@ -159,7 +159,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's packages
-from benchmarks.bench_deployment import PROBE_CONFIG, PROBE_SERVER  # noqa: E402
+from benchmarks.bench_deployment import PROBE_CLIENT, PROBE_CONFIG, PROBE_SERVER  # noqa: E402
 from benchmarks.local_deployment import (  # noqa: E402
     BIN,
     REPO,
@@ -483,42 +483,43 @@ def flwr_run(
     return code, time.monotonic() - started
 
 
-#: The probe's ClientApp in the race: bench_deployment.py's, with the device emulation
-#: off (node config ``step-seconds`` dropped), so that the probe's round trip is the
-#: protocol's plus one real batch, as in the quiet measurement.
-RACE_PROBE_CLIENT = '''"""The project's ClientApp, device emulation off, stamping each message."""
+#: The probe's ClientApp in the race: bench_deployment.py's (``probe_client.py``, its
+#: stamps and all), called with the device emulation off (node config
+#: ``step-seconds`` dropped), so that the probe's round trip is the protocol's plus one
+#: real batch, as in the quiet measurement.
+RACE_PROBE_CLIENT = '''"""bench_deployment.py's probe ClientApp with the device emulation off."""
 
 import dataclasses
-import os
-import time
 
 from flwr.clientapp import ClientApp
 
-from clients.client_app import app as project_app
+from probe_client import app as probe_app
 
-
-def _process_start() -> float:
-    ticks = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19])
-    uptime = float(open("/proc/uptime").read().split()[0])
-    return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
-
-
-PROCESS_START = _process_start()
 app = ClientApp()
 
 
 @app.train()
 def train(msg, context):
     config = {k: v for k, v in context.node_config.items() if k != "step-seconds"}
-    context = dataclasses.replace(context, node_config=config)
-    start = time.time()
-    reply = project_app(msg, context)
-    end = time.time()
-    metrics = reply.content["metrics"]
-    metrics["t-start"], metrics["t-end"], metrics["t-process"] = start, end, PROCESS_START
-    metrics["pid"] = os.getpid()
-    return reply
+    return probe_app(msg, dataclasses.replace(context, node_config=config))
 '''
+
+
+def race_probe_app(folder: Path) -> Path:
+    """The probe's Flower App in ``folder`` (replaced if it exists): bench_deployment.py's
+    probe ServerApp and ClientApp, the latter served through :data:`RACE_PROBE_CLIENT`."""
+    return probe_app(
+        folder,
+        "gsgm-race-probe",
+        "1.0.0",
+        {
+            "probe_server.py": PROBE_SERVER,
+            "probe_client.py": PROBE_CLIENT,
+            "race_probe_client.py": RACE_PROBE_CLIENT,
+        },
+        "race_probe_client:app",
+        PROBE_CONFIG,
+    )
 
 
 class Probe:
@@ -526,14 +527,7 @@ class Probe:
 
     def __init__(self, dep: Deployment, folder: Path, nodes: int, updates: int) -> None:
         self.dep, self.folder, self.nodes, self.updates = dep, folder, nodes, updates
-        self.app = probe_app(
-            folder / "probe-app",
-            "gsgm-race-probe",
-            "1.0.0",
-            {"probe_server.py": PROBE_SERVER, "probe_client.py": RACE_PROBE_CLIENT},
-            "probe_client:app",
-            PROBE_CONFIG,
-        )
+        self.app = race_probe_app(folder / "probe-app")
         self.count = 0
 
     def __call__(self, label: str) -> dict:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import math
 import re
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -555,3 +557,28 @@ def test_a_csv_of_another_configuration_is_refused(tmp_path):
     a = resume_args(tmp_path, "--skip-prediction")
     with pytest.raises(race.RaceError, match="another configuration"):
         race.race(a)
+
+
+def test_race_probe_serves_bench_deployments_probe_client_without_step_seconds(tmp_path):
+    """The race's probe ClientApp is bench_deployment.py's, called with the node config's
+    ``step-seconds`` left out (no device emulation in the probe), everything else kept."""
+    folder = race.race_probe_app(tmp_path / "probe-app")
+    assert (folder / "probe_client.py").read_text() == race.PROBE_CLIENT
+    assert 'clientapp = "race_probe_client:app"' in (folder / "pyproject.toml").read_text()
+    code = f"""
+import sys
+sys.path.insert(0, {str(folder)!r})
+import probe_client
+seen = []
+probe_client.app = lambda msg, context: seen.append((msg, dict(context.node_config))) or "reply"
+import race_probe_client
+from flwr.app import Context, RecordDict
+context = Context(run_id=1, node_id=2, node_config={{"step-seconds": 0.5, "partition-id": 3}},
+                  state=RecordDict(), run_config={{}})
+print(race_probe_client.train("msg", context), seen)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "reply [('msg', {'partition-id': 3})]"
