@@ -6,11 +6,16 @@ reference ``{"__ndarray__": i}``, and the arrays as ``<i>.npy`` members (numpy's
 format, read with ``allow_pickle=False``). What JSON cannot say by itself is tagged: a
 tuple ``{"__tuple__": [...]}``, a set ``{"__set__": [...]}``, a dict whose keys are not
 all strings (a partition-id) ``{"__dict__": [[key, value], ...]}``, a NaN or infinite
-float ``{"__float__": "nan"}`` (``"inf"``, ``"-inf"``), so ``state.json`` is strict JSON
-(older checkpoints with JSON's ``NaN`` / ``Infinity`` still load); floats are written in
-shortest round-trip form, so a state loads back equal, bit for bit, with its types.
-Reading one runs no code from the file (unlike the ``torch.save`` checkpoints of earlier
-versions, which :func:`load` still reads when torch is installed).
+float ``{"__float__": "nan"}`` (``"inf"``, ``"-inf"``), so ``state.json`` is strict JSON;
+floats are written in shortest round-trip form, so a state loads back equal, bit for
+bit, with its types. Reading one runs no code from the file.
+
+``state.json`` also holds the checkpoint's format, ``{"checkpoint_format": 1, ...}``
+(:data:`CHECKPOINT_FORMAT`, beside the state's own top-level keys). :func:`load` reads
+only checkpoints of this format, written by flwr-gsgm 0.1.0 on; one without it (written
+by a development version before 0.1.0's format) or of another format is refused, naming
+the file, the format found and what to do: start a new run, or resume it with the
+flwr-gsgm version that wrote it.
 
 A checkpoint is written atomically (:func:`flwr_gsgm.checkpoint.atomic.atomic_write`), so a
 crash at any moment leaves either the old or the new checkpoint, never a torn one.
@@ -45,6 +50,8 @@ import numpy as np
 from flwr_gsgm.checkpoint.atomic import atomic_write
 
 __all__ = [
+    "CHECKPOINT_FORMAT",
+    "FORMAT_KEY",
     "CheckpointError",
     "CheckpointWriteError",
     "save",
@@ -52,6 +59,15 @@ __all__ = [
     "load_for_resume",
     "on_sigterm",
 ]
+
+#: The format of the checkpoints this flwr-gsgm writes and reads, recorded in each
+#: checkpoint's ``state.json`` under :data:`FORMAT_KEY`. A change of the state's layout
+#: that the previous reader could not load takes the next number; a flwr-gsgm reads
+#: its own format only.
+CHECKPOINT_FORMAT = 1
+#: The top-level key of ``state.json`` that holds :data:`CHECKPOINT_FORMAT`.
+FORMAT_KEY = "checkpoint_format"
+_NO_FORMAT = "none: written by a development version before 0.1.0's format"
 
 _TRAILER = re.compile(rb"\nflwr-gsgm-checkpoint sha256=([0-9a-f]{64}) bytes=(\d+)\n\Z")
 _TRAILER_MAX = 128  # bytes: the trailer line is about 100
@@ -64,6 +80,8 @@ _CONTAINERS: dict[type, str] = {tuple: "__tuple__", set: "__set__", frozenset: "
 #: must get the value back (an evaluation row's NaN train loss), not null.
 _FLOAT = "__float__"
 _TAGS = frozenset({"__ndarray__", "__npscalar__", "__dict__", _FLOAT, *_CONTAINERS.values()})
+#: Keys a dict of the state writes in the ``__dict__`` form: a tag, or the format's key.
+_RESERVED = _TAGS | {FORMAT_KEY}
 
 
 class CheckpointError(ValueError):
@@ -100,6 +118,7 @@ class CheckpointWriteError(OSError):
 def save(path: Path, state: dict[str, Any]) -> None:
     """Write ``state`` to ``path`` atomically with its checksum; make the folder.
 
+    ``state.json`` holds ``state`` and, at its top level, :data:`CHECKPOINT_FORMAT`.
     ``state`` is a tree of dicts, lists, tuples, sets, ``str``, ``int``, ``float``,
     ``bool``, ``None``, numpy arrays (any dtype but ``object``) and numpy scalars. The
     archive streams into the temporary file through a hash (no copy of the arrays in
@@ -117,6 +136,9 @@ def save(path: Path, state: dict[str, Any]) -> None:
     path = Path(path)
     arrays: list[np.ndarray] = []
     encoded = _encode(state, arrays, "state")
+    if not isinstance(encoded, dict):
+        raise TypeError(f"checkpoint state: a {type(state).__name__}, not a dict")
+    encoded = {FORMAT_KEY: CHECKPOINT_FORMAT, **encoded}
     tree = json.dumps(encoded, separators=(",", ":"), allow_nan=False).encode()
     previous = path.stat().st_size if path.is_file() else None
     out: _Hashing | None = None
@@ -159,7 +181,7 @@ def _encode(value: Any, arrays: list[np.ndarray], where: str) -> Any:
     if value is None or isinstance(value, (str, int, float)):  # bool is an int
         return value  # json writes a str or int enum as its value, a float round-trip
     if isinstance(value, dict):
-        if all(type(k) is str and k not in _TAGS for k in value):
+        if all(type(k) is str and k not in _RESERVED for k in value):
             return {k: _encode(v, arrays, f"{where}[{k!r}]") for k, v in value.items()}
         pairs = [
             [_encode(k, arrays, f"{where} key {k!r}"), _encode(v, arrays, f"{where}[{k!r}]")]
@@ -255,18 +277,16 @@ class _Hashing:
 def load(path: Path) -> dict[str, Any]:
     """Read and verify a checkpoint written by :func:`save`.
 
-    Nothing in the file is executed (arrays are read with ``allow_pickle=False``),
-    except for a checkpoint of an earlier version (``torch.save``, a pickle): it is
-    read with ``torch.load(weights_only=False)`` if torch is installed, so load only
-    such checkpoints your own server wrote.
+    Nothing in the file is executed (arrays are read with ``allow_pickle=False``).
+    The state is returned without the format's key.
 
     Raises
     ------
     CheckpointError
         Naming ``path`` and the cause: missing, empty, no checksum line (truncated,
-        not a checkpoint, or written before checkpoints had checksums), a size or
-        SHA-256 other than the recorded one (damaged), unreadable, or an earlier
-        version's without torch installed.
+        or not a checkpoint of this format), a size or SHA-256 other than the
+        recorded one (damaged), unreadable, or of a format other than
+        :data:`CHECKPOINT_FORMAT` (the format found, or none, and what to do).
     """
     path = Path(path)
     if not path.is_file():
@@ -282,8 +302,8 @@ def load(path: Path) -> dict[str, Any]:
             head = fh.read(16)
             raise CheckpointError(
                 f"checkpoint {path} ({total} bytes) has no checksum line at its end: it is "
-                "truncated, was written before checkpoints had checksums, or is not a "
-                f"flwr-gsgm checkpoint (it starts with {head!r})"
+                "truncated, or is not a flwr-gsgm checkpoint of format "
+                f"{CHECKPOINT_FORMAT} (it starts with {head!r})"
             )
         recorded, size = match.group(1).decode(), int(match.group(2))
         payload = total - len(match.group(0))
@@ -317,29 +337,29 @@ def load(path: Path) -> dict[str, Any]:
 def _read(path: Path) -> Any:
     """The state in the archive at ``path`` (its checksum verified)."""
     with zipfile.ZipFile(path) as archive:
-        names = archive.namelist()
-        if _STATE not in names:
-            if any(n.endswith("/data.pkl") for n in names):
-                return _read_torch(path)
-            raise CheckpointError(f"checkpoint {path} has no {_STATE}: {names[:5]}")
+        # Its checksum line says flwr-gsgm wrote it: without state.json, or without
+        # the format's key in it, a development version before 0.1.0's format did.
+        tree = json.loads(archive.read(_STATE)) if _STATE in archive.namelist() else None
+        found = tree.pop(FORMAT_KEY, None) if isinstance(tree, dict) else None
+        if type(found) is not int or found != CHECKPOINT_FORMAT:
+            raise _format_refused(path, found)
 
         def array(i: int) -> np.ndarray:
             with archive.open(f"{int(i)}.npy") as member:
                 return np.lib.format.read_array(member, allow_pickle=False)
 
-        return _decode(json.loads(archive.read(_STATE)), array)
+        return _decode(tree, array)
 
 
-def _read_torch(path: Path) -> Any:
-    """A checkpoint of an earlier version (``torch.save``), if torch is installed."""
-    try:
-        import torch
-    except ImportError:
-        raise CheckpointError(
-            f"checkpoint {path} was written by an earlier flwr-gsgm with torch.save: "
-            "install torch to resume it, or start afresh (resume=false)"
-        ) from None
-    return torch.load(path, weights_only=False)
+def _format_refused(path: Path, found: Any) -> CheckpointError:
+    """The error for a checkpoint at ``path`` whose format is ``found`` (None: it has
+    none), not :data:`CHECKPOINT_FORMAT`."""
+    return CheckpointError(
+        f"checkpoint {path} has checkpoint format "
+        f"{_NO_FORMAT if found is None else repr(found)}; this flwr-gsgm reads format "
+        f"{CHECKPOINT_FORMAT} only. Start a new run (resume=false, or another run-name), "
+        "or resume this one with the flwr-gsgm version that wrote it"
+    )
 
 
 def load_for_resume(path: Path | None, resume: bool) -> dict[str, Any] | None:

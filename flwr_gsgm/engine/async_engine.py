@@ -611,9 +611,8 @@ class AsyncEngine:
         self.end.load_state_dict(state)
         self.dispatcher.load_state_dict(state)
         self.clock.load_state_dict(state)
-        if "node_stats" in state:  # written before the per-node counts and the norm bound
-            self.stats.load_state_dict(state["node_stats"])
-            self.norm_bound.load_state_dict(state["norm_bound"])
+        self.stats.load_state_dict(state["node_stats"])
+        self.norm_bound.load_state_dict(state["norm_bound"])
         self.members.reconcile(self.optimizer.rule.active_nodes)
         active = {pid: n.node_id for pid, n in self.members.nodes.items() if n.active}
         self.in_flight.load_state_dict(state, active)

@@ -231,8 +231,7 @@ class Dispatcher:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` (a checkpoint written before dispatch policies
-        has no ``dispatch``: the policy starts afresh).
+        """Restore :meth:`state_dict`.
 
         Raises
         ------
@@ -240,7 +239,5 @@ class Dispatcher:
             The checkpoint's policy is another one.
         """
         self.seq = state["seq"]
-        if "dispatch" in state:
-            self.policy.load_state_dict(state["dispatch"])
-        if "work_scheduling" in state:  # written before work scheduling: nothing measured
-            self.work.load_state_dict(state["work_scheduling"])
+        self.policy.load_state_dict(state["dispatch"])
+        self.work.load_state_dict(state["work_scheduling"])

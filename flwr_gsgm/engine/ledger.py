@@ -178,24 +178,7 @@ class Ledger:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` (also a checkpoint of the engine before the ledger).
-
-        Older checkpoints spelt counters in kebab-case and counted outcomes again
-        (the optimizer's state holds those): names are mapped, outcomes ignored.
-        """
-        old = {
-            "error-replies": "error_replies",
-            "nodes-lost": "nodes_lost",
-            "lost-in-flight": "lost_in_flight",
-            "nodes-refused": "nodes_refused",
-            "joined": "nodes_joined",
-        }
-        self.counters = Counter(
-            {
-                old.get(k, k): v
-                for k, v in state["counters"].items()
-                if old.get(k, k) in ENGINE_COUNTERS
-            }
-        )
+        """Restore :meth:`state_dict`."""
+        self.counters = Counter(state["counters"])
         self.rejections = Counter(state["rejections"])
         vars(self.window).update(state["window"])

@@ -141,7 +141,7 @@ class Node:
     excluded: str = ""
 
     #: Fields saved in a checkpoint (``node_id`` and ``identified`` name a node that
-    #: did not answer at a resume; a checkpoint without them names it by partition).
+    #: did not answer at a resume).
     SAVED = ("dispatches", "failures", "rejections_in_row", "active", "speed")
     SAVED += ("may_return", "retry_at", "excluded", "node_id", "identified")
 
@@ -150,9 +150,8 @@ class Node:
         """The node as Flower names it, in every log line, ``summary.json`` entry and
         warning: ``"node 8123 (partition 6)"``, or ``"node 8123"`` for a node
         registered without a partition-id (its key is a stand-in, not Flower's
-        partition). A node restored from a checkpoint that names no node id:
-        ``"node ? (partition 6)"``."""
-        node = f"node {self.node_id}" if self.node_id >= 0 else "node ?"
+        partition)."""
+        node = f"node {self.node_id}"
         return f"{node} (partition {self.partition_id})" if self.identified else node
 
     @property
@@ -672,11 +671,11 @@ class Membership:
             if node is None:  # its SuperNode did not come back: known, may return
                 node = self.nodes[pid] = Node(
                     pid,
-                    saved.get("node_id", -1),
+                    saved["node_id"],
                     saved["speed"],
                     active=False,
                     may_return=True,
-                    identified=saved.get("identified", True),
+                    identified=saved["identified"],
                 )
             _restore_node(node, saved)
 
@@ -690,11 +689,10 @@ def _restore_node(node: Node, saved: dict[str, Any]) -> None:
     failure and rejection counts.
     """
     node.dispatches, node.speed = saved["dispatches"], saved["speed"]
-    node.excluded = saved.get("excluded", "")
-    backing_off = not saved["active"] and saved.get("retry_at") is not None
+    node.excluded = saved["excluded"]
+    backing_off = not saved["active"] and saved["retry_at"] is not None
     if saved["active"] or backing_off or node.excluded or not node.active:
-        # Checkpoints written before the back-off counted "errors_in_row".
-        node.failures = saved.get("failures", saved.get("errors_in_row", 0))
+        node.failures = saved["failures"]
         node.rejections_in_row = saved["rejections_in_row"]
     if node.excluded:  # out for the rest of the run, whether it answered or not
         node.active = node.may_return = False

@@ -158,12 +158,8 @@ class RunEnd:
         return {"diverged": self.diverged, "divergence": self.watch.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`; a checkpoint written before diverged runs stopped
-        saving checkpoints may say ``diverged``: the run ends at once."""
-        if state["diverged"]:
-            self.diverge("non-finite weights: the checkpoint's model had diverged", 0)
-        if "divergence" in state:  # written before the divergence window was kept: none
-            self.watch.load_state_dict(state["divergence"])
+        """Restore :meth:`state_dict` (its ``diverged`` is False: only the window loads)."""
+        self.watch.load_state_dict(state["divergence"])
 
     def _fail(self, received: int, lost: list[int]) -> None:
         nodes = sorted(self.members.nodes.items())

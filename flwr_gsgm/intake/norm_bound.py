@@ -210,6 +210,6 @@ class RelativeNormBound:
         self.norms = deque((float(x) for x in state["norms"]), maxlen=WINDOW)
         self.by_node = {
             int(pid): deque((float(x) for x in d), maxlen=NODE_WINDOW)
-            for pid, d in state.get("by_node", {}).items()
+            for pid, d in state["by_node"].items()
         }
         self.seen = int(state["seen"])

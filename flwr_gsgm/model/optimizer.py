@@ -25,8 +25,7 @@ __all__ = ["ModelOptimizer", "RuleFactory"]
 #: ``(trainable weights: list of float32 arrays, partition_ids) -> ServerOptimizer``.
 RuleFactory = Callable[[list[np.ndarray], list[int]], ServerOptimizer]
 
-# Marks a ModelOptimizer state; a checkpoint written before buffers existed holds
-# the rule's state alone and still loads.
+# Written in every ModelOptimizer state (the checkpoint's layout); not read.
 _FORMAT_KEY = "model_optimizer"
 
 
@@ -121,23 +120,14 @@ class ModelOptimizer:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`, or a rule's state alone (a model without buffers).
+        """Restore :meth:`state_dict`.
 
         Raises
         ------
         ValueError
             As :meth:`ServerOptimizer.load_state_dict` and
-            :meth:`ModelBuffers.load_state_dict`; a rule state alone into a model
-            with buffers.
+            :meth:`ModelBuffers.load_state_dict`.
         """
-        if _FORMAT_KEY not in state:
-            if self.layout.buffer_keys:
-                raise ValueError(
-                    "the checkpoint holds no buffers, the model has "
-                    f"{self.layout.buffer_keys}: it was written for another model"
-                )
-            self.rule.load_state_dict(state)
-            return
         backup = self.buffers.state_dict()
         self.buffers.load_state_dict(state["buffers"])
         try:

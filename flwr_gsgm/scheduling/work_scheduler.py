@@ -326,8 +326,7 @@ class WorkScheduler:
         self.speeds.load_state_dict(state["speeds"])
         self.own_steps = {int(p): int(n) for p, n in state["own_steps"].items()}
         self.last_steps = {int(p): int(n) for p, n in state["last_steps"].items()}
-        # A checkpoint written before sent_steps: known again from each node's next message.
         self.sent_steps = {
-            int(p): None if n is None else int(n) for p, n in state.get("sent_steps", {}).items()
+            int(p): None if n is None else int(n) for p, n in state["sent_steps"].items()
         }
         self.off_reason = state["off_reason"]

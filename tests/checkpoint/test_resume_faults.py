@@ -6,6 +6,8 @@
   refused naming each key, unless ``resume-allow-changes`` lists it (then logged);
 - the checkpoint carries a checksum: a truncated, empty, garbage or one-byte-changed
   file is refused naming the file and the cause, before any message is sent;
+- the checkpoint carries its format: one without it (a development version's) or of
+  another format is refused naming the file, the format found and what to do;
 - ``resume=true`` without a checkpoint fails.
 
 The quadratic ClientApp (node p returns w - target_p) and the virtual clock make each
@@ -14,14 +16,18 @@ run reproducible; "killing" the ServerApp is an exception out of its evaluation.
 
 from __future__ import annotations
 
+import hashlib
+import io
+import json
 import logging
 import re
+import zipfile
 
 import numpy as np
 import pytest
 from flwr.app import MetricRecord
 
-from flwr_gsgm.checkpoint.files import CheckpointError, load, save
+from flwr_gsgm.checkpoint.files import CHECKPOINT_FORMAT, CheckpointError, load, save
 from flwr_gsgm.checkpoint.resume import ResumeRefused
 from flwr_gsgm.engine.async_engine import EngineSettings
 from flwr_gsgm.simulation.inprocess_grid import InProcessGrid
@@ -150,9 +156,9 @@ def test_a_damaged_checkpoint_is_refused_naming_the_file_and_cause(tmp_path, how
     if how == "truncated":
         assert message == (
             f"checkpoint {path} ({size // 2} bytes) has no checksum line at its end: it is "
-            "truncated, was written before checkpoints had checksums, or is not a flwr-gsgm "
+            "truncated, or is not a flwr-gsgm checkpoint of format 1 "
             # a zip's local header: version 2.0, data descriptor, stored, 1980-01-01
-            "checkpoint (it starts with b'PK\\x03\\x04\\x14\\x00\\x08\\x00\\x00\\x00\\x00\\x00"
+            "(it starts with b'PK\\x03\\x04\\x14\\x00\\x08\\x00\\x00\\x00\\x00\\x00"
             "!\\x00\\x00\\x00')"
         )
     elif how == "empty":
@@ -180,6 +186,7 @@ def test_a_checkpoint_loads_back_every_value_with_its_type(tmp_path):
         "seen": {3, 4},
         "losses": [0.1 + 0.2, float("nan"), float("inf"), -0.0],
         "__tuple__": "a key that looks like a tag",
+        "checkpoint_format": "a key named as the format's",
         "flag": True,
     }
     save(path, state)
@@ -193,6 +200,7 @@ def test_a_checkpoint_loads_back_every_value_with_its_type(tmp_path):
     assert got["losses"][0] == 0.30000000000000004 and np.isnan(got["losses"][1])
     assert got["losses"][2:] == [float("inf"), 0.0] and str(got["losses"][3]) == "-0.0"
     assert (got["__tuple__"], got["flag"]) == ("a key that looks like a tag", True)
+    assert got["checkpoint_format"] == "a key named as the format's"
     archive = np.load(path, allow_pickle=False)  # an .npz: numpy reads it too
     assert archive.files == ["state.json", "0", "1", "2"]
     assert archive["1"].shape == () and archive["1"] == 7
@@ -206,20 +214,66 @@ def data_size(path):
     return path.read_bytes().rsplit(b"\n", 2)[1]
 
 
-def test_a_torch_checkpoint_of_an_earlier_version_still_loads(tmp_path):
-    import hashlib
-    import io
-
-    import torch
-
+def rewrite_format(path, fmt):
+    """Rewrite the checkpoint at ``path`` with ``checkpoint_format`` set to ``fmt`` (or
+    without it, or without state.json, for ``"no key"``, ``"no state.json"``), its
+    checksum line written anew: a checkpoint of another format, intact."""
+    raw = path.read_bytes()
+    with zipfile.ZipFile(io.BytesIO(raw[: raw.rindex(b"\nflwr-gsgm-checkpoint")])) as zf:
+        members = {name: zf.read(name) for name in zf.namelist()}
+    tree = json.loads(members["state.json"])
+    assert tree["checkpoint_format"] == CHECKPOINT_FORMAT == 1  # written by every save
+    if fmt == "no state.json":  # as a torch.save checkpoint: data.pkl and tensors
+        members = {"archive/data.pkl": b"\x80\x02}q\x00.", "archive/version": b"3\n"}
+    elif fmt == "no key":
+        del tree["checkpoint_format"]
+    else:
+        tree["checkpoint_format"] = fmt
+    if "state.json" in members:
+        members["state.json"] = json.dumps(tree).encode()
     buf = io.BytesIO()
-    torch.save({"received": 3, "w": np.arange(2, dtype=np.float32)}, buf)
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as zf:
+        for name, data in members.items():
+            zf.writestr(name, data)
     data = buf.getvalue()
-    path = tmp_path / "checkpoint.pt"
     digest = hashlib.sha256(data).hexdigest()
     path.write_bytes(data + f"\nflwr-gsgm-checkpoint sha256={digest} bytes={len(data)}\n".encode())
-    got = load(path)
-    assert got["received"] == 3 and got["w"].tolist() == [0.0, 1.0]
+
+
+@pytest.mark.parametrize(
+    "fmt, found",
+    [
+        ("no key", "none: written by a development version before 0.1.0's format"),
+        ("no state.json", "none: written by a development version before 0.1.0's format"),
+        (0, "0"),
+        (2, "2"),
+        ("1", "'1'"),
+    ],
+)
+def test_a_checkpoint_of_another_format_is_refused_before_any_message(tmp_path, fmt, found):
+    path = tmp_path / "checkpoint.pt"
+    killed_run(path)
+    rewrite_format(path, fmt)
+    grid = CountingGrid(make_app(), 3, run_config={})
+    with pytest.raises(CheckpointError) as info:
+        start(path, resume=True, grid=grid)
+    assert str(info.value) == (
+        f"checkpoint {path} has checkpoint format {found}; this flwr-gsgm reads format 1 "
+        "only. Start a new run (resume=false, or another run-name), or resume this one "
+        "with the flwr-gsgm version that wrote it"
+    )
+    assert grid.pushed == 0  # refused before any message
+
+
+def test_a_checkpoint_of_this_format_resumes_after_a_rewrite(tmp_path):
+    # The rewrite itself keeps a checkpoint usable: only the format refuses above.
+    whole, _ = start(tmp_path / "whole.pt")
+    path = tmp_path / "checkpoint.pt"
+    killed_run(path)
+    rewrite_format(path, CHECKPOINT_FORMAT)
+    resumed, _ = start(path, resume=True)
+    assert resumed.report.counters == whole.report.counters
+    np.testing.assert_array_equal(resumed.arrays["w"].numpy(), whole.arrays["w"].numpy())
 
 
 def test_a_damaged_checkpoint_stops_the_resume_before_any_message(tmp_path):
@@ -307,57 +361,6 @@ def test_a_changed_rule_parameter_without_run_config_is_refused(tmp_path):
     with pytest.raises(ResumeRefused) as info:
         start(path, resume=True, run_config=None, lr=0.05)
     assert "optimizer.lr: 0.1 in the checkpoint, 0.05 now" in str(info.value)
-
-
-def rewrite(path, **changes):
-    """Rewrite the checkpoint at ``path`` with its fingerprint updated by ``changes``
-    and without ``displacement_updates``: a checkpoint as the engine wrote it before
-    weights/delta updates were displacements (its checksum line written anew)."""
-    state = load(path)
-    assert state.pop("displacement_updates") is True  # written by every engine now
-    state["fingerprint"] = {**state["fingerprint"], **changes}
-    save(path, state)
-
-
-def test_a_weights_mode_checkpoint_of_the_old_meaning_is_refused_with_the_conversion(tmp_path):
-    # Before, weights/delta updates were (w_sent - w_local) / local-lr: the checkpoint's
-    # state holds updates 1 / local-lr times larger. server-learning-rate 0 was GSGM's
-    # default then, 0.1: the same steps need 0.1 / 0.05 = 2 of the displacement.
-    path = tmp_path / "checkpoint.pt"
-    killed_run(path)
-    old = {**RUN_CONFIG, "client-mode": "weights", "server-learning-rate": 0.0, "local-lr": 0.05}
-    rewrite(path, **old, strategy="gsgm")
-    grid = CountingGrid(make_app(), 3, run_config={})
-    with pytest.raises(ResumeRefused) as info:
-        start(path, resume=True, run_config={**old, "strategy": "gsgm"}, grid=grid)
-    assert str(info.value) == (
-        f"resume refused: checkpoint {path} was written in weights client mode before the "
-        "server learning rate of the delta and weights modes became a fraction of the "
-        "node's displacement w_sent - w_local (it multiplied (w_sent - w_local) / local-lr); "
-        "its optimizer state holds updates in that scale and cannot be continued. Start the "
-        "run afresh (resume=false, or another run-name) with server-learning-rate = old / "
-        "local-lr = 0.1 / 0.05 = 2 for the same steps"
-    )
-    assert grid.pushed == 0  # refused before any message
-
-
-def test_a_delta_mode_checkpoint_without_run_config_is_refused_with_the_conversion(tmp_path):
-    path = tmp_path / "checkpoint.pt"
-    killed_run(path, run_config=None)
-    rewrite(path, **{"train.mode": "delta", "optimizer.lr": 0.02, "train.local-lr": 0.01})
-    with pytest.raises(ResumeRefused, match=r"in delta client mode .* 0\.02 / 0\.01 = 2 "):
-        start(path, resume=True, run_config=None)
-
-
-def test_a_gradient_mode_checkpoint_written_before_the_change_still_resumes(tmp_path):
-    # The gradient mode's meaning did not change: no refusal, the same run.
-    whole, _ = start(tmp_path / "whole.pt")
-    path = tmp_path / "checkpoint.pt"
-    killed_run(path)
-    rewrite(path)
-    resumed, _ = start(path, resume=True)
-    assert resumed.report.counters == whole.report.counters
-    np.testing.assert_array_equal(resumed.arrays["w"].numpy(), whole.arrays["w"].numpy())
 
 
 def test_another_number_of_nodes_is_refused(tmp_path):

@@ -203,8 +203,6 @@ def test_model_optimizer_state_holds_the_buffers_and_loads_all_or_nothing():
     with pytest.raises(ValueError, match="cannot be loaded"):
         other.load_state_dict(broken)
     assert int(other.buffers.values["1.num_batches_tracked"]) == 0  # unchanged
-    with pytest.raises(ValueError, match="the checkpoint holds no buffers"):
-        other.load_state_dict(state["rule"])
 
 
 # ------------------------------------------------------------- through the engine
