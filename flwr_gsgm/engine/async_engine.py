@@ -558,7 +558,6 @@ class AsyncEngine:
             "fingerprint": engine_state.run_fingerprint(
                 self.settings, self.dispatcher.train_config, params
             ),
-            engine_state.DISPLACEMENT_UPDATES: True,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

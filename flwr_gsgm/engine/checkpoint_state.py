@@ -7,9 +7,8 @@ file), composed by :meth:`AsyncEngine.state_dict
 (:data:`flwr_gsgm.checkpoint.files.CHECKPOINT_FORMAT`) load; each has every one of
 these top-level keys:
 
-- ``keys`` (the model's), ``received`` (updates received), ``fingerprint``
-  (:func:`flwr_gsgm.checkpoint.resume.fingerprint`) and :data:`DISPLACEMENT_UPDATES`:
-  the engine's own;
+- ``keys`` (the model's), ``received`` (updates received) and ``fingerprint``
+  (:func:`flwr_gsgm.checkpoint.resume.fingerprint`): the engine's own;
 - under their own key: ``optimizer`` (the model optimizer), ``node_stats`` (the
   per-node counts), ``norm_bound``;
 - at the top level, the entries of the parts whose state is several: membership
@@ -37,7 +36,6 @@ from flwr_gsgm.checkpoint.resume import check_resume, fingerprint
 from flwr_gsgm.engine.settings import EngineSettings
 
 __all__ = [
-    "DISPLACEMENT_UPDATES",
     "REQUIRED",
     "check_after_start",
     "check_before_start",
@@ -56,9 +54,6 @@ REQUIRED = (
     "rows",
     "fingerprint",
 )
-#: Key recording that the checkpoint's delta/weights updates are displacements
-#: ``w_sent - w_local`` (True, in every checkpoint of this format; not read).
-DISPLACEMENT_UPDATES = "displacement_updates"
 
 
 def run_fingerprint(

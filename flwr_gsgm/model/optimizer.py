@@ -25,9 +25,6 @@ __all__ = ["ModelOptimizer", "RuleFactory"]
 #: ``(trainable weights: list of float32 arrays, partition_ids) -> ServerOptimizer``.
 RuleFactory = Callable[[list[np.ndarray], list[int]], ServerOptimizer]
 
-# Written in every ModelOptimizer state (the checkpoint's layout); not read.
-_FORMAT_KEY = "model_optimizer"
-
 
 class ModelOptimizer:
     """A core rule on the trainable arrays and the buffer rule on the others.
@@ -114,7 +111,6 @@ class ModelOptimizer:
     def state_dict(self) -> dict[str, Any]:
         """The rule's state and the buffers' (copies)."""
         return {
-            _FORMAT_KEY: 1,
             "rule": self.rule.state_dict(),
             "buffers": self.buffers.state_dict(),
         }
