@@ -50,10 +50,6 @@ MODEL = "model.pt"
 LAST_FINITE_MODEL = "model_last_finite.pt"
 
 
-def _none_if_zero(value: float) -> float | None:
-    return value if value else None
-
-
 def make_evaluate_fn(cfg: Mapping[str, Any]):
     """Centralized evaluation on the data set's test split.
 
@@ -203,7 +199,7 @@ def run_experiment(
                 grid,
                 initial,
                 max_updates=cfg["max-updates"],
-                max_seconds=_none_if_zero(cfg["max-seconds"]),
+                max_seconds=cfg["max-seconds"],  # 0 = none: EngineSettings reads it
                 evaluate_fn=evaluate_fn,
                 eval_every=cfg["eval-every"],
             )

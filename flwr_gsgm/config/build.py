@@ -59,31 +59,23 @@ def virtual_clock_from(
 def engine_settings_from(cfg: Mapping[str, Any], run_dir: Path | None = None) -> EngineSettings:
     """The engine keys of a validated run config as :class:`EngineSettings`.
 
-    Budgets, clock and seed are set by :meth:`AsyncStrategy.start`; checkpoints
-    (``checkpoint-every``, ``resume``) go to ``run_dir/checkpoint.pt``.
+    Every key the engine declares (:meth:`EngineSettings.from_run_config`: budgets,
+    deadlines, limits, checkpoints; ``0`` = none read there), plus what this layer
+    derives from other keys: the checkpoint path ``run_dir/checkpoint.pt``, the run
+    config a resume compares, and ``resume-allow-changes`` as a tuple. The clock and
+    seed are set by :meth:`AsyncStrategy.start`, as are budgets it is given.
 
     Raises
     ------
     ValueError
-        ``checkpoint-every`` or ``resume`` without a ``run_dir``.
+        ``checkpoint-every`` or ``resume`` without a ``run_dir``; a
+        ``resume-allow-changes`` naming a key ``cfg`` does not have.
+    KeyError
+        ``cfg`` was not parsed (:func:`~flwr_gsgm.config.run_config.parse_run_config`).
     """
-    return EngineSettings(
-        message_ttl=cfg["message-ttl"],
-        startup_timeout=cfg["startup-timeout"],
-        dispatch_timeout=cfg["dispatch-timeout"],
-        max_node_failures=cfg["max-node-failures"],
-        rejoin_timeout=cfg["rejoin-timeout"],
-        poll_interval=cfg["poll-interval"],
-        min_nodes=cfg["min-nodes"],
-        max_consecutive_rejections=cfg["max-consecutive-rejections"],
-        max_norm_ratio=cfg["max-norm-ratio"] or None,
-        checkpoint_every=cfg["checkpoint-every"],
+    return EngineSettings.from_run_config(
+        cfg,
         checkpoint_path=(run_dir / "checkpoint.pt") if run_dir is not None else None,
-        resume=cfg["resume"],
-        max_in_flight=cfg["max-in-flight"] or None,
-        dispatch=cfg["dispatch"],
-        work_scheduling=cfg["work-scheduling"],
-        prefetch=cfg["prefetch"],
         run_config=dict(cfg),
         resume_allow_changes=parse_allowed(cfg["resume-allow-changes"], cfg),
     )

@@ -5,6 +5,9 @@ The server optimizer keys are generated from the rules' declarations
 optional number (``None`` = no bound) appears as ``0`` = none, and a per-rule default
 (the server learning rate) as ``0`` = the rule's own. :func:`optimizer_params_from`
 turns a parsed run config back into a rule's keyword arguments.
+
+The engine's keys are generated likewise from the engine's declarations
+(:data:`flwr_gsgm.engine.settings.ENGINE_SETTINGS`: :func:`engine_keys`).
 :mod:`flwr_gsgm.config.run_config` holds the other keys and re-exports these names.
 """
 
@@ -15,11 +18,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from flwr_gsgm.core import OPTIMIZERS, Param, declared_params
+from flwr_gsgm.engine.settings import ENGINE_SETTINGS
 
 __all__ = [
     "RunConfigKey",
     "SYNC_STRATEGY_KEYS",
     "OPTIMIZER_KEYS",
+    "engine_keys",
     "optimizer_keys",
     "optimizer_params_from",
     "strategy_keys",
@@ -72,6 +77,14 @@ def non_negative(v: Any) -> bool:
 def one_of(*values: str) -> Callable[[Any], bool]:
     """A :class:`RunConfigKey` check: ``v`` is one of ``values``."""
     return lambda v: v in values
+
+
+def engine_keys() -> dict[str, RunConfigKey]:
+    """The engine's run config keys, generated from its declarations
+    (:data:`~flwr_gsgm.engine.settings.ENGINE_SETTINGS`, in :class:`EngineSettings`'
+    field order): each :class:`~flwr_gsgm.engine.settings.Setting`'s default, check,
+    expected and help, as they are (``0`` = none is the declaration's own value)."""
+    return {s.key: RunConfigKey(s.default, s.check, s.expected, s.doc) for s in ENGINE_SETTINGS}
 
 
 def _means_none(param: Param, value: Any) -> bool:

@@ -12,11 +12,15 @@ test keeps them equal). :func:`parse_run_config` validates a whole run config be
 training starts and raises ``ValueError`` naming the key, the value and what was
 expected.
 
-The server optimizer keys (``server-learning-rate``, ``beta``, ``fedbuff-k``, ...) are not
+The server optimizer keys (``server-learning-rate``, ``beta``, ``fedbuff-k``, ...) and
+the engine's (``max-updates``, ``message-ttl``, ``max-in-flight``, ...) are not
 written here: :mod:`flwr_gsgm.config.keys` generates them from the rules'
 declarations (:class:`flwr_gsgm.core.Param` with a ``run_config_key``), in registry
-order, and turns a parsed run config back into a rule's keyword arguments
-(:func:`optimizer_params_from`, re-exported here).
+order, and from the engine's (the fields of
+:class:`~flwr_gsgm.engine.settings.EngineSettings` declared with a key); this module
+places them among its own keys. :func:`optimizer_params_from` (re-exported here)
+turns a parsed run config back into a rule's keyword arguments,
+:meth:`EngineSettings.from_run_config` into the engine's settings.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from flwr_gsgm.config.keys import (
     SYNC_STRATEGY_KEYS,
     RunConfigKey,
     any_value,
+    engine_keys,
     non_negative,
     one_of,
     optimizer_keys,
@@ -40,9 +45,7 @@ from flwr_gsgm.config.keys import (
 )
 from flwr_gsgm.core import OPTIMIZERS
 from flwr_gsgm.core.params import DISPLACEMENT_MODES
-from flwr_gsgm.engine.settings import EngineSettings, check_deadlines
-from flwr_gsgm.intake.norm_bound import INITIAL_ROOM, NEW_NODE_ROOM, NODE_MIN, WARMUP, WINDOW
-from flwr_gsgm.scheduling.work_scheduler import WORK_SCHEDULING
+from flwr_gsgm.engine.settings import check_deadlines
 from flwr_gsgm.simulation.virtual_clock import DEVICE_PROFILE_EXPECTED, is_device_profile
 
 __all__ = [
@@ -74,14 +77,12 @@ def _key(default: Any, check: Callable[[Any], bool], expected: str, help: str) -
     return RunConfigKey(default, check, expected, help)
 
 
-def _engine_default(name: str) -> Any:
-    """The default of the engine key whose :class:`EngineSettings` field is ``name``.
-
-    The engine declares it (the run config is above the engine and reads it, never the
-    other way); None there, "no limit", is 0 in a run config (TOML has no null).
-    """
-    default = EngineSettings.__dataclass_fields__[name].default
-    return 0 if default is None else default
+#: The engine's keys (declared by the engine), placed below among the others.
+_ENGINE = engine_keys()
+#: The engine's keys shown first (the budgets) and last (checkpoints); the others go in
+#: the "engine" block, in the engine's declaration order.
+_BUDGETS = ("max-updates", "max-seconds", "eval-every")
+_CHECKPOINTS = ("checkpoint-every", "resume")
 
 
 RUN_CONFIG: dict[str, RunConfigKey] = {
@@ -92,24 +93,7 @@ RUN_CONFIG: dict[str, RunConfigKey] = {
         f"one of {', '.join(ASYNC_STRATEGIES + SYNC_STRATEGIES)}",
         "server strategy",
     ),
-    "max-updates": _key(
-        _engine_default("max_updates"),
-        positive,
-        "an integer > 0",
-        "budget: client updates received (client computations)",
-    ),
-    "max-seconds": _key(
-        0.0,
-        non_negative,
-        ">= 0 (0 = no limit)",
-        "budget: virtual seconds (virtual-clock = true) or wall seconds",
-    ),
-    "eval-every": _key(
-        _engine_default("eval_every"),
-        positive,
-        "an integer > 0",
-        "evaluate every N client updates received",
-    ),
+    **{key: _ENGINE[key] for key in _BUDGETS},
     "federated-eval-every": _key(
         0,
         non_negative,
@@ -178,106 +162,9 @@ RUN_CONFIG: dict[str, RunConfigKey] = {
         0.0, non_negative, ">= 0 seconds", "virtual latency per message (0: the profile's)"
     ),
     # engine
-    "message-ttl": _key(
-        _engine_default("message_ttl"),
-        positive,
-        "> 0 seconds",
-        "TTL of every train and evaluate message (above dispatch-timeout)",
-    ),
-    "startup-timeout": _key(
-        _engine_default("startup_timeout"),
-        positive,
-        "> 0 seconds",
-        "start-up deadline: wall seconds for min-nodes to answer the query (also a joining "
-        "node's query, and a query's TTL)",
-    ),
-    "dispatch-timeout": _key(
-        _engine_default("dispatch_timeout"),
-        positive,
-        "> 0 seconds, below message-ttl",
-        "per-dispatch deadline: wall seconds a train message may go unanswered before the "
-        "node fails",
-    ),
-    "max-node-failures": _key(
-        _engine_default("max_node_failures"),
-        positive,
-        "an integer > 0",
-        "failures in a row (time-outs, error replies; each backs the node off) that exclude a node",
-    ),
-    "rejoin-timeout": _key(
-        _engine_default("rejoin_timeout"),
-        non_negative,
-        ">= 0 seconds",
-        "with no node left training, wall seconds to wait for a lost node before the run fails",
-    ),
-    "poll-interval": _key(
-        _engine_default("poll_interval"),
-        non_negative,
-        ">= 0 seconds",
-        "sleep between pulls when idle",
-    ),
-    "max-consecutive-rejections": _key(
-        _engine_default("max_consecutive_rejections"),
-        non_negative,
-        "an integer >= 0 (0 = never)",
-        "a node whose updates are rejected this often in a row is excluded",
-    ),
-    "max-norm-ratio": _key(
-        _engine_default("max_norm_ratio"),
-        non_negative,
-        ">= 0 (0 = off)",
-        f"reject an update whose L2 norm exceeds this times the median of the last {WINDOW} "
-        f"accepted ({NEW_NODE_ROOM:g}x that for a node with fewer than {NODE_MIN} accepted, "
-        f"and for all in the first {WARMUP}, which must also stay within "
-        f"{INITIAL_ROOM:g}x the initial model's scale)",
-    ),
-    "min-nodes": _key(
-        _engine_default("min_nodes"),
-        positive,
-        "an integer > 0",
-        "nodes to wait for before training",
-    ),
-    "max-in-flight": _key(
-        _engine_default("max_in_flight"),
-        non_negative,
-        "an integer >= 0 (0 = all nodes)",
-        "nodes training at once (FedAvg/FedAvgM: nodes sampled per round)",
-    ),
-    "prefetch": _key(
-        _engine_default("prefetch"),
-        any_value,
-        "true or false",
-        "deployment: a second train message queued per node, waiting when it polls",
-    ),
-    "dispatch": _key(
-        _engine_default("dispatch"),
-        one_of("auto", "random", "scheduled"),
-        "auto, random or scheduled",
-        "which idle node gets a freed slot (max-in-flight < nodes); auto = scheduled "
-        "for GSGM with scheduling, random for the others",
-    ),
-    "work-scheduling": _key(
-        _engine_default("work_scheduling"),
-        one_of(*WORK_SCHEDULING),
-        ", ".join(WORK_SCHEDULING),
-        "delta/weights mode: equal-time sizes each message's local-steps by its node's "
-        "measured speed and scales a longer-than-mean update down by its steps (needs "
-        "train-steps replies); "
-        "time-budget-fedavg and fednova always schedule equal-time",
-    ),
+    **{k: spec for k, spec in _ENGINE.items() if k not in _BUDGETS + _CHECKPOINTS},
     # checkpoints
-    "checkpoint-every": _key(
-        _engine_default("checkpoint_every"),
-        non_negative,
-        "an integer >= 0 (0 = never)",
-        "save the server state every N client updates (and on SIGTERM)",
-    ),
-    "resume": _key(
-        _engine_default("resume"),
-        any_value,
-        "true or false",
-        "continue from outputs/<run-name>/checkpoint.pt (fails without one)",
-    ),
+    **{key: _ENGINE[key] for key in _CHECKPOINTS},
     "resume-allow-changes": _key(
         "",
         any_value,

@@ -42,7 +42,7 @@ when a slot frees; without it every active node is kept busy.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from logging import INFO, WARNING
 from typing import Any
 
@@ -53,7 +53,7 @@ from flwr.serverapp import Grid
 
 from flwr_gsgm.checkpoint import files as checkpoint
 from flwr_gsgm.checkpoint.resume import ResumeRefused
-from flwr_gsgm.core import Outcome, ServerOptimizer, UpdateRejected
+from flwr_gsgm.core import Outcome, UpdateRejected
 from flwr_gsgm.engine import checkpoint_state as engine_state
 from flwr_gsgm.engine.central_evaluation import EvaluateFn, Evaluator
 from flwr_gsgm.engine.clock import make_clock
@@ -71,13 +71,16 @@ from flwr_gsgm.intake.dispatch import Dispatch
 from flwr_gsgm.intake.norm_bound import RelativeNormBound, initial_scale
 from flwr_gsgm.intake.reply import ReplyIntake
 from flwr_gsgm.model.layout import ModelLayout
-from flwr_gsgm.model.optimizer import ModelOptimizer
+from flwr_gsgm.model.optimizer import ModelOptimizer, RuleFactory
 from flwr_gsgm.nodes.stats import NodeStats
 from flwr_gsgm.scheduling.compass import CompassScheduler
 
 __all__ = ["EngineSettings", "AsyncEngine", "EngineReport", "EvaluateFn", "OptimizerFactory"]
 
-OptimizerFactory = Callable[[list[np.ndarray], list[int]], ServerOptimizer]
+#: The rule factory the engine calls once the nodes are known:
+#: :data:`flwr_gsgm.model.optimizer.RuleFactory` (``(weights, partition_ids,
+#: concurrency) -> ServerOptimizer``), e.g. a :class:`~flwr_gsgm.model.optimizer.RuleSpec`.
+OptimizerFactory = RuleFactory
 
 
 class AsyncEngine:
@@ -92,8 +95,11 @@ class AsyncEngine:
         in order, are the model's; trainable arrays must be float32, buffers may have
         any dtype (a 0-d int64 ``num_batches_tracked`` is kept as is).
     optimizer_factory : callable
-        ``(weights: list[np.ndarray float32], partition_ids: list[int]) -> ServerOptimizer``,
-        called once the nodes are known with the trainable arrays only.
+        ``(weights: list[np.ndarray float32], partition_ids: list[int], concurrency:
+        int | None) -> ServerOptimizer`` (:data:`OptimizerFactory`, e.g. a
+        :class:`~flwr_gsgm.model.optimizer.RuleSpec`), called once the nodes are known
+        with the trainable arrays only and the engine's ``max_in_flight`` (None: every
+        node in flight).
     train_config : ConfigRecord
         Sent in every train message; the engine adds ``model-version``, ``seed`` and,
         under the virtual clock, ``virtual-duration``.
@@ -157,7 +163,7 @@ class AsyncEngine:
         self.members = Membership(
             grid, self.in_flight, settings, self.ledger, self.stats, self.clock
         )
-        self.end = RunEnd(settings, self.members)
+        self.end = RunEnd(settings.max_updates, settings.rejoin_timeout, self.members)
         scale = initial_scale(self.layout.trainable_of(self.initial))
         self.norm_bound = RelativeNormBound(settings.max_norm_ratio, scale)
         self.intake = ReplyIntake(self.layout, lambda pid: self.members.nodes[pid].identified)
@@ -234,7 +240,9 @@ class AsyncEngine:
         """Discover the nodes, build the optimizer, then resume or send the first work."""
         pids = self.members.discover()
         model_bytes = sum(int(a.nbytes) for a in self.initial)
-        self.optimizer = ModelOptimizer(self.layout, self.initial, self.make_optimizer, pids)
+        self.optimizer = ModelOptimizer(
+            self.layout, self.initial, self.make_optimizer, pids, self.settings.max_in_flight
+        )
         self.initial = []  # the optimizer holds its own copy: no model copy kept here
         self._rule_work_scheduler()
         self._estimate_memory(pids, model_bytes)

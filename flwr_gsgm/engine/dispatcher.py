@@ -92,7 +92,7 @@ class Dispatcher:
         """Most train messages in flight with ``nodes`` active nodes: ``max_in_flight``
         if it binds, else each node's dispatches (2 with ``prefetch``)."""
         most = nodes * self.settings.dispatches_per_node
-        limit = self.settings.in_flight_limit
+        limit = self.settings.max_in_flight
         return most if limit is None else min(limit, most)
 
     def copies_per_message(self) -> int:
@@ -104,11 +104,11 @@ class Dispatcher:
 
     def describe(self) -> None:
         """Log the in-flight limit and the dispatch policy (nothing without a limit)."""
-        if self.settings.in_flight_limit is not None:
+        if self.settings.max_in_flight is not None:
             log(
                 INFO,
                 "[async] at most %d node(s) in flight, dispatch %s",
-                self.settings.in_flight_limit,
+                self.settings.max_in_flight,
                 self.settings.dispatch,
             )
 
@@ -120,7 +120,7 @@ class Dispatcher:
         check: the run needs its first replies), then with ``prefetch`` every node's
         second message; otherwise :meth:`top_up`.
         """
-        limit = self.settings.in_flight_limit
+        limit = self.settings.max_in_flight
         if limit is None or limit >= len(self.members.nodes):
             for pid in sorted(self.members.nodes):
                 self.dispatch(optimizer, pid, received)
@@ -145,7 +145,7 @@ class Dispatcher:
         depth = self.settings.dispatches_per_node  # 2 with prefetch (no limit then)
         ready = self.work.ready(self.members.idle_active(depth))
         idle = [p for p in ready if not optimizer.holds(p)]
-        limit = self.settings.in_flight_limit
+        limit = self.settings.max_in_flight
         if limit is None or len(self.in_flight) + len(idle) <= limit:
             for pid in idle:
                 while self.in_flight.count(pid) < depth and self.may_dispatch(received):

@@ -32,7 +32,6 @@ from flwr_gsgm.engine.divergence import DivergenceWatch
 
 if TYPE_CHECKING:
     from flwr_gsgm.engine.membership import Membership
-    from flwr_gsgm.engine.settings import EngineSettings
 
 __all__ = ["COMPLETED", "DIVERGED", "FAILED", "RunDiverged", "RunEnd", "RunFailed"]
 
@@ -81,8 +80,11 @@ class RunDiverged(RunFailed):
 class RunEnd:
     """Decides when a run with nothing in flight must end, and says why (see module)."""
 
-    def __init__(self, settings: EngineSettings, members: Membership) -> None:
-        self.settings = settings
+    def __init__(self, max_updates: int, rejoin_timeout: float, members: Membership) -> None:
+        """``max_updates`` (the update budget, for the reason) and ``rejoin_timeout``
+        (seconds to wait for a lost node) are the two settings it reads."""
+        self.max_updates = max_updates
+        self.rejoin_timeout = rejoin_timeout
         self.members = members
         self.status = COMPLETED
         self.reason = ""
@@ -143,10 +145,10 @@ class RunEnd:
                 WARNING,
                 "[async] no node left to train; waiting up to rejoin-timeout=%s s for "
                 "%s to come back",
-                self.settings.rejoin_timeout,
+                self.rejoin_timeout,
                 self.members.names(lost),
             )
-        if lost and now - self.waiting_since <= self.settings.rejoin_timeout:
+        if lost and now - self.waiting_since <= self.rejoin_timeout:
             return False
         self._fail(received, lost)
         return True
@@ -176,14 +178,10 @@ class RunEnd:
                 f"{len(rest)} more nodes ({excluded} excluded, {len(rest) - excluded} "
                 "lost; each logged when it happened)"
             )
-        wait = (
-            f"; none came back within rejoin-timeout={self.settings.rejoin_timeout} s"
-            if lost
-            else ""
-        )
+        wait = f"; none came back within rejoin-timeout={self.rejoin_timeout} s" if lost else ""
         self.status = FAILED
         self.reason = (
-            f"no node left to train after {received} of {self.settings.max_updates} updates: "
+            f"no node left to train after {received} of {self.max_updates} updates: "
             + "; ".join(parts)
             + wait
         )

@@ -7,23 +7,69 @@ rule with the model's :class:`~flwr_gsgm.model.buffers.ModelBuffers` through its
 rule (``weights``, ``version``, ``counters``, ``last_staleness``, ``on_dispatch``, ``holds``,
 ``on_update``, ``on_node_joined``, ``on_node_lost``, ``state_dict``) over the whole
 model, every array in model order and in its own dtype.
+
+The rule is built by a :data:`RuleFactory` once the nodes are known, with the
+engine's concurrency limit as an argument: :class:`RuleSpec` (a rule's name and
+parameters, what a strategy hands the engine) is the factory the library uses, so
+nothing the engine calls reaches back into the strategy.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from flwr_gsgm.core import Outcome, ServerOptimizer
+from flwr_gsgm.core import Outcome, ServerOptimizer, make_optimizer
 from flwr_gsgm.model.buffers import ModelBuffers
 from flwr_gsgm.model.layout import ModelLayout, ModelUpdate
 
-__all__ = ["ModelOptimizer", "RuleFactory"]
+__all__ = ["ModelOptimizer", "RuleFactory", "RuleSpec"]
 
-#: ``(trainable weights: list of float32 arrays, partition_ids) -> ServerOptimizer``.
-RuleFactory = Callable[[list[np.ndarray], list[int]], ServerOptimizer]
+#: ``(trainable weights: list of float32 arrays, partition_ids: list[int],
+#: concurrency: int | None) -> ServerOptimizer``; ``concurrency`` is the engine's
+#: limit on nodes training at once (None: every active node).
+RuleFactory = Callable[[list[np.ndarray], list[int], "int | None"], ServerOptimizer]
+
+
+@dataclass(frozen=True)
+class RuleSpec:
+    """A core rule by name with its parameters: the :data:`RuleFactory` a strategy hands
+    the engine.
+
+    Attributes
+    ----------
+    name : str
+        The rule's name in :data:`flwr_gsgm.core.OPTIMIZERS`.
+    params : Mapping[str, Any]
+        Every parameter the rule is built with (``lr`` included). A declared
+        ``concurrency`` left None (GSGM's, which scales its step by the nodes in
+        flight) takes the engine's limit when the rule is built.
+    """
+
+    name: str
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+    def __call__(
+        self, weights: list[np.ndarray], partition_ids: list[int], concurrency: int | None
+    ) -> ServerOptimizer:
+        """The rule on ``weights`` (float32 arrays, kept) for the nodes ``partition_ids``,
+        under the engine's ``concurrency`` limit (None: every node in flight).
+
+        Raises
+        ------
+        ValueError
+            As :func:`flwr_gsgm.core.make_optimizer`: an unknown rule or parameter, a
+            value out of range.
+        """
+        params = dict(self.params)
+        if "concurrency" in params and params["concurrency"] is None:
+            # Given by the user it stays; else the rule learns the engine's limit.
+            params["concurrency"] = concurrency
+        return make_optimizer(self.name, weights, partition_ids, **params)
+
 
 
 class ModelOptimizer:
@@ -35,9 +81,18 @@ class ModelOptimizer:
     arrays : sequence of np.ndarray
         The initial model, in model order (copied).
     make_rule : callable
-        :data:`RuleFactory`, called with copies of the trainable arrays.
+        :data:`RuleFactory` (e.g. a :class:`RuleSpec`), called with copies of the
+        trainable arrays, ``partition_ids`` and ``concurrency``.
     partition_ids : list[int]
         The initially active nodes.
+    concurrency : int | None
+        The engine's limit on nodes training at once (``max-in-flight``); None (the
+        default): every active node.
+
+    Raises
+    ------
+    ValueError
+        As ``make_rule``.
     """
 
     def __init__(
@@ -46,10 +101,13 @@ class ModelOptimizer:
         arrays: Sequence[np.ndarray],
         make_rule: RuleFactory,
         partition_ids: list[int],
+        concurrency: int | None = None,
     ) -> None:
         self.layout = layout
         self.rule = make_rule(
-            [np.array(a, copy=True) for a in layout.trainable_of(arrays)], partition_ids
+            [np.array(a, copy=True) for a in layout.trainable_of(arrays)],
+            partition_ids,
+            concurrency,
         )
         self.buffers = ModelBuffers(layout, layout.buffers_of(arrays))
 

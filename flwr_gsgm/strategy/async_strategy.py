@@ -29,12 +29,12 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 
-from flwr_gsgm.core import ServerOptimizer, make_optimizer
 from flwr_gsgm.core.params import DISPLACEMENT_MODES
 from flwr_gsgm.engine.async_engine import AsyncEngine, EngineReport, EngineSettings, EvaluateFn
 from flwr_gsgm.engine.federated_evaluation import FederatedEvaluation
 from flwr_gsgm.engine.hooks import OnEvaluate, OnFederatedEvaluate, TrainConfigFn, check_hook
 from flwr_gsgm.engine.run_end import DIVERGED, FAILED, RunDiverged, RunFailed
+from flwr_gsgm.model.optimizer import RuleSpec
 from flwr_gsgm.simulation.virtual_clock import VirtualClock
 from flwr_gsgm.strategy.arguments import (
     CLIENT_MODES,
@@ -190,6 +190,10 @@ class AsyncStrategy:
     ----------
     optimizer_params : dict[str, Any]
         Every parameter of the optimizer, ``lr`` included, with its value.
+    rule_spec : RuleSpec
+        The rule and ``optimizer_params``: the factory the engine builds the rule
+        with, handing it its ``max_in_flight`` (a GSGM ``concurrency`` left None
+        takes it).
 
     Raises
     ------
@@ -269,8 +273,9 @@ class AsyncStrategy:
         self.train_config_fn = train_config_fn
         self.on_evaluate = on_evaluate
         self.on_federated_evaluate = on_federated_evaluate
+        self.rule_spec = RuleSpec(optimizer, self.optimizer_params)
         # Fail now, not after the nodes answered: build the optimizer on a dummy model.
-        rule = self._build_optimizer([np.zeros(2, np.float32)], [0])
+        rule = self.rule_spec([np.zeros(2, np.float32)], [0], self.engine.max_in_flight)
         # Who sizes local-steps: work-scheduling, or a rule's own scheduler (FedCompass's
         # replaces it in the engine); the summary must not call that the ClientApp's own.
         self._work_scheduler = rule.WORK_SCHEDULER or self.engine.work_scheduling
@@ -286,16 +291,6 @@ class AsyncStrategy:
         if self.engine.dispatch != "auto":
             return self.engine.dispatch
         return "scheduled" if self.optimizer_params.get("scheduling") else "random"
-
-    def _build_optimizer(
-        self, weights: list[np.ndarray], partition_ids: list[int]
-    ) -> ServerOptimizer:
-        params = dict(self.optimizer_params)
-        if "concurrency" in params and params["concurrency"] is None:
-            # A rule that scales its step by the nodes in flight (GSGM's lr per cycle)
-            # learns the engine's concurrency limit (None: every node is in flight).
-            params["concurrency"] = self.engine.in_flight_limit
-        return make_optimizer(self.optimizer_name, weights, partition_ids, **params)
 
     def summary(self) -> None:
         """Log the strategy's configuration: the rule, the server learning rate, the
@@ -364,7 +359,8 @@ class AsyncStrategy:
             Budget in client updates received (client computations); None (default)
             keeps the engine settings' (the run config default, 4000).
         max_seconds : float | None
-            Budget in virtual seconds (virtual clock) or wall seconds (deployment).
+            Budget in virtual seconds (virtual clock) or wall seconds (deployment);
+            0 = none; None (default) keeps the engine settings' (none by default).
         train_config : ConfigRecord | None
             Extra keys sent in every train message (the strategy adds ``mode``,
             ``batch-size``, ``local-batches``, ``local-steps``, ``local-epochs``,
@@ -422,7 +418,7 @@ class AsyncStrategy:
         engine = AsyncEngine(
             grid,
             initial_arrays,
-            self._build_optimizer,
+            self.rule_spec,
             config,
             settings,
             evaluate_fn,
@@ -459,7 +455,7 @@ class AsyncStrategy:
         return replace(
             self.engine,
             max_updates=self.engine.max_updates if max_updates is None else int(max_updates),
-            max_seconds=max_seconds,
+            max_seconds=self.engine.max_seconds if max_seconds is None else max_seconds,
             eval_every=int(eval_every or self.engine.eval_every),
             virtual_clock=self.virtual_clock,
             seed=self.seed,

@@ -51,7 +51,7 @@ def test_defaults_agree_in_every_layer(name):
     for strategy in (STRATEGIES[name](), AsyncStrategy(name)):
         assert strategy.optimizer_name == name
         assert strategy.optimizer_params == defaults
-        assert strategy._build_optimizer(DUMMY, [0]).params == defaults
+        assert strategy.rule_spec(DUMMY, [0], None).params == defaults
         assert strategy.server_learning_rate == defaults["lr"]
     # (c) run config: an empty run config naming the rule builds the same optimizer
     cfg = parse_run_config({"strategy": name})

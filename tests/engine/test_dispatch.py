@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from flwr.app import MetricRecord
+from flwr.app import ConfigRecord, MetricRecord
 
 from flwr_gsgm.engine.async_engine import AsyncEngine, EngineSettings
 from flwr_gsgm.engine.dispatch_policy import RandomDispatch, ScheduledDispatch, make_dispatch_policy
 from flwr_gsgm.engine.in_flight import InFlight
+from flwr_gsgm.model.layout import ModelLayout
+from flwr_gsgm.model.optimizer import ModelOptimizer
 from flwr_gsgm.simulation.inprocess_grid import InProcessGrid
 from flwr_gsgm.simulation.virtual_clock import VirtualClock
 from flwr_gsgm.strategy.strategies import ASGD, GSGM
@@ -311,7 +313,7 @@ def test_policy_state_round_trips():
             {"max_in_flight": 1.5},
             "max-in-flight must be an integer >= 0 (0 = all nodes) or None, got 1.5",
         ),
-        ({"dispatch": "fifo"}, "dispatch must be one of auto, random, scheduled, got 'fifo'"),
+        ({"dispatch": "fifo"}, "dispatch must be auto, random or scheduled, got 'fifo'"),
     ],
 )
 def test_bad_engine_settings_name_the_key_and_value(kwargs, message):
@@ -326,14 +328,41 @@ def test_bad_engine_settings_name_the_key_and_value(kwargs, message):
 
 
 def test_gsgm_learns_the_concurrency_limit_from_the_engine():
+    # The engine hands its max-in-flight to the rule factory (ModelOptimizer ->
+    # RuleSpec): no call back into the strategy.
     weights = [np.zeros(2, np.float32)]
-    bounded = GSGM(engine=EngineSettings(max_in_flight=3), lr_scaling="cycle")
-    assert bounded._build_optimizer(weights, list(range(8))).params["concurrency"] == 3
-    unbounded = GSGM(lr_scaling="cycle")
-    assert unbounded._build_optimizer(weights, list(range(8))).params["concurrency"] is None
-    # a value given by the user wins
-    given = GSGM(engine=EngineSettings(max_in_flight=3), concurrency=5)
-    assert given._build_optimizer(weights, list(range(8))).params["concurrency"] == 5
+    layout, arrays = ModelLayout.from_record(initial_arrays())
+    for settings, given, expected in (
+        (EngineSettings(max_in_flight=3), {}, 3),
+        (EngineSettings(), {}, None),
+        (EngineSettings(max_in_flight=0), {}, None),  # 0 = every node
+        (EngineSettings(max_in_flight=3), {"concurrency": 5}, 5),  # a value given wins
+    ):
+        strategy = GSGM(engine=settings, lr_scaling="cycle", **given)
+        built = ModelOptimizer(
+            layout, arrays, strategy.rule_spec, list(range(8)), settings.max_in_flight
+        )
+        assert built.rule.params["concurrency"] == expected
+        assert strategy.rule_spec(weights, list(range(8)), None).params["concurrency"] == (
+            given.get("concurrency")
+        )
+
+
+def test_the_engine_hands_its_limit_to_the_rule_factory():
+    seen = []
+    spec = GSGM(lr_scaling="cycle").rule_spec
+
+    def factory(weights, pids, concurrency):
+        seen.append(concurrency)
+        return spec(weights, pids, concurrency)
+
+    for limit in (2, 0):
+        settings = EngineSettings(max_in_flight=limit, max_updates=4, virtual_clock=CLOCK)
+        grid = InProcessGrid(make_app(), 3, run_config={})
+        AsyncEngine(
+            grid, initial_arrays(), factory, ConfigRecord({"mode": "gradient"}), settings
+        ).run()
+    assert seen == [2, None]
 
 
 def test_gsgm_default_averaging_is_slot_only_under_a_limit_that_leaves_nodes_idle():
@@ -343,7 +372,7 @@ def test_gsgm_default_averaging_is_slot_only_under_a_limit_that_leaves_nodes_idl
     cases = [(3, "slot"), (None, "table"), (8, "table"), (20, "table")]
     for limit, variant in cases:
         strategy = GSGM(engine=EngineSettings(max_in_flight=limit))
-        optimizer = strategy._build_optimizer(weights, list(range(8)))
+        optimizer = strategy.rule_spec(weights, list(range(8)), strategy.engine.max_in_flight)
         assert optimizer.params["averaging"] == "auto"
         assert optimizer.averaging_in_use == variant, limit
 

@@ -378,7 +378,7 @@ def test_a_failed_run_names_five_partitions_and_counts_the_rest():
         for pid in range(8)
     }
     nodes[7].may_return = False
-    end = RunEnd(SimpleNamespace(max_updates=50, rejoin_timeout=1.0), SimpleNamespace(nodes=nodes))
+    end = RunEnd(max_updates=50, rejoin_timeout=1.0, members=SimpleNamespace(nodes=nodes))
     assert end.nothing_in_flight(received=12) and end.failed
     assert NAMED_IN_REASON == 5
     assert end.reason == (

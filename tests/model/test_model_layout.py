@@ -165,9 +165,9 @@ def test_the_rule_never_sees_the_buffers_and_a_rejected_update_leaves_them_uncha
     layout, arrays = ModelLayout.from_record(bn_record())
     seen = {}
 
-    def factory(weights, pids):
+    def factory(weights, pids, concurrency):
         seen["shapes"] = [w.shape for w in weights]
-        return ASGD(server_learning_rate=0.5)._build_optimizer(weights, pids)
+        return ASGD(server_learning_rate=0.5).rule_spec(weights, pids, concurrency)
 
     opt = ModelOptimizer(layout, arrays, factory, [0])
     assert seen["shapes"] == [(2, 1, 3, 3), (2,), (2,), (2,)]
@@ -188,7 +188,7 @@ def test_the_rule_never_sees_the_buffers_and_a_rejected_update_leaves_them_uncha
 
 def test_model_optimizer_state_holds_the_buffers_and_loads_all_or_nothing():
     layout, arrays = ModelLayout.from_record(bn_record())
-    make = ASGD(server_learning_rate=0.5)._build_optimizer
+    make = ASGD(server_learning_rate=0.5).rule_spec
     opt = ModelOptimizer(layout, arrays, make, [0, 1])
     update = layout.match(reply_of(layout, arrays, **{"1.num_batches_tracked": np.array(4)}))
     opt.on_update(1, update, 0)
@@ -289,7 +289,7 @@ def test_checkpoint_and_resume_keep_the_buffers(tmp_path):
         holder["engine"] = AsyncEngine(
             InProcessGrid(buffer_app.make_app(), 3, run_config={}),
             buffer_app.initial_arrays(),
-            strategy._build_optimizer,
+            strategy.rule_spec,
             ConfigRecord({"mode": "gradient"}),
             settings,
             evaluate_fn,
