@@ -71,7 +71,6 @@ class RuleSpec:
         return make_optimizer(self.name, weights, partition_ids, **params)
 
 
-
 class ModelOptimizer:
     """A core rule on the trainable arrays and the buffer rule on the others.
 
