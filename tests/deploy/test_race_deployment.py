@@ -62,7 +62,7 @@ def test_speeds_option_picks_the_configuration():
 
 
 # ------------------------------------------------------------------ validity
-def test_a_run_is_valid_up_to_twice_the_quiet_round_trip():
+def test_a_run_is_valid_up_to_twice_the_reference_round_trip():
     assert race.is_valid("completed", 4.0, 2.0)  # exactly 2 x 2.0
     assert not race.is_valid("completed", 4.01, 2.0)
     assert not race.is_valid("completed", math.nan, 2.0)  # a probe that failed
@@ -70,13 +70,19 @@ def test_a_run_is_valid_up_to_twice_the_quiet_round_trip():
 
 
 def test_the_larger_of_the_probes_around_a_run_decides():
-    row = {"status": "completed", "quiet_round_trip": 2.0}
-    race.set_probes(row, {"round_trip": 3.0}, {"round_trip": 3.9})
+    row = {"status": "completed", "quiet_round_trip": 0.5}  # not the reference
+    race.set_probes(row, {"round_trip": 3.0}, {"round_trip": 3.9}, 2.0)
     assert (row["probe_round_trip"], row["valid"]) == (3.9, True)
-    race.set_probes(row, {"round_trip": 4.5}, {"round_trip": 3.0})
+    race.set_probes(row, {"round_trip": 4.5}, {"round_trip": 3.0}, 2.0)
     assert (row["probe_round_trip"], row["valid"]) == (4.5, False)
-    race.set_probes(row, {"round_trip": 3.0}, None)
+    race.set_probes(row, {"round_trip": 3.0}, None, 2.0)
     assert math.isnan(row["probe_round_trip"]) and row["valid"] is False
+
+
+def test_the_reference_is_the_first_sessions_start_probe():
+    rows = [{"start_round_trip": 7.6}, {"start_round_trip": 9.0}]
+    assert race.reference_round_trip(rows, 5.0) == 7.6  # every session against the first
+    assert race.reference_round_trip([], 5.0) == 5.0  # the first session: its own
 
 
 def test_probe_figures_leave_out_cold_and_error_replies():
@@ -124,6 +130,7 @@ def _row(method, repeat, valid, seconds, accuracy, updates, probe=3.0):
         "status": "completed",
         "valid": valid,
         "probe_round_trip": probe,
+        "start_round_trip": 2.0,
         "wall_seconds_to_target": seconds,
         "predicted_seconds_to_target": 100.0,
         "accuracy_at_budget": accuracy,
@@ -158,7 +165,8 @@ def test_summary_says_how_many_runs_were_excluded_and_to_rerun_them():
     assert "EXCLUDED 2 invalid run(s): race-fedavg-r2 (completed, probe 9.00 s)" in text
     assert "race-gsgm-r1 (completed, probe nan s)" in text
     assert "must be re-run on a quiet machine" in text
-    assert "valid if its probe round trip <= 2 x that = 4.000 s" in text
+    assert "the probe on the race's 10 SuperNodes before any run 2.000 s" in text
+    assert "valid if its probe round trip <= 2 x the first session's = 4.000 s" in text
     fedavg = table_line(text, "fedavg")
     assert fedavg.split()[1:4] == ["2", "2", "110.0"]  # runs, reached, median seconds
     assert not any(line.startswith("gsgm ") for line in text.splitlines())
@@ -276,6 +284,7 @@ def full_row(method, repeat, valid=True, seconds=500.0, accuracy=0.72, predicted
         valid=valid,
         probe_round_trip=3.0 if valid else 9.0,
         quiet_round_trip=2.0,
+        start_round_trip=2.5,
         target_accuracy=0.7,
         wall_seconds_to_target=seconds,
         updates=100,
@@ -355,6 +364,7 @@ class FakeDeployment:
                 order=order,
                 run_name=name,
                 probe_round_trip=math.nan,
+                start_round_trip=args.start_round_trip,
             )
 
         def predict(method, args, config, base):
