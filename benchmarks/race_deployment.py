@@ -63,9 +63,10 @@ Steps:
    evaluation on a fixed subset of ``eval-examples`` test images every ``eval-every`` =
    nodes updates (one FedAvg round);
 5. stop the deployment; write the device profile file (``<out stem>-device-profile.csv``
-   beside the CSV: each node's emulated seconds per step and the median latency of the
-   race's probes, bytes free; kept as it is when the CSV already holds predictions made
-   with it); then the prediction (unless ``--skip-prediction``) of each method the CSV
+   beside the CSV: each node's emulated seconds per step and the quiet probe's latency,
+   bytes free; kept as it is when the CSV already holds predictions made with it; not the
+   race probes' latency, which holds the queue of 10 replies at once: see ``race()``);
+   then the prediction (unless ``--skip-prediction``) of each method the CSV
    has no predicted figures for yet (the others' are reused): the same configuration
    on the in-process grid under the virtual clock with ``device-profile`` = that file
    (:func:`predict`; one run per method: the virtual clock is deterministic);
@@ -1201,6 +1202,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         )
     args.out = args.out.resolve()
     args.start_round_trip = math.nan  # this session's probe before its first run (race())
+    # The time model's latency per message: the quiet probe's (round trip less the
+    # ClientApp's time); with --quiet-round-trip given, that round trip.
+    args.quiet_latency = args.quiet_round_trip
     args.methods = [m for m in args.methods.split(",") if m]
     asked = [part.strip() for value in args.repeat or [] for part in value.split(",")]
     bad_repeat = [r for r in asked if not (r.isdigit() and int(r) >= 1)]
@@ -1282,6 +1286,7 @@ def race(
         print(f"quiet round trip: the probe on {QUIET_NODES} SuperNodes", flush=True)
         quiet = measure_quiet_round_trip(args, base)
         args.quiet_round_trip = quiet["round_trip"]
+        args.quiet_latency = quiet["latency"]
         print(
             f"quiet round trip {quiet['round_trip']:.3f} s (latency {quiet['latency']:.3f} s, "
             f"{quiet['updates']} updates) {so_far()}",
@@ -1367,7 +1372,12 @@ def race(
         leftovers = dep.leftover_pids()
         if leftovers:
             failures.append(f"processes still alive after the deployment's stop: {leftovers}")
-    latency = statistics.median(p["latency"] for p in probes) if probes else math.nan
+    # The model's latency is the quiet probe's, not the race probes': those keep all the
+    # SuperNodes busy at once, so their replies queue at the SuperLink (7.6 s against
+    # 1.7 s), while in a run the replies are spread out. Measured in the first session:
+    # FedBuff's 20-step updates took 1.8-2.6 s more than their emulated compute on 7 of
+    # the 10 nodes, and a model at the race probes' 6.8 s predicted 25% too few updates.
+    latency = args.quiet_latency
     to_predict = [m for m in args.methods if earlier_prediction(rows, m) is None]
     path = args.out.parent / f"{args.out.stem}-device-profile.csv"
     if path.is_file() and len(to_predict) < len(args.methods):
