@@ -5,6 +5,10 @@ Usage (from any folder, with the tree under test first on PYTHONPATH)::
     python scripts/compare_runs.py record REF_DIR [SET ...]  # write REF_DIR/<name>.txt
     python scripts/compare_runs.py check REF_DIR [SET ...]   # run again; exit 1 on a difference
 
+``--strategy NAME[,NAME]`` (anywhere after the command) keeps only the runs of those
+strategies, e.g. ``--strategy fedavg,fedavgm,fednova,time-budget-fedavg`` to check a
+change to the synchronous runs alone.
+
 To show that a change keeps the behaviour, record with the old tree and check
 with the new one::
 
@@ -177,13 +181,25 @@ def runs_of(sets: list[str]) -> dict[str, tuple[dict[str, Any], int]]:
 
 
 def main(argv: list[str]) -> int:
+    argv, strategies = list(argv), None
+    if "--strategy" in argv:
+        at = argv.index("--strategy")
+        if at + 1 >= len(argv):
+            print(__doc__, file=sys.stderr)
+            return 2
+        strategies = set(argv[at + 1].split(","))
+        del argv[at : at + 2]
     if len(argv) < 2 or argv[0] not in ("record", "check") or set(argv[2:]) - set(SETS):
         print(__doc__, file=sys.stderr)
         return 2
     ref = Path(argv[1])
     ref.mkdir(parents=True, exist_ok=True)
     status = 0
-    for name, (config, nodes) in runs_of(argv[2:] or ["small"]).items():
+    runs = runs_of(argv[2:] or ["small"])
+    if strategies is not None:
+        runs = {n: r for n, r in runs.items() if r[0].get("strategy", "gsgm") in strategies}
+        print(f"{len(runs)} run(s) of strategies {sorted(strategies)}", flush=True)
+    for name, (config, nodes) in runs.items():
         got = run_config(config, nodes, name)
         path = ref / f"{name}.txt"
         if argv[0] == "record":

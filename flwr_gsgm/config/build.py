@@ -1,4 +1,4 @@
-"""The asynchronous strategy a validated run config asks for.
+"""The strategy a validated run config asks for: asynchronous, or a synchronous run.
 
 For a ServerApp of your own that reads the library's run config keys
 (:data:`flwr_gsgm.config.run_config.RUN_CONFIG`; your app's own keys are returned
@@ -17,16 +17,24 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from flwr.app import ConfigRecord
+from flwr.serverapp.strategy import FedAvg, FedAvgM
+
 from flwr_gsgm.checkpoint.resume import parse_allowed
-from flwr_gsgm.config.run_config import optimizer_params_from
+from flwr_gsgm.config.run_config import SYNC_STRATEGIES, optimizer_params_from
+from flwr_gsgm.engine.clock import Clock, VirtualTime, WallTime
 from flwr_gsgm.engine.federated_evaluation import FederatedEvaluation
 from flwr_gsgm.engine.settings import EngineSettings
 from flwr_gsgm.simulation.virtual_clock import VirtualClock
 from flwr_gsgm.strategy.async_strategy import AsyncStrategy
+from flwr_gsgm.strategy.fednova import FedNova
 from flwr_gsgm.strategy.strategies import STRATEGIES
+from flwr_gsgm.strategy.synchronous import SynchronousRun
+from flwr_gsgm.strategy.time_budget_fedavg import TimeBudgetFedAvg
 
 __all__ = [
     "build_strategy",
+    "build_synchronous",
     "engine_settings_from",
     "federated_evaluation_from",
     "virtual_clock_from",
@@ -131,4 +139,91 @@ def build_strategy(
         seed=cfg["seed"],
         federated_evaluation=federated_evaluation_from(cfg),
         **params,
+    )
+
+
+def _sync_strategy(cfg: Mapping[str, Any], num_nodes: int, per_round: int) -> FedAvg:
+    """The synchronous strategy ``cfg["strategy"]`` names (:data:`SYNC_STRATEGIES`),
+    sampling ``per_round`` of ``num_nodes`` nodes a round (FedBuff's synchronous
+    setting where fewer than all), with Flower's own federated evaluation where
+    ``federated-eval-every`` asks for it."""
+    common: dict[str, Any] = {
+        "fraction_train": per_round / num_nodes,
+        "fraction_evaluate": cfg["fraction-evaluate"] if cfg["federated-eval-every"] else 0.0,
+        "min_evaluate_nodes": 1,
+        "min_available_nodes": num_nodes,
+    }
+    if per_round < num_nodes:
+        # min_train_nodes = m: Flower samples max(int(n * m / n), min_train_nodes) nodes,
+        # and int() of the float product may round m down.
+        common["min_train_nodes"] = per_round
+    # server-learning-rate 0 = the strategy's default (Flower's FedAvgM's, FedNova's 1.0).
+    lr = cfg["server-learning-rate"]
+    rate = {"server_learning_rate": lr} if lr else {}
+    name = cfg["strategy"]
+    if name == "fedavgm":
+        return FedAvgM(server_momentum=cfg["beta"], **rate, **common)
+    if name == "fednova":
+        return FedNova(local_momentum=cfg["local-momentum"], **rate, **common)
+    if name == "time-budget-fedavg":
+        return TimeBudgetFedAvg(**common)
+    return FedAvg(**common)
+
+
+def build_synchronous(
+    cfg: Mapping[str, Any],
+    num_nodes: int,
+    model_bytes: int,
+    partition_examples: Mapping[int, int] | None = None,
+) -> SynchronousRun:
+    """The synchronous run a validated run config asks for (``strategy`` one of
+    :data:`~flwr_gsgm.config.run_config.SYNC_STRATEGIES`): Flower's FedAvg or FedAvgM,
+    or a time-budget anchor, on the engine's clock, budgets and evaluation rows
+    (:class:`~flwr_gsgm.strategy.synchronous.SynchronousRun`).
+
+    ``max-in-flight`` = m with 0 < m < ``num_nodes`` samples m nodes a round,
+    otherwise every node trains every round; ``max-seconds`` is a virtual budget under
+    the virtual clock, a wall-clock one without it. ``model_bytes``: the bytes of the
+    model sent (the time model's communication); ``partition_examples``: see
+    :func:`virtual_clock_from`.
+
+    Raises
+    ------
+    ValueError
+        If ``cfg["strategy"]`` is not synchronous, or ``num_nodes`` < 1.
+    """
+    name = cfg["strategy"]
+    if name not in SYNC_STRATEGIES:
+        raise ValueError(f"strategy {name!r} is not synchronous; expected one of {SYNC_STRATEGIES}")
+    if num_nodes < 1:
+        raise ValueError(f"a synchronous run needs nodes; the grid has {num_nodes}")
+    limit = cfg["max-in-flight"]
+    per_round = limit if 0 < limit < num_nodes else num_nodes
+    budget = cfg["max-seconds"] or None
+    clock: Clock = (
+        VirtualTime(virtual_clock_from(cfg, partition_examples), budget)
+        if cfg["virtual-clock"]
+        else WallTime(budget)
+    )
+    return SynchronousRun(
+        _sync_strategy(cfg, num_nodes, per_round),
+        clock,
+        max_updates=cfg["max-updates"],
+        per_round=per_round,
+        num_nodes=num_nodes,
+        eval_every=cfg["eval-every"],
+        federated_eval_every=cfg["federated-eval-every"],
+        seed=cfg["seed"],
+        timeout=cfg["dispatch-timeout"],
+        model_bytes=model_bytes,
+        train_config=ConfigRecord(
+            {
+                "mode": "weights",
+                "batch-size": cfg["batch-size"],
+                "local-steps": cfg["local-steps"],
+                "local-epochs": cfg["local-epochs"],
+                "local-lr": cfg["local-lr"],
+                "local-momentum": cfg["local-momentum"],
+            }
+        ),
     )

@@ -67,8 +67,9 @@ __all__ = [
 
 #: The registered server rules, in registry order (GSGM first).
 ASYNC_STRATEGIES = tuple(OPTIMIZERS)
-#: Synchronous strategies, run by the app layer with Flower's own start(): Flower's
-#: FedAvg and FedAvgM, and the time-budget anchors on Flower's FedAvg
+#: Synchronous strategies, run round by round on the engine's clock, budgets and rows
+#: (:func:`flwr_gsgm.config.build.build_synchronous`): Flower's FedAvg and FedAvgM,
+#: and the time-budget anchors on Flower's FedAvg
 #: (flwr_gsgm/strategy/time_budget_fedavg.py, flwr_gsgm/strategy/fednova.py).
 SYNC_STRATEGIES = ("fedavg", "fedavgm", "time-budget-fedavg", "fednova")
 

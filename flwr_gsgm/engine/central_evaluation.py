@@ -8,9 +8,9 @@ the global model and the ledger's figures since the previous row.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from logging import INFO
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, MetricRecord
@@ -19,11 +19,28 @@ from flwr.common.logger import log
 from flwr_gsgm.engine.divergence import evaluation_divergence
 from flwr_gsgm.engine.hooks import OnEvaluate, call_hook, evaluation_metrics
 from flwr_gsgm.engine.ledger import Ledger
-from flwr_gsgm.model.optimizer import ModelOptimizer
 
-__all__ = ["EvaluateFn", "Evaluator", "weights_record"]
+__all__ = ["EvaluateFn", "EvaluatedModel", "Evaluator", "weights_record"]
 
 EvaluateFn = Callable[[int, ArrayRecord], "MetricRecord | None"]
+
+
+class EvaluatedModel(Protocol):
+    """What an evaluation row reads of the global model: the asynchronous engine's
+    :class:`~flwr_gsgm.model.optimizer.ModelOptimizer`, or a synchronous round's
+    :class:`~flwr_gsgm.strategy.synchronous.RoundModel`."""
+
+    @property
+    def version(self) -> int:
+        """Steps taken on the model (asynchronous) or rounds applied (synchronous)."""
+
+    @property
+    def weights(self) -> list[np.ndarray]:
+        """The model's arrays in model order."""
+
+    @property
+    def counters(self) -> Mapping[str, int]:
+        """Outcome counters: ``deferred``, ``stale``, ``slots_dropped`` (absent: 0)."""
 
 
 def weights_record(keys: list[str], weights: list[np.ndarray]) -> ArrayRecord:
@@ -76,7 +93,7 @@ class Evaluator:
     def evaluate(
         self,
         received: int,
-        optimizer: ModelOptimizer,
+        optimizer: EvaluatedModel,
         ledger: Ledger,
         clock_now: float,
         wall: float,
@@ -100,7 +117,7 @@ class Evaluator:
     def row(
         self,
         received: int,
-        optimizer: ModelOptimizer,
+        optimizer: EvaluatedModel,
         ledger: Ledger,
         clock_now: float,
         wall: float,

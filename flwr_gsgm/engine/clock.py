@@ -61,7 +61,7 @@ class Clock(ABC):
         """Wall seconds since :meth:`start`."""
         return time.monotonic() - self._t0
 
-    def _beyond(self, t: float) -> bool:
+    def past_budget(self, t: float) -> bool:
         """True if engine time ``t`` (s) is past the budget (never without one)."""
         return self.max_seconds is not None and t > self.max_seconds
 
@@ -147,7 +147,7 @@ class VirtualTime(Clock):
         return self._now
 
     def too_late(self, dispatch: Dispatch) -> bool:
-        return self._beyond(dispatch.v_finish)
+        return self.past_budget(dispatch.v_finish)
 
     def out_of_time(self) -> bool:
         return False  # virtual time moves only at a reply, which too_late checks
@@ -221,7 +221,7 @@ class WallTime(Clock):
         return False  # its finish time is its arrival: out_of_time checks the budget
 
     def out_of_time(self) -> bool:
-        return self._beyond(self.wall())
+        return self.past_budget(self.wall())
 
     def jump_to(self, t: float) -> bool:
         return False  # wall time does not jump: the engine waits for it

@@ -1,12 +1,14 @@
 """FedAvg's max-seconds: a wall-clock budget in deployment (virtual-clock = false), a
-virtual one under the virtual clock, as for the asynchronous strategies. No real waiting: the experiment's clock is a fake one
-that each training round moves by 4 s."""
+virtual one under the virtual clock, as for the asynchronous strategies. No real
+waiting: the engine clock's ``time.monotonic`` is a fake one that each training round
+moves by 4 s."""
 
 from __future__ import annotations
 
 import csv
 from types import SimpleNamespace
 
+import flwr_gsgm.engine.clock as engine_clock
 import serverapp.experiment as experiment
 from clients.client_app import app as client_app
 from flwr_gsgm.simulation.inprocess_grid import InProcessGrid
@@ -35,7 +37,9 @@ class TimedGrid(InProcessGrid):
 
 def run(tmp_path, monkeypatch, **run_config):
     clock = {"now": 0.0}
-    monkeypatch.setattr(experiment, "time", SimpleNamespace(monotonic=lambda: clock["now"]))
+    fake = SimpleNamespace(monotonic=lambda: clock["now"])
+    monkeypatch.setattr(experiment, "time", fake)  # the summary's wall seconds
+    monkeypatch.setattr(engine_clock, "time", fake)  # the engine clock: budget, wall_time
     cfg = parse_app_config(
         {
             "strategy": "fedavg",
@@ -63,6 +67,8 @@ def test_no_round_starts_after_the_wall_budget(tmp_path, monkeypatch):
     # evaluations at rounds 0 and 2 (8 updates), then the last round's model (round 3)
     assert [int(r["updates"]) for r in rows] == [0, 8, 12]
     assert [float(r["wall_time"]) for r in rows] == [0.0, 8.0, 12.0]
+    # in a deployment the engine clock is the wall clock, for FedAvg as for GSGM
+    assert [float(r["virtual_time"]) for r in rows] == [0.0, 8.0, 12.0]
 
 
 def test_max_seconds_under_the_virtual_clock_is_a_virtual_budget(tmp_path, monkeypatch):

@@ -1,0 +1,342 @@
+"""Flower's synchronous strategies, run round by round on the engine's parts.
+
+The baselines FedAvg and FedAvgM are Flower's own strategies
+(``flwr.serverapp.strategy``), and the time-budget anchors (time-budget FedAvg,
+FedNova: :mod:`flwr_gsgm.strategy.time_budget_fedavg`, :mod:`flwr_gsgm.strategy.fednova`)
+subclass Flower's FedAvg. Their ``configure_train``, ``aggregate_train``,
+``configure_evaluate`` and ``aggregate_evaluate`` are used as they are;
+:class:`SynchronousRun` calls them in the order of Flower's ``Strategy.start``
+(Flower 1.42, ``flwr/serverapp/strategy/strategy.py``: the initial centralized
+evaluation, then per round train, aggregate, federated evaluation, centralized
+evaluation), with the parts the asynchronous engine uses where the two kinds of run
+must agree:
+
+- **the budgets**: ``max-updates`` client trainings as whole rounds, ``max-seconds``
+  through the engine clock (:mod:`flwr_gsgm.engine.clock`): under wall time no round
+  starts once the budget is spent (the round running then finishes); under virtual
+  time a round that ends past the budget is not applied (as the engine applies no
+  reply that finishes past it);
+- **the clock**: a round lasts its slowest trained node's time in the time model
+  (:meth:`VirtualClock.duration
+  <flwr_gsgm.simulation.virtual_clock.VirtualClock.duration>`: node p's draw number
+  round - 1), so ``virtual_time`` is that of the asynchronous runs; in a deployment
+  it is the wall clock, as for them;
+- **the evaluation rows and the divergence checks**: the engine's
+  :class:`~flwr_gsgm.engine.central_evaluation.Evaluator` (the same ``metrics.csv``
+  columns; checks 2-3 of :mod:`flwr_gsgm.engine.divergence` on each row);
+- **federated evaluation**: Flower's own, in the rounds whose client trainings cross a
+  multiple of ``federated-eval-every``, in the columns the asynchronous runs use
+  (:func:`~flwr_gsgm.engine.federated_evaluation.column_name`).
+
+Replies are handed to the strategy sorted by node id: Flower's FedAvg sums them in
+the order given, and float32 sums in another order differ in their last bits, so a
+fixed order makes a simulation repeat bit for bit.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from logging import INFO, WARNING
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg
+
+from flwr_gsgm.engine.central_evaluation import EvaluateFn, Evaluator
+from flwr_gsgm.engine.clock import Clock, VirtualTime
+from flwr_gsgm.engine.federated_evaluation import column_name
+from flwr_gsgm.engine.ledger import Ledger
+from flwr_gsgm.strategy.time_budget_fedavg import TimeBudgetFedAvg
+
+__all__ = ["RoundModel", "SynchronousReport", "SynchronousRun", "partitions_of_nodes"]
+
+
+@dataclass
+class RoundModel:
+    """The global model after ``version`` rounds, as an evaluation row reads it
+    (:class:`~flwr_gsgm.engine.central_evaluation.Evaluator`): its arrays in model
+    order and the outcome counters of a synchronous round (none: every reply of a
+    round is averaged)."""
+
+    version: int
+    weights: list[np.ndarray]
+    counters: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class SynchronousReport:
+    """What a synchronous run produced.
+
+    Attributes
+    ----------
+    rows : list[dict]
+        The evaluation rows (``metrics.csv``), with the federated columns of the rounds
+        that had a federated evaluation.
+    counters : dict[str, int]
+        ``updates_received`` (rounds x nodes per round) and ``steps_applied`` (rounds),
+        plus ``diverged`` = 1 for a diverged run.
+    rounds : int
+        Rounds applied.
+    diverged : str | None
+        Why the model diverged (the run stopped at that row), None if it did not.
+    """
+
+    rows: list[dict[str, Any]]
+    counters: dict[str, int]
+    rounds: int
+    diverged: str | None = None
+
+
+def partitions_of_nodes(grid: Grid, timeout: float) -> dict[int, int]:
+    """node id -> partition-id, from each node's answer to the ``query`` message of
+    the message protocol (docs/PORTING.md); a node that cannot answer is left out."""
+    messages = [
+        Message(RecordDict({"config": ConfigRecord()}), node_id, "query")
+        for node_id in grid.get_node_ids()
+    ]
+    found: dict[int, int] = {}
+    for reply in grid.send_and_receive(messages, timeout=timeout):
+        metrics = None if reply.has_error() else reply.content.get("metrics")
+        if isinstance(metrics, MetricRecord) and "partition-id" in metrics:
+            found[reply.metadata.src_node_id] = int(metrics["partition-id"])
+    return found
+
+
+def _in_node_order(replies: Iterable[Message]) -> list[Message]:
+    """The replies sorted by sending node id (see the module docstring)."""
+    return sorted(replies, key=lambda reply: reply.metadata.src_node_id)
+
+
+class SynchronousRun:
+    """Runs a Flower strategy's rounds with the engine's budgets, clock and rows.
+
+    Parameters
+    ----------
+    strategy : flwr.serverapp.strategy.FedAvg
+        Flower's FedAvg or FedAvgM, or a time-budget anchor (a
+        :class:`~flwr_gsgm.strategy.time_budget_fedavg.TimeBudgetFedAvg`), built with
+        the sampling it should do (``fraction_train``).
+    clock : flwr_gsgm.engine.clock.Clock
+        The engine clock, its ``max_seconds`` the run's time budget (None: none).
+    max_updates : int
+        Client trainings: ``max_updates // per_round`` rounds (at least 1).
+    per_round : int
+        Nodes that train in a round (all the nodes, or ``max-in-flight`` of them).
+    num_nodes : int
+        Nodes of the run (partition-ids ``0 .. num_nodes - 1`` under the virtual clock).
+    eval_every : int
+        Client trainings between centralized evaluations: a row in every round whose
+        trainings cross a multiple of it, and after the first and the last round.
+    federated_eval_every : int
+        The same for Flower's federated evaluation (0: none).
+    seed : int
+        Seeds the module-level ``random`` Flower samples a round's nodes with, so that
+        a simulation samples the same nodes every time.
+    timeout : float
+        Seconds a round waits for its replies (``dispatch-timeout``).
+    model_bytes : int
+        Bytes of the model sent (the time model charges the reply the same).
+    train_config : ConfigRecord
+        Every train message's config (the client work, weights mode).
+
+    The strategy's ``configure_train`` messages are sent as they are; under the
+    virtual clock a time-budget anchor's messages also carry
+    ``virtual-train-seconds``, the compute part of their duration (what a simulated
+    device reports as ``train-seconds``, from which the anchor measures its speed).
+    """
+
+    def __init__(
+        self,
+        strategy: FedAvg,
+        clock: Clock,
+        *,
+        max_updates: int,
+        per_round: int,
+        num_nodes: int,
+        eval_every: int,
+        federated_eval_every: int,
+        seed: int,
+        timeout: float,
+        model_bytes: int,
+        train_config: ConfigRecord,
+    ) -> None:
+        self.strategy = strategy
+        self.train_config = train_config
+        self.clock = clock
+        self.per_round = per_round
+        self.num_nodes = num_nodes
+        self.rounds = max(1, max_updates // per_round)
+        self.eval_every = eval_every
+        self.federated_eval_every = federated_eval_every
+        self.seed = seed
+        self.timeout = timeout
+        self.model_bytes = model_bytes
+        self.model = clock.model if isinstance(clock, VirtualTime) else None
+        self.speeds = clock.speed_factors(num_nodes)
+        # The time model's steps of each partition's message in the current round, and
+        # which node holds which partition (time-budget anchors under the virtual clock).
+        self.sent_steps: dict[int, int] = {}
+        self.partition_of: dict[int, int] = {}
+        self.trained: list[int] = []  # partition-ids of the current round's train replies
+        self.federated: dict[int, tuple[MetricRecord, int]] = {}
+        self.evaluator: Evaluator | None = None  # set by start()
+        # Stays empty: a synchronous round has no staleness, rejection or deferral, and
+        # the rows read the same (zero) figures from it as the asynchronous runs' do.
+        self.ledger = Ledger()
+
+    def start(
+        self,
+        grid: Grid,
+        initial: ArrayRecord,
+        evaluate_fn: EvaluateFn | None,
+    ) -> SynchronousReport:
+        """Run the rounds on ``grid`` from ``initial`` and return the rows and counters;
+        ``evaluate_fn(updates, arrays)`` is the centralized evaluation (``accuracy``,
+        ``loss``). A diverged model ends the run at the row that shows it
+        (:attr:`SynchronousReport.diverged`)."""
+        train_config = self.train_config
+        evaluator = Evaluator(list(initial.keys()), evaluate_fn, self.rounds * self.per_round)
+        self.evaluator = evaluator
+        self.clock.start()
+        if self.model is not None and isinstance(self.strategy, TimeBudgetFedAvg):
+            self.partition_of = partitions_of_nodes(grid, self.timeout)
+        random.seed(self.seed)
+        log(
+            INFO,
+            "[sync] %s: %d rounds of %d nodes",
+            type(self.strategy).__name__,
+            self.rounds,
+            self.per_round,
+        )
+
+        arrays, applied = initial, 0
+        diverged = self._row(0, initial)
+        for server_round in range(1, self.rounds + 1):
+            if diverged is not None or self.clock.out_of_time():
+                break
+            new_arrays = self._train(grid, server_round, arrays, train_config)
+            if self.model is not None and not self._timed(server_round, train_config):
+                break  # the round ended past the budget: its model does not count
+            arrays, applied = new_arrays, server_round
+            self._federated(grid, server_round, arrays)
+            if server_round == self.rounds or self._crossed(server_round, self.eval_every):
+                diverged = self._row(server_round, arrays)
+        if diverged is not None:
+            log(WARNING, "[sync] diverged at round %d; stopping: %s", applied, diverged)
+        elif applied < self.rounds:
+            log(
+                INFO,
+                "[sync] max-seconds=%s spent: no round after %d",
+                self.clock.max_seconds,
+                applied,
+            )
+            if evaluator.rows[-1]["version"] != applied:  # the last round's model, evaluated
+                diverged = self._row(applied, arrays)
+        rows = evaluator.rows
+        for r in rows:  # the federated columns of the asynchronous runs
+            if r["version"] in self.federated:
+                metrics, nodes = self.federated[r["version"]]
+                r["federated_nodes"] = nodes
+                r.update({column_name(k): v for k, v in metrics.items() if not isinstance(v, list)})
+        counters = {"updates_received": applied * self.per_round, "steps_applied": applied}
+        if diverged is not None:
+            counters["diverged"] = 1
+        return SynchronousReport(rows, counters, applied, diverged)
+
+    def _row(self, version: int, arrays: ArrayRecord) -> str | None:
+        """The evaluation row of the model after ``version`` rounds (``arrays``), at the
+        clock's now; why the model diverged, None if it did not."""
+        model = RoundModel(version, arrays.to_numpy_ndarrays())
+        updates = version * self.per_round
+        return self.evaluator.evaluate(
+            updates, model, self.ledger, self.clock.now(), self.clock.wall()
+        )
+
+    def _crossed(self, server_round: int, every: int) -> bool:
+        """The round's client trainings cross a multiple of ``every``."""
+        n = self.per_round
+        return (server_round * n) // every != ((server_round - 1) * n) // every
+
+    def _train(
+        self, grid: Grid, server_round: int, arrays: ArrayRecord, config: ConfigRecord
+    ) -> ArrayRecord:
+        """One training round: the strategy's messages, sent; its aggregate of the
+        replies (``arrays`` unchanged if it has none)."""
+        messages = list(self.strategy.configure_train(server_round, arrays, config, grid))
+        self._stamp(server_round, messages)
+        replies = _in_node_order(grid.send_and_receive(messages, timeout=self.timeout))
+        self.trained = sorted(
+            int(r.content["metrics"]["partition-id"])
+            for r in replies
+            if not r.has_error()
+            and "metrics" in r.content
+            and "partition-id" in r.content["metrics"]
+        )
+        aggregated, metrics = self.strategy.aggregate_train(server_round, replies)
+        if metrics is not None:
+            log(INFO, "[sync] round %d train metrics: %s", server_round, metrics)
+        return arrays if aggregated is None else aggregated
+
+    def _federated(self, grid: Grid, server_round: int, arrays: ArrayRecord) -> None:
+        """Flower's federated evaluation of ``arrays`` in a round that crosses a multiple
+        of ``federated_eval_every``: the strategy's messages and its aggregate, kept
+        with the count of replies without error for the round's row."""
+        every = self.federated_eval_every
+        if not every or not self._crossed(server_round, every):
+            return
+        messages = self.strategy.configure_evaluate(server_round, arrays, ConfigRecord(), grid)
+        replies = _in_node_order(grid.send_and_receive(messages, timeout=self.timeout))
+        metrics = self.strategy.aggregate_evaluate(server_round, replies)
+        if metrics is not None:
+            log(INFO, "[sync] round %d federated evaluation: %s", server_round, metrics)
+            self.federated[server_round] = (metrics, sum(not r.has_error() for r in replies))
+
+    def _steps(self, partition_id: int, config: ConfigRecord) -> int:
+        """Steps of local work ``config`` asks of ``partition_id`` (the time model's)."""
+        assert isinstance(self.clock, VirtualTime)
+        return self.clock.work_steps(partition_id, config)
+
+    def _stamp(self, server_round: int, messages: list[Message]) -> None:
+        """Each train message's steps; a time-budget anchor's messages also get the
+        compute seconds of their node's draw ``round - 1`` as ``virtual-train-seconds``."""
+        self.sent_steps = {}
+        if self.model is None or not self.partition_of:
+            return
+        for message in messages:
+            p = self.partition_of.get(message.metadata.dst_node_id)
+            if p is None or p not in self.speeds:
+                continue  # not known to the clock: timed as the run's own work
+            config = message.content["config"]
+            self.sent_steps[p] = self._steps(p, config)
+            config["virtual-train-seconds"] = self.model.compute_seconds(
+                self.speeds[p], p, server_round - 1, self.sent_steps[p]
+            )
+
+    def _timed(self, server_round: int, config: ConfigRecord) -> bool:
+        """Move the virtual clock to the end of the round: its slowest trained node's
+        duration, for the steps its message asked (``config``'s, the run's own work,
+        where it was not stamped). False, and the clock left where it was, if that end
+        is past the budget."""
+        assert self.model is not None
+        trained = self.trained if self.per_round < self.num_nodes else range(self.num_nodes)
+        seconds = [
+            self.model.duration(
+                self.speeds[p],
+                p,
+                server_round - 1,
+                self.sent_steps[p] if p in self.sent_steps else self._steps(p, config),
+                self.model_bytes,
+            )
+            for p in trained
+            if p in self.speeds
+        ]
+        end = self.clock.now() + max(seconds, default=0.0)
+        if self.clock.past_budget(end):
+            return False
+        self.clock.jump_to(end)
+        return True
