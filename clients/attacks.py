@@ -22,8 +22,12 @@ Which nodes lie: the partitions ``0 .. attackers - 1`` (app run config ``attacke
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
+
+if TYPE_CHECKING:  # no torch at import: serverapp/app_config.py reads ATTACKS without it
+    import torch
 
 __all__ = ["ATTACKS", "flip_labels", "is_attacker", "lie"]
 
