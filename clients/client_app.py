@@ -44,6 +44,9 @@ Run config (``context.run_config``, ``[tool.flwr.app.config]``), all optional:
 - ``seed`` (int, 0): partitioning seed (and fallback mini-batch seed, see below).
 - ``client-threads`` (int, 1): torch CPU threads of this process.
 - ``eval-max-examples`` (int, 1000): cap of the evaluate set.
+- ``attack`` (str, ``"none"``) and ``attackers`` (int, 0): the nodes of partition-id
+  below ``attackers`` lie (``sign-flip``, ``noise`` or ``label-flip``: :mod:`clients.attacks`),
+  to measure what the server's defences stop; off by default.
 
 ``query`` message (``message_type="query"``; optional for the server: a node that
 cannot answer it is keyed by its node id); content ignored. Reply content:
@@ -141,6 +144,7 @@ from flwr.app import (
 )
 from flwr.clientapp import ClientApp
 
+from clients.attacks import ATTACKS, flip_labels, is_attacker, lie
 from clients.datasets import ImageData, dataset_info, load_dataset
 from clients.device import choose_device
 from clients.local_data import (
@@ -172,6 +176,8 @@ DEFAULT_RUN_CONFIG: dict[str, object] = {
     "seed": 0,
     "client-threads": 1,
     "eval-max-examples": 1000,
+    "attack": "none",
+    "attackers": 0,
 }
 
 DEFAULT_TRAIN_CONFIG: dict[str, object] = {
@@ -230,6 +236,7 @@ class RunSettings:
     cache_dir: str | None = None
     device: str = "auto"
     step_seconds: float = 0.0
+    attack: str = "none"  # what this node sends: its honest update unless it lies
 
     @classmethod
     def from_context(cls, context: Context) -> RunSettings:
@@ -270,6 +277,10 @@ class RunSettings:
         partition.validate(info.num_classes)
         device = _get_str(nc, "device", "auto")
         choose_device(device)  # ValueError naming `device` if unusable on this node
+        attack = _get_str(rc, "attack", d["attack"])
+        if attack not in ATTACKS:
+            raise ValueError(f"Invalid attack={attack!r}: expected one of {ATTACKS}")
+        attackers = _get_int(rc, "attackers", d["attackers"], minimum=0)
         step_seconds = _get_float(nc, "step-seconds", 0.0)
         if step_seconds < 0:
             raise ValueError(
@@ -286,6 +297,7 @@ class RunSettings:
             cache_dir=_get_str(nc, "cache-dir", "") or None,
             device=device,
             step_seconds=step_seconds,
+            attack=attack if is_attacker(partition_id, attack, attackers) else "none",
         )
 
     def apply_threads(self) -> None:
@@ -564,13 +576,16 @@ def train(msg: Message, context: Context) -> Message:
         seed = _derive_seed(settings.partition.seed, settings.partition_id, server_round)
 
     data = _node_train_data(settings)
+    labels = data.labels
+    if settings.attack == "label-flip":
+        labels = flip_labels(labels, dataset_info(settings.dataset).num_classes)
     device = choose_device(settings.device)
     with _model_from_message(msg, settings) as (model, source):
         start = time.perf_counter()
         update, train_loss = compute_update(  # copies: the update outlives the model's loan
             model,
             data.images,
-            data.labels,
+            labels,
             mode=mode,
             batch_size=batch_size,
             local_batches=local_batches,
@@ -589,8 +604,11 @@ def train(msg: Message, context: Context) -> Message:
     if settings.step_seconds > 0:  # after the model's loan: a sleeping node holds none
         sleep_time = emulate_device(steps, settings.step_seconds, compute_time, time.sleep)
 
-    by_received_key = dict(zip(source, update))
     received = _record(msg, "arrays", ArrayRecord)
+    if settings.attack in ("sign-flip", "noise"):
+        sent = [received[key].numpy() for key in source] if mode == "weights" else None
+        update = lie(settings.attack, update, sent, seed)
+    by_received_key = dict(zip(source, update))
     out = ArrayRecord()
     for key in received.keys():  # same keys, same order as received
         out[key] = Array.from_numpy_ndarray(by_received_key[key])

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from clients.attacks import ATTACKS
 from flwr_gsgm.config import run_config as library
 from flwr_gsgm.config.keys import RunConfigKey, any_value, non_negative, one_of, positive
 
@@ -87,6 +88,19 @@ NODE_KEYS: dict[str, RunConfigKey] = {
         non_negative,
         "an integer >= 0 (0 = the whole partition)",
         "at most this many training examples per node (a seeded subset: a smaller epoch)",
+    ),
+    # lying nodes (clients/attacks.py): measuring what the server's defences stop
+    "attack": RunConfigKey(
+        "none",
+        one_of(*ATTACKS),
+        ", ".join(ATTACKS),
+        "what the lying nodes send instead of their honest update",
+    ),
+    "attackers": RunConfigKey(
+        0,
+        non_negative,
+        "an integer >= 0",
+        "the nodes of partition-id below this lie (attack)",
     ),
 }
 

@@ -300,3 +300,23 @@ def test_training_through_the_app_learns_the_node_classes():
     trained = reply.content["arrays"]
     result = app(message(RecordDict({"arrays": trained}), "evaluate"), context(partition_id=0))
     assert result.content["metrics"]["eval-accuracy"] > 0.85  # classes {0: T-shirt, 1: trouser}
+
+
+def test_a_lying_node_sends_its_flipped_move_and_an_honest_one_is_unchanged(weights):
+    # partition 3 lies when attackers > 3: it sends w_sent - (w_local - w_sent)
+    config = {"server-round": 1, "mode": "weights", "local-steps": 2}
+    honest = app(train_msg(weights, **config), context()).content["arrays"].to_numpy_ndarrays()
+    lying = app(train_msg(weights, **config), context(attack="sign-flip", attackers=4))
+    lie = lying.content["arrays"].to_numpy_ndarrays()
+    sent = weights.to_numpy_ndarrays()
+    for s, h, got in zip(sent, honest, lie):
+        assert np.allclose(got, 2 * s - h, atol=1e-6)
+    # partition 3 is honest with 3 attackers (partitions 0, 1, 2)
+    again = app(train_msg(weights, **config), context(attack="sign-flip", attackers=3))
+    assert all(
+        np.array_equal(a, b) for a, b in zip(again.content["arrays"].to_numpy_ndarrays(), honest)
+    )
+    # label-flip trains on 9 - y: another update than the honest one
+    flipped = app(train_msg(weights, **config), context(attack="label-flip", attackers=4))
+    moved = flipped.content["arrays"].to_numpy_ndarrays()
+    assert not all(np.array_equal(a, b) for a, b in zip(moved, honest))

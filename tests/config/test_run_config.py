@@ -35,6 +35,7 @@ def test_the_app_keys_are_those_only_the_app_reads():
         *("eval-examples", "eval-threads", "eval-max-examples", "client-threads"),
         *("dataset", "data-root", "partitioner", "classes-per-node", "dirichlet-alpha"),
         "examples-per-node",
+        *("attack", "attackers"),
     }
     assert not set(APP_KEYS) & set(library.RUN_CONFIG)
     # The ClientApp's fallbacks (a run config without the key) are the declared defaults.
