@@ -51,6 +51,7 @@ from flwr_gsgm.engine.central_evaluation import EvaluateFn, Evaluator
 from flwr_gsgm.engine.clock import Clock, VirtualTime
 from flwr_gsgm.engine.federated_evaluation import column_name
 from flwr_gsgm.engine.ledger import Ledger
+from flwr_gsgm.nodes.query_reply import NO_PARTITION, read_query_reply
 from flwr_gsgm.strategy.time_budget_fedavg import TimeBudgetFedAvg
 
 __all__ = ["RoundModel", "SynchronousReport", "SynchronousRun", "partitions_of_nodes"]
@@ -94,16 +95,19 @@ class SynchronousReport:
 
 def partitions_of_nodes(grid: Grid, timeout: float) -> dict[int, int]:
     """node id -> partition-id, from each node's answer to the ``query`` message of
-    the message protocol (docs/PORTING.md); a node that cannot answer is left out."""
+    the message protocol (docs/PORTING.md), read as the engine's membership reads it
+    (:func:`~flwr_gsgm.nodes.query_reply.read_query_reply`); a node that cannot answer,
+    or answers with a malformed partition-id, is left out."""
+    node_ids = list(grid.get_node_ids())
     messages = [
-        Message(RecordDict({"config": ConfigRecord()}), node_id, "query")
-        for node_id in grid.get_node_ids()
+        Message(RecordDict({"config": ConfigRecord()}), node_id, "query") for node_id in node_ids
     ]
     found: dict[int, int] = {}
     for reply in grid.send_and_receive(messages, timeout=timeout):
-        metrics = None if reply.has_error() else reply.content.get("metrics")
-        if isinstance(metrics, MetricRecord) and "partition-id" in metrics:
-            found[reply.metadata.src_node_id] = int(metrics["partition-id"])
+        node_id = reply.metadata.src_node_id
+        answer = read_query_reply(node_id, reply, False, len(node_ids))
+        if answer.partition_id not in (None, NO_PARTITION):
+            found[node_id] = answer.partition_id
     return found
 
 
@@ -199,7 +203,6 @@ class SynchronousRun:
         ``evaluate_fn(updates, arrays)`` is the centralized evaluation (``accuracy``,
         ``loss``). A diverged model ends the run at the row that shows it
         (:attr:`SynchronousReport.diverged`)."""
-        train_config = self.train_config
         evaluator = Evaluator(list(initial.keys()), evaluate_fn, self.rounds * self.per_round)
         self.evaluator = evaluator
         self.clock.start()
@@ -219,8 +222,8 @@ class SynchronousRun:
         for server_round in range(1, self.rounds + 1):
             if diverged is not None or self.clock.out_of_time():
                 break
-            new_arrays = self._train(grid, server_round, arrays, train_config)
-            if self.model is not None and not self._timed(server_round, train_config):
+            new_arrays = self._train(grid, server_round, arrays)
+            if self.model is not None and not self._timed(server_round):
                 break  # the round ended past the budget: its model does not count
             arrays, applied = new_arrays, server_round
             self._federated(grid, server_round, arrays)
@@ -262,11 +265,10 @@ class SynchronousRun:
         n = self.per_round
         return (server_round * n) // every != ((server_round - 1) * n) // every
 
-    def _train(
-        self, grid: Grid, server_round: int, arrays: ArrayRecord, config: ConfigRecord
-    ) -> ArrayRecord:
-        """One training round: the strategy's messages, sent; its aggregate of the
-        replies (``arrays`` unchanged if it has none)."""
+    def _train(self, grid: Grid, server_round: int, arrays: ArrayRecord) -> ArrayRecord:
+        """One training round: the strategy's messages (``train_config``), sent; its
+        aggregate of the replies (``arrays`` unchanged if it has none)."""
+        config = self.train_config
         messages = list(self.strategy.configure_train(server_round, arrays, config, grid))
         self._stamp(server_round, messages)
         replies = _in_node_order(grid.send_and_receive(messages, timeout=self.timeout))
@@ -317,10 +319,10 @@ class SynchronousRun:
                 self.speeds[p], p, server_round - 1, self.sent_steps[p]
             )
 
-    def _timed(self, server_round: int, config: ConfigRecord) -> bool:
+    def _timed(self, server_round: int) -> bool:
         """Move the virtual clock to the end of the round: its slowest trained node's
-        duration, for the steps its message asked (``config``'s, the run's own work,
-        where it was not stamped). False, and the clock left where it was, if that end
+        duration, for the steps its message asked (``train_config``'s, the run's own
+        work, where it was not stamped). False, and the clock left where it was, if that end
         is past the budget."""
         assert self.model is not None
         trained = self.trained if self.per_round < self.num_nodes else range(self.num_nodes)
@@ -329,7 +331,7 @@ class SynchronousRun:
                 self.speeds[p],
                 p,
                 server_round - 1,
-                self.sent_steps[p] if p in self.sent_steps else self._steps(p, config),
+                self.sent_steps[p] if p in self.sent_steps else self._steps(p, self.train_config),
                 self.model_bytes,
             )
             for p in trained
