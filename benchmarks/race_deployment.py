@@ -1038,7 +1038,7 @@ def summary_text(
     quiet = [q for q in quiet or [args.quiet_round_trip] if q is not None and math.isfinite(q)]
     starts = [r.get("start_round_trip", math.nan) for r in rows]
     starts = [t for t in starts if math.isfinite(t)]
-    reference = starts[0] if starts else math.nan
+    reference = reference_round_trip(rows, math.nan)
     invalid = [r for r in rows if not r["valid"]]
     quiet = quiet or [math.nan]
     lines = [
