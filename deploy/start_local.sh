@@ -30,6 +30,10 @@ if [[ -n "$(ls "$RUN_DIR/pids/"*.pid 2>/dev/null)" ]]; then
   die "$RUN_DIR/pids holds PID files: run deploy/stop_local.sh first"
 fi
 mkdir -p "$RUN_DIR"/{logs,pids,nodes} "$RUN_DIR/superlink-home"
+# The new SuperLink keeps its state in memory: it knows no key an earlier deployment in
+# this folder registered, so their node ids must go, or start_supernode.sh would skip
+# registering and the SuperLink would refuse every SuperNode (code 305).
+rm -f "$RUN_DIR/nodes/"*.node-id
 
 [[ -f "$CERT_DIR/server.pem" ]] || "$DEPLOY_DIR/make_certs.sh" "$CERT_DIR"
 "$DEPLOY_DIR/make_node_keys.sh" -o "$KEY_DIR" "$num" >/dev/null
