@@ -69,7 +69,11 @@ Steps:
    then the prediction (unless ``--skip-prediction``) of each method the CSV
    has no predicted figures for yet (the others' are reused): the same configuration
    on the in-process grid under the virtual clock with ``device-profile`` = that file
-   (:func:`predict`; one run per method: the virtual clock is deterministic);
+   and a server that handles one reply at a time, ``server-seconds`` =
+   :func:`server_seconds` (the reference round trip / nodes), the latency less that
+   (:func:`model_latency`) (:func:`predict`; one run per method: the virtual clock is
+   deterministic). ``--predict-again`` makes every method's prediction again with the
+   current time model and replaces the CSV's predicted columns (no deployment);
 6. write the CSV and print the summary of all its rows.
 
 **Resuming** (the full race lasts about 5 h, a working session at most 3 h): the race
@@ -126,6 +130,7 @@ Usage (from the repository, with the venv; on a quiet machine, nothing else runn
     .venv/bin/python benchmarks/race_deployment.py --repeat 2    # session 2, the same
     .venv/bin/python benchmarks/race_deployment.py --repeat 3    # session 3, the same
     .venv/bin/python benchmarks/race_deployment.py --summary-only  # the summary again
+    .venv/bin/python benchmarks/race_deployment.py --predict-again # the model again
     .venv/bin/python benchmarks/race_deployment.py --quick       # the whole path, small
 
 Full race (defaults): 10 SuperNodes, ``appfl10`` speeds, 4 methods x 3 repetitions of
@@ -388,6 +393,46 @@ def probe_figures(rows: list[dict]) -> dict:
         "latency": statistics.median(latencies),
         "updates": len(timed),
     }
+
+
+def server_seconds(reference_round_trip: float, nodes: int) -> float:
+    """The time model's server seconds per reply (run config ``server-seconds``): the
+    reference probe's round trip over the nodes. That probe keeps every node busy at
+    once (one message each, a handler of milliseconds), so their replies queue at the
+    server and a node's round trip is the time the server takes for all of them: one
+    reply costs round trip / nodes (the first session: 7.646 s / 10 = 0.765 s).
+
+    Raises
+    ------
+    RaceError
+        If the round trip is not > 0 or nodes < 1.
+    """
+    if not (reference_round_trip > 0 and nodes >= 1):
+        raise RaceError(
+            f"server seconds need a reference round trip > 0 and nodes >= 1; got "
+            f"{reference_round_trip!r} s and {nodes!r} nodes"
+        )
+    return reference_round_trip / nodes
+
+
+def model_latency(quiet_latency: float, server: float) -> float:
+    """The time model's latency per message (run config ``latency-seconds``) beside a
+    server of ``server`` seconds per reply: the quiet probe's latency, which holds one
+    reply's server time, less that time.
+
+    Raises
+    ------
+    RaceError
+        If what is left is not > 0 (the server estimate exceeds the quiet latency).
+    """
+    latency = quiet_latency - server
+    if not latency > 0:
+        raise RaceError(
+            f"the quiet latency {quiet_latency:.3f} s does not exceed the server's "
+            f"{server:.3f} s per reply: expected a quiet probe on 2 SuperNodes and a "
+            "reference probe on the race's own deployment"
+        )
+    return latency
 
 
 def device_profile_rows(step_seconds: dict[int, float], latency: float) -> list[list[str]]:
@@ -702,9 +747,13 @@ def prediction_config(
     step_seconds: dict[int, float],
     latency: float,
     output_dir: Path,
+    server: float = 0.0,
 ) -> dict:
     """The raced configuration of ``method`` under the time model (virtual seconds),
-    ``device-profile`` = the race's profile file.
+    ``device-profile`` = the race's profile file (its latency the quiet probe's,
+    ``latency``); with ``server`` > 0 seconds per reply (:func:`server_seconds`) the
+    model's ``server-seconds``, and its ``latency-seconds`` the quiet latency less
+    that (:func:`model_latency`).
 
     Every method stops at the budget in virtual seconds (``max-seconds``); FedAvg's
     ``max-updates`` is set to the rounds that can fit in it, + 1 (a round lasts at
@@ -712,6 +761,9 @@ def prediction_config(
     config = race_config(method, args, output_dir, f"predict-{method}")
     config.update(PREDICTION_OVERRIDES)
     config["device-profile"] = str(profile)
+    if server > 0:
+        config["server-seconds"] = server
+        config["latency-seconds"] = model_latency(latency, server)
     for key in ("min-nodes", "dispatch-timeout", "message-ttl", "startup-timeout", "poll-interval"):
         config.pop(key, None)  # deployment-only: the in-process grid answers at once
     if method == "fedavg":
@@ -1055,6 +1107,9 @@ def summary_text(
         f"race's {args.nodes} SuperNodes before any run {_span(starts or [math.nan], '.3f')} s "
         f"(each session's); a run is valid if its probe round trip <= {VALIDITY_FACTOR:g} x "
         f"the first session's = {VALIDITY_FACTOR * reference:.3f} s",
+        f"the prediction's time model: the server handles one reply at a time, "
+        f"{reference / args.nodes:.3f} s each (the first session's probe round trip / "
+        f"{args.nodes} nodes), and a message's latency is the quiet probe's less that",
         f"medians over the valid runs only ({len(rows) - len(invalid)} of {len(rows)}), one "
         "per repetition:",
         f"{'method':<10} {'runs':>4} {'reached':>7} {'s to target':>12} {'predicted':>10} "
@@ -1171,6 +1226,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="read the CSV (--out), print the summary of its rows and exit",
     )
     parser.add_argument("--skip-prediction", action="store_true", help="no time-model prediction")
+    parser.add_argument(
+        "--predict-again",
+        action="store_true",
+        help="make every method's prediction again with the current time model (the CSV's "
+        "device profile file and reference round trip), replace the CSV's predicted columns, "
+        "print the summary and exit (no deployment)",
+    )
     parser.add_argument(
         "--out", type=Path, help="CSV (default docs/results/deployment_race/race.csv)"
     )
@@ -1377,11 +1439,14 @@ def race(
     # 1.7 s), while in a run the replies are spread out. Measured in the first session:
     # FedBuff's 20-step updates took 1.8-2.6 s more than their emulated compute on 7 of
     # the 10 nodes, and a model at the race probes' 6.8 s predicted 25% too few updates.
+    # That queue is modelled instead as a server of server_seconds() per reply, which
+    # costs the replies that do arrive together (FedCompass's groups) their wait.
     latency = args.quiet_latency
     to_predict = [m for m in args.methods if earlier_prediction(rows, m) is None]
-    path = args.out.parent / f"{args.out.stem}-device-profile.csv"
+    path = device_profile_path(args)
     if path.is_file() and len(to_predict) < len(args.methods):
         profile = path  # the file the earlier predictions were made with
+        latency = profile_latency(path)
         print(f"device profile file {profile}: kept (the earlier predictions' own)", flush=True)
     else:
         profile = write_device_profile(path, speeds, latency)
@@ -1389,20 +1454,98 @@ def race(
     for method in args.methods:
         if method not in to_predict:
             print(f"predicted {method}: reused from the CSV", flush=True)
-    if not args.skip_prediction:
+    if not args.skip_prediction and to_predict:
+        server = server_seconds(reference_round_trip(rows, math.nan), args.nodes)
         for method in to_predict:
-            config = prediction_config(method, args, profile, speeds, latency, base / "predictions")
-            got = predict(method, args, config, base)
+            got = predict_method(method, args, profile, speeds, latency, server)
             set_prediction(rows, method, got)
             write_csv(args.out, rows)
             print(f"predicted {method}: {got} {so_far()}", flush=True)
     return rows, speeds, failures
 
 
+def device_profile_path(args: argparse.Namespace) -> Path:
+    """The race's device profile file: ``<out stem>-device-profile.csv`` beside the CSV."""
+    return args.out.parent / f"{args.out.stem}-device-profile.csv"
+
+
+def profile_latency(path: Path) -> float:
+    """The latency of the race's device profile file (every node's: the quiet probe's)."""
+    from flwr_gsgm.simulation.profile_file import read_profile_file
+
+    return statistics.median(n.latency_seconds for n in read_profile_file(str(path)).values())
+
+
+def predict_method(
+    method: str,
+    args: argparse.Namespace,
+    profile: Path,
+    speeds: dict[int, float],
+    latency: float,
+    server: float,
+) -> dict:
+    """:func:`predict` of ``method`` with the model of :func:`prediction_config`."""
+    base = args.workdir
+    config = prediction_config(method, args, profile, speeds, latency, base / "predictions", server)
+    return predict(method, args, config, base)
+
+
+def predict_again(args: argparse.Namespace) -> list[dict]:
+    """``--predict-again``: every method's prediction made again with the current time
+    model, replacing the predicted columns of every row of the CSV; no deployment. The
+    devices and the quiet latency are the device profile file's (the first session's),
+    the server's seconds per reply the CSV's reference round trip over the nodes
+    (:func:`server_seconds`).
+
+    Raises
+    ------
+    RaceError
+        If the CSV has no row or the device profile file is missing.
+    """
+    from flwr_gsgm.simulation.profile_file import read_profile_file
+
+    rows = load_rows(args)
+    path = device_profile_path(args)
+    if not rows or not path.is_file():
+        raise RaceError(
+            f"--predict-again needs the race's rows ({args.out}: {len(rows)}) and its "
+            f"device profile file ({path}: {'found' if path.is_file() else 'missing'})"
+        )
+    check_same_race(rows, args)
+    speeds = {p: n.step_seconds for p, n in read_profile_file(str(path)).items()}
+    latency = profile_latency(path)
+    server = server_seconds(reference_round_trip(rows, math.nan), args.nodes)
+    print(
+        f"predicting again: latency {model_latency(latency, server):.3f} s per message + the "
+        f"server's {server:.3f} s per reply (quiet latency {latency:.3f} s, {path})",
+        flush=True,
+    )
+    started = time.monotonic()
+    for method in args.methods:
+        got = predict_method(method, args, path, speeds, latency, server)
+        set_prediction(rows, method, got)
+        write_csv(args.out, rows)
+        print(f"predicted {method}: {got} ({time.monotonic() - started:.0f} s so far)", flush=True)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.monotonic()
     failures: list[str] = []
+    if args.predict_again:
+        try:
+            rows = predict_again(args)
+        except (RaceError, ValueError, OSError) as err:
+            print(f"race failed: {err}", file=sys.stderr, flush=True)
+            return 1
+        finally:
+            alive = join_client_threads(timeout=60)
+        print(summary_text(rows, args))
+        if alive:
+            print(f"race failed: client threads still alive: {alive}", file=sys.stderr)
+            return 1
+        return 0
     if args.summary_only:
         try:
             rows = load_rows(args)

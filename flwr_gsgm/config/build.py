@@ -46,7 +46,7 @@ def virtual_clock_from(
 ) -> VirtualClock:
     """The run's :class:`VirtualClock` (time model) from its run config (``seed``,
     ``base-duration``, ``slow-fraction``, ``slow-factor``, ``jitter``,
-    ``device-profile``, ``step-seconds``, ``latency-seconds``).
+    ``device-profile``, ``step-seconds``, ``latency-seconds``, ``server-seconds``).
 
     ``partition_examples`` (partition-id -> training examples) is needed to time
     epoch work (``local-epochs`` > 0); the app layer computes it from the split.
@@ -60,6 +60,7 @@ def virtual_clock_from(
         device_profile=cfg["device-profile"],
         step_seconds=cfg["step-seconds"],
         latency_seconds=cfg["latency-seconds"],
+        server_seconds=cfg["server-seconds"],
         partition_examples=partition_examples,
     )
 

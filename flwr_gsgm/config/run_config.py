@@ -162,6 +162,12 @@ RUN_CONFIG: dict[str, RunConfigKey] = {
     "latency-seconds": _key(
         0.0, non_negative, ">= 0 seconds", "virtual latency per message (0: the profile's)"
     ),
+    "server-seconds": _key(
+        0.0,
+        non_negative,
+        ">= 0 seconds",
+        "virtual seconds the server spends on each reply, one at a time (0: the profile's)",
+    ),
     # engine
     **{k: spec for k, spec in _ENGINE.items() if k not in _BUDGETS + _CHECKPOINTS},
     # checkpoints

@@ -143,7 +143,9 @@ class VirtualTime(Clock):
         return self._now
 
     def at_reply(self, dispatch: Dispatch) -> float:
-        self._now = max(self._now, dispatch.v_finish)
+        # The reply waits for the server to be free, then costs it the model's seconds
+        # per reply (VirtualClock.serve); replies come here in order of finish.
+        self._now = self.model.serve(self._now, (dispatch.v_finish,))
         return self._now
 
     def too_late(self, dispatch: Dispatch) -> bool:

@@ -10,14 +10,19 @@ The time model (``docs/GSGM.md``, "Time model"): a message's duration is
     compute       = work_steps x seconds_per_step x speed_factor[node] x jitter_c
     communication = (latency + 2 x message_bytes / bandwidth[node]) x jitter_m
     duration      = compute + communication
+    applied       = max(server free, sent + duration) + server_seconds
 
 where ``work_steps`` is the local work the message asks for (mini-batches in
 gradient mode, SGD steps in delta and weights modes, see :meth:`VirtualClock.work_steps`)
 and ``message_bytes`` the model's bytes, charged once down and once up (a reply in
 every client mode is model-sized). The device profile (:data:`DEVICE_PROFILES`)
-gives the seconds per step, the per-node speed factors and bandwidths and the
-latency; run config ``device-profile`` names one, or the path of a ``.csv`` or
-``.toml`` file with each node's own figures (:mod:`flwr_gsgm.simulation.profile_file`).
+gives the seconds per step, the per-node speed factors and bandwidths, the latency
+and the server's seconds per reply; run config ``device-profile`` names one, or the
+path of a ``.csv`` or ``.toml`` file with each node's own figures
+(:mod:`flwr_gsgm.simulation.profile_file`). The server handles one reply at a time
+(``server_seconds`` each: pull, checks, the rule's step, the next push), so replies
+that finish together wait their turn (:meth:`VirtualClock.serve`); a node's next
+message leaves when its reply is handled.
 
 Every draw depends only on ``(seed, partition_id, dispatch_index)`` (each quantity
 from its own derived stream), never on the order in which draws are made, so two
@@ -31,7 +36,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -135,6 +140,9 @@ class DeviceProfile:
         Where the figures come from (``docs/GSGM.md``, "Time model").
     speed_table : tuple[float, ...]
         ``"table"`` speeds: the factors (dimensionless, 1 = ``step_seconds``).
+    server_seconds : float
+        Seconds the server spends on each reply, one reply at a time (0: free, replies
+        never wait for each other).
     """
 
     name: str
@@ -146,6 +154,7 @@ class DeviceProfile:
     bandwidth_sigma: float = 0.0
     source: str = ""
     speed_table: tuple[float, ...] = ()
+    server_seconds: float = 0.0
 
 
 #: The named device profiles (run config ``device-profile``); ``docs/GSGM.md``,
@@ -254,6 +263,9 @@ class VirtualClock:
     latency_seconds : float
         Seconds of fixed latency per message, every node; 0 (default): the profile's
         (a file: each node's own).
+    server_seconds : float
+        Seconds the server spends on each reply, one at a time (:meth:`serve`); 0
+        (default): the profile's (a file: 0).
     partition_examples : Mapping[int, int] | None
         Training examples per partition-id, needed for epoch work
         (:meth:`work_steps` with ``local_epochs > 0``).
@@ -280,6 +292,7 @@ class VirtualClock:
     device_profile: str = "uniform"
     step_seconds: float = 0.0
     latency_seconds: float = 0.0
+    server_seconds: float = 0.0
     partition_examples: Mapping[int, int] | None = field(default=None, hash=False, repr=False)
     # Set by __post_init__: the profile, and a profile file's nodes (None: a built-in).
     _profile: DeviceProfile = field(init=False, repr=False, compare=False, hash=False)
@@ -311,6 +324,7 @@ class VirtualClock:
         for key, value in (
             ("step-seconds", self.step_seconds),
             ("latency-seconds", self.latency_seconds),
+            ("server-seconds", self.server_seconds),
         ):
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(
@@ -355,6 +369,26 @@ class VirtualClock:
         """Seconds of fixed latency per message: ``latency_seconds`` if > 0, else the
         profile's (a file: its median node's; each node's is :meth:`latency_of`)."""
         return float(self.latency_seconds or self.profile.latency_seconds)
+
+    @property
+    def seconds_per_reply(self) -> float:
+        """Seconds the server spends on each reply: ``server_seconds`` if > 0, else the
+        profile's (0 for a file)."""
+        return float(self.server_seconds or self.profile.server_seconds)
+
+    def serve(self, free_at: float, finishes: Iterable[float]) -> float:
+        """When the server has handled replies that finish (reach it) at ``finishes``,
+        seconds, if it is busy until ``free_at``: one reply at a time, in order of
+        finish, each :attr:`seconds_per_reply` (a FIFO queue with one server). With no
+        server cost, ``max(free_at, *finishes)``, the same float.
+
+        Measured by the deployment race (docs/results/deployment_race/README.md): with
+        every node answering at once, the round trip grows by about this much per reply
+        in the queue."""
+        cost = self.seconds_per_reply
+        for finish in sorted(finishes):
+            free_at = max(free_at, finish) + cost
+        return free_at
 
     def latency_of(self, partition_id: int) -> float:
         """Seconds of fixed latency per message of node ``partition_id``:

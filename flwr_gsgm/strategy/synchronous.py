@@ -19,8 +19,9 @@ must agree:
 - **the clock**: a round lasts its slowest trained node's time in the time model
   (:meth:`VirtualClock.duration
   <flwr_gsgm.simulation.virtual_clock.VirtualClock.duration>`: node p's draw number
-  round - 1), so ``virtual_time`` is that of the asynchronous runs; in a deployment
-  it is the wall clock, as for them;
+  round - 1), and the server's queue of its replies where the model has one, so
+  ``virtual_time`` is that of the asynchronous runs; in a deployment it is the wall
+  clock, as for them;
 - **the evaluation rows and the divergence checks**: the engine's
   :class:`~flwr_gsgm.engine.central_evaluation.Evaluator` (the same ``metrics.csv``
   columns; checks 2-3 of :mod:`flwr_gsgm.engine.divergence` on each row);
@@ -320,10 +321,11 @@ class SynchronousRun:
             )
 
     def _timed(self, server_round: int) -> bool:
-        """Move the virtual clock to the end of the round: its slowest trained node's
-        duration, for the steps its message asked (``train_config``'s, the run's own
-        work, where it was not stamped). False, and the clock left where it was, if that end
-        is past the budget."""
+        """Move the virtual clock to the end of the round: when the server has handled
+        the trained nodes' replies (:meth:`VirtualClock.serve`; with no server cost,
+        the slowest node's duration), each timed for the steps its message asked
+        (``train_config``'s, the run's own work, where it was not stamped). False, and
+        the clock left where it was, if that end is past the budget."""
         assert self.model is not None
         trained = self.trained if self.per_round < self.num_nodes else range(self.num_nodes)
         seconds = [
@@ -337,7 +339,9 @@ class SynchronousRun:
             for p in trained
             if p in self.speeds
         ]
-        end = self.clock.now() + max(seconds, default=0.0)
+        now = self.clock.now()
+        # The round ends when the server has handled its last reply (VirtualClock.serve).
+        end = self.model.serve(now, [now + s for s in seconds])
         if self.clock.past_budget(end):
             return False
         self.clock.jump_to(end)

@@ -235,6 +235,33 @@ def test_fedavg_prediction_gets_the_rounds_that_fit_in_the_budget(tmp_path):
         parse_app_config(race.prediction_config(method, a, profile, speeds, 2.0, tmp_path))
 
 
+def test_the_server_costs_the_reference_round_trip_over_the_nodes(tmp_path):
+    # the first session: 10 nodes answering at once took 7.646 s each, quiet latency 1.669 s
+    assert race.server_seconds(7.646, 10) == pytest.approx(0.7646)
+    assert race.model_latency(1.669, 0.7646) == pytest.approx(0.9044)
+    with pytest.raises(race.RaceError, match=r"reference round trip > 0 .* got nan s and 10"):
+        race.server_seconds(math.nan, 10)
+    with pytest.raises(race.RaceError, match=r"quiet latency 0.500 s does not exceed .* 0.765 s"):
+        race.model_latency(0.5, 0.765)
+    a = args("--nodes", "10", "--budget", "1200")
+    speeds = race.appfl10_step_seconds(10, 2.0, 20)
+    profile = race.write_device_profile(tmp_path / "p.csv", speeds, 1.669)
+    assert race.profile_latency(profile) == 1.669
+    cfg = race.prediction_config("gsgm", a, profile, speeds, 1.669, tmp_path, 0.7646)
+    assert (cfg["server-seconds"], cfg["latency-seconds"]) == (0.7646, pytest.approx(0.9044))
+    clock = parse_app_config(cfg)
+    assert (clock["server-seconds"], clock["device-profile"]) == (0.7646, str(profile))
+
+
+def test_predict_again_needs_the_rows_and_the_device_profile_file(tmp_path, capsys):
+    out = tmp_path / "race.csv"
+    code = race.main(["--predict-again", "--out", str(out), "--workdir", str(tmp_path)])
+    assert code == 1
+    err = capsys.readouterr().err
+    assert f"--predict-again needs the race's rows ({out}: 0)" in err
+    assert "race-device-profile.csv: missing" in err
+
+
 # ------------------------------------------------------------------ arguments, exit
 def test_quick_and_full_defaults():
     full = args()

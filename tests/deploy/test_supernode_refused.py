@@ -129,3 +129,16 @@ def test_launcher_with_a_clock_30_s_ahead_exits_non_zero_naming_the_clock(deploy
     assert "Exit Code: 305" in out
     assert "terminated gracefully" not in out
     print(f"\n[refused] clock 30 s ahead reported in {time.monotonic() - started:.1f} s:\n{out}")
+
+
+def test_a_second_start_in_the_same_folder_registers_its_nodes_again(deployment):
+    # The new SuperLink keeps its state in memory, so it knows no key the first one
+    # registered: start_local.sh must forget the earlier node ids, or every SuperNode is
+    # refused (code 305; the deployment race's second session failed so).
+    dep = deployment
+    dep.stop_everything()
+    assert (dep.run_dir / "nodes" / "node-0.node-id").is_file()  # left by the first start
+    out = dep.script("start_local.sh", "1", timeout=240)
+    node_id = dep.node_id("node-0")
+    assert f"SuperNode node-0 (warm): partition-id 0, node id {node_id} (PID" in out, out
+    assert not (dep.run_dir / "nodes" / "twin.node-id").exists()  # the first start's twin

@@ -41,6 +41,18 @@ def test_virtual_time_moves_only_at_a_reply_or_a_jump_and_never_back():
     assert other.now() == 12.5
 
 
+def test_virtual_time_charges_the_server_each_reply_one_at_a_time():
+    clock = VirtualTime(VirtualClock(seed=1, jitter=0.0, slow_fraction=0.0, server_seconds=0.5))
+    # a reply reaching an idle server is handled 0.5 s later
+    assert clock.at_reply(dispatch(3.0)) == 3.5
+    # two replies that finished together at 4.0: the second waits for the first
+    assert clock.at_reply(dispatch(4.0)) == 4.5
+    assert clock.at_reply(dispatch(4.0)) == 5.0
+    # one that finished while the server was busy waits too
+    assert clock.at_reply(dispatch(4.75)) == 5.5
+    assert clock.too_late(dispatch(4.0)) is False  # the budget reads the finish time
+
+
 def test_virtual_stamp_draws_the_duration_of_the_messages_work():
     clock = VirtualTime(PLAIN)
     clock.jump_to(10.0)

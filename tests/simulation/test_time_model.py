@@ -135,6 +135,23 @@ def test_edge_speeds_are_log_normal_per_node_with_median_one():
     assert clock.speed_factors([3])[3] == factors[3]  # a node's factor is its own draw
 
 
+def test_the_server_handles_replies_one_at_a_time_in_order_of_finish():
+    clock = VirtualClock(server_seconds=0.5)
+    assert clock.seconds_per_reply == 0.5
+    # free at 1.0; replies finish at 3.0, 0.2 (queued since before), 3.1, 3.2:
+    # 0.2 -> max(1.0, 0.2) + 0.5 = 1.5; 3.0 -> 3.5; 3.1 -> 4.0; 3.2 -> 4.5
+    assert clock.serve(1.0, [3.0, 0.2, 3.1, 3.2]) == 4.5
+    assert clock.serve(1.0, []) == 1.0
+    # without a server cost: the last finish, the same float
+    free = VirtualClock()
+    assert free.seconds_per_reply == 0.0
+    assert free.serve(1.0, [3.0, 0.1 + 0.2]) == 3.0 and free.serve(1.0, [0.5]) == 1.0
+    # 0 = the profile's (every built-in profile and a file: none, unless the profile says)
+    assert VirtualClock(device_profile="loopback").seconds_per_reply == (
+        DEVICE_PROFILES["loopback"].server_seconds
+    )
+
+
 def test_unknown_profile_and_bad_overrides_are_refused():
     with pytest.raises(ValueError, match=r"device-profile 'phone' is unknown; expected one of"):
         VirtualClock(device_profile="phone")
@@ -142,6 +159,8 @@ def test_unknown_profile_and_bad_overrides_are_refused():
         VirtualClock(step_seconds=-1.0)
     with pytest.raises(ValueError, match="latency-seconds must be a finite number >= 0"):
         VirtualClock(latency_seconds=math.inf)
+    with pytest.raises(ValueError, match=r"server-seconds must be a finite number >= 0 .* -0.5"):
+        VirtualClock(server_seconds=-0.5)
     with pytest.raises(ValueError, match="device-profile"):
         parse_app_config({"device-profile": "phone"})
 
@@ -200,6 +219,37 @@ def test_fedavg_round_lasts_as_long_as_its_slowest_node(tmp_path):
         round(round_seconds, 6),
         round(2 * round_seconds, 6),
     ]
+
+
+def test_the_server_queue_delays_the_next_message_and_the_rounds_end(tmp_path):
+    # ASGD on 4 equal nodes, 1 s per message, 0.25 s of server per reply: the 4 first
+    # replies finish at 1.0 and are handled at 1.25, 1.5, 1.75, 2.0; each node's next
+    # message leaves then and finishes 1 s later: 2.25, 2.5, 2.75, 3.0; handled at
+    # 2.5, 2.75, 3.0, 3.25.
+    clock = VirtualClock(jitter=0.0, slow_fraction=0.0, server_seconds=0.25)
+    grid = ConfigGrid(make_app(), 4, run_config={})
+    strategy = ASGD(server_learning_rate=0.1, virtual_clock=clock)
+    result = strategy.start(grid, initial_arrays(), max_updates=8)
+    assert result.report.virtual_seconds == pytest.approx(3.25)
+    # FedAvg: a round of 4 replies that finish together ends 4 x 0.25 s after them
+    cfg = parse_app_config(
+        {
+            "strategy": "fedavg",
+            "max-updates": 8,
+            "eval-every": 4,
+            "eval-examples": 100,
+            "classes-per-node": 5,
+            "local-steps": 3,
+            "jitter": 0.0,
+            "slow-fraction": 0.0,
+            "step-seconds": 0.5,
+            "server-seconds": 0.25,
+        }
+    )
+    run_experiment(InProcessGrid(client_app, 4, run_config=cfg), cfg, tmp_path / "run")
+    with open(tmp_path / "run" / "metrics.csv") as fh:
+        times = [float(r["virtual_time"]) for r in csv.DictReader(fh)]
+    assert times == [0.0, 3 * 0.5 + 4 * 0.25, 2 * (3 * 0.5 + 4 * 0.25)]  # 2.5 s a round
 
 
 def test_the_app_layer_counts_each_partitions_examples_for_epoch_work():
