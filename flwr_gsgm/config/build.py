@@ -22,7 +22,7 @@ from flwr.serverapp.strategy import FedAvg, FedAvgM
 
 from flwr_gsgm.checkpoint.resume import parse_allowed
 from flwr_gsgm.config.run_config import SYNC_STRATEGIES, optimizer_params_from
-from flwr_gsgm.engine.clock import Clock, VirtualTime, WallTime
+from flwr_gsgm.engine.clock import make_clock
 from flwr_gsgm.engine.federated_evaluation import FederatedEvaluation
 from flwr_gsgm.engine.settings import EngineSettings
 from flwr_gsgm.simulation.virtual_clock import VirtualClock
@@ -198,24 +198,27 @@ def build_synchronous(
         raise ValueError(f"strategy {name!r} is not synchronous; expected one of {SYNC_STRATEGIES}")
     if num_nodes < 1:
         raise ValueError(f"a synchronous run needs nodes; the grid has {num_nodes}")
-    limit = cfg["max-in-flight"]
-    per_round = limit if 0 < limit < num_nodes else num_nodes
-    budget = cfg["max-seconds"] or None
-    clock: Clock = (
-        VirtualTime(virtual_clock_from(cfg, partition_examples), budget)
-        if cfg["virtual-clock"]
-        else WallTime(budget)
+    # The engine's own settings of the keys a round reads, so that "0 = none" and the
+    # choice of clock are made where the asynchronous runs make them.
+    settings = EngineSettings(
+        max_seconds=cfg["max-seconds"],
+        max_in_flight=cfg["max-in-flight"],
+        dispatch_timeout=cfg["dispatch-timeout"],
+        message_ttl=cfg["message-ttl"],
+        virtual_clock=virtual_clock_from(cfg, partition_examples) if cfg["virtual-clock"] else None,
     )
+    limit = settings.max_in_flight
+    per_round = limit if limit is not None and limit < num_nodes else num_nodes
     return SynchronousRun(
         _sync_strategy(cfg, num_nodes, per_round),
-        clock,
+        make_clock(settings),
         max_updates=cfg["max-updates"],
         per_round=per_round,
         num_nodes=num_nodes,
         eval_every=cfg["eval-every"],
         federated_eval_every=cfg["federated-eval-every"],
         seed=cfg["seed"],
-        timeout=cfg["dispatch-timeout"],
+        timeout=settings.dispatch_timeout,
         model_bytes=model_bytes,
         train_config=ConfigRecord(
             {
