@@ -48,9 +48,7 @@ def test_fedbuff_steps_along_the_trimmed_mean_of_its_buffer():
     assert opt.on_update(5, [updates[5]], 0) is Outcome.APPLIED
     # cut int(0.2 x 5) = 1 at each end: x {-96, 2, 4, 6, 8} -> mean(2, 4, 6) = 4;
     # y {0, 2, 2, 4, 6} -> mean(2, 2, 4) = 8/3; w = -0.5 x that
-    assert_bits_equal(
-        opt.weights[0], np.array([-2.0, -0.5 * np.float32(8 / 3)], dtype=np.float32)
-    )
+    assert_bits_equal(opt.weights[0], np.array([-2.0, -0.5 * np.float32(8 / 3)], dtype=np.float32))
     assert opt.version == 1 and opt.buffer_count == 0 and opt.state_dict()["buffer_rows"] == []
     # the plain FedBuff would have moved x by +38 (the liar's -96 in the mean)
     plain = FedBuffRule([f32(0, 0)], [1, 2, 3, 4, 5], lr=0.5, buffer_size=5)
@@ -94,9 +92,7 @@ def test_gsgm_closes_its_cycle_along_the_trimmed_mean():
     assert_bits_equal(opt.cycle_sum, f32(-84, 12))
     assert opt.on_update(5, [updates[4]], 0) is Outcome.APPLIED
     # staleness 0: weights 1; the same numbers as FedBuff's: x 4, y 8/3, times lr 0.5
-    assert_bits_equal(
-        opt.weights[0], np.array([-2.0, -0.5 * np.float32(8 / 3)], dtype=np.float32)
-    )
+    assert_bits_equal(opt.weights[0], np.array([-2.0, -0.5 * np.float32(8 / 3)], dtype=np.float32))
     assert opt.version == 1 and opt.cycle_count == 0 and opt.state_dict()["cycle_rows"] == []
 
 
