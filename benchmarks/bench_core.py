@@ -1,7 +1,9 @@
 """Cost of every server rule's step beside its memory-traffic floor.
 
 For each rule (and each GSGM variant: slot or table averaging, heavy-ball or ema
-momentum, and the momentum-only ablation) and each kind of step it takes (an arrival
+momentum, the momentum-only ablation, the step at the cycle's close, and the trimmed
+mean of ``trim-fraction`` for GSGM's cycle and FedBuff's buffer) and each kind of step
+it takes (an arrival
 applied, an arrival into a GSGM slot or a FedBuff buffer, a dispatch that copies
 ``w``, a cycle close or buffer flush), print the median wall time of the call
 (``on_update`` with its validation, or ``on_dispatch``) over the median time of the
@@ -62,7 +64,16 @@ CASES: list[tuple[str, str, dict[str, Any]]] = [
     ("gsgm table heavy-ball", "gsgm", dict(averaging="table", momentum_form="heavy-ball")),
     ("gsgm table ema", "gsgm", dict(averaging="table", momentum_form="ema")),
     ("gsgm momentum only", "gsgm", dict(scheduling=False)),
+    # The step at the cycle's close (displacements), strict cycles of the 4 nodes, plain
+    # and with the trimmed mean of its contributions (int(0.25 x 4) = 1 cut at each end).
+    ("gsgm close", "gsgm", dict(displacement=True, cycle_quorum=1.0)),
+    ("gsgm close trimmed", "gsgm", dict(displacement=True, cycle_quorum=1.0, trim_fraction=0.25)),
 ] + [(name, name, {}) for name in OPTIMIZERS if name != "gsgm"]
+# FedBuff's buffer of K = 5 kept for its trimmed mean (1 cut at each end).
+CASES.insert(
+    CASES.index(("fedbuff", "fedbuff", {})) + 1,
+    ("fedbuff trimmed", "fedbuff", dict(trim_fraction=0.2)),
+)
 
 
 def model_shapes(total: int) -> list[tuple[int, ...]]:
@@ -83,12 +94,21 @@ def floor_arrays(opt: Any, rule: str, kind: str, extra: dict[str, int]) -> int:
 
     ``extra``: what the call did beyond its own arrival (``slots``: GSGM slots applied
     at a close; ``rows``: table rows summed again at a close; ``caches``: CA2FL caches
-    averaged at a flush).
+    averaged at a flush; ``kept``: the updates a trimmed mean reads at a close or flush).
     """
     v = 1  # the validation's read of the update
     table = rule == "gsgm" and opt.averaging_in_use == "table"
+    trimmed = opt.params.get("trim_fraction", 0.0) > 0
     if kind == "dispatch":
         return 2  # read w, write the copy sent
+    if trimmed and kind in ("into buffer", "into cycle"):
+        return v + 2  # g; its copy kept (a stale one's weight: in cache, same pass)
+    if trimmed and kind in ("flush", "close"):
+        # the arrival kept (g; copy), then every kept update read and w; w, and at a
+        # GSGM close each pending slot kept as a contribution (slot; copy)
+        return v + 2 + extra.get("kept", 0) + 2 + 2 * extra.get("slots", 0)
+    if rule == "gsgm" and kind == "into cycle":
+        return v + 3  # g, S; S (the step comes at the close)
     if rule in ("asgd", "daasgd"):
         return v + 3  # g, w; w
     if rule == "masgd":
@@ -114,6 +134,10 @@ def floor_arrays(opt: Any, rule: str, kind: str, extra: dict[str, int]) -> int:
         applied = v + (10 if table else 6)
         if kind == "applied":
             return applied
+        if opt.apply_at_in_use == "close":
+            # g, S; S, then w <- w - lr S / k: S, w; w, S zeroed; each pending slot
+            # then added to S (slot, S; S)
+            return v + 3 + 4 + 3 * extra.get("slots", 0)
         # close: M <- f(S, M): S, M; M, S zeroed; table sum recomputed from its rows;
         # then each pending slot applied as a contribution (its own kernel).
         per_slot = 10 if table else 6
@@ -149,6 +173,8 @@ def classify(rule: str, opt: Any, outcome: str, before: dict[str, Any]) -> str:
             return "close"
         if outcome == "applied":
             return "applied"
+        if before["in_white"]:  # apply_at = "close": a contribution, deferred to the close
+            return "into cycle"
         return "into slot" if before["had_slot"] else "new slot"
     if rule in ("fedbuff", "ca2fl", "fedcompass"):
         return "flush" if outcome == "applied" else "into buffer"
@@ -190,6 +216,9 @@ def bench_case(
             before = {
                 "cycle": getattr(opt, "cycle_index", 0),
                 "had_slot": node in getattr(opt, "slot_counts", {}),
+                "in_white": rule == "gsgm" and node in opt.white_list,
+                # updates a trimmed mean keeps: the cycle's or the buffer's count
+                "kept": getattr(opt, "cycle_count", getattr(opt, "buffer_count", 0)),
                 "slots": opt.counters.get("slots_applied", 0),
                 "rows": len(getattr(opt, "table", {})) if rule == "gsgm" else 0,
                 "caches": len(getattr(opt, "caches", {})) if rule == "ca2fl" else 0,
@@ -208,6 +237,7 @@ def bench_case(
                 "slots": opt.counters.get("slots_applied", 0) - before["slots"],
                 "rows": before["rows"],
                 "caches": len(getattr(opt, "caches", {})) if rule == "ca2fl" else 0,
+                "kept": before["kept"] + 1,
             }
             times.setdefault(kind, []).append((dt, floor_arrays(opt, rule, kind, extra)))
             if keeps_backups:
@@ -220,11 +250,12 @@ KIND_LABEL = {
     "new slot": "arrival into new slot",
     "into slot": "arrival into slot",
     "into buffer": "arrival into buffer",
+    "into cycle": "arrival into cycle",
     "close": "cycle close",
     "flush": "buffer flush",
     "dispatch": "dispatch (copy of w)",
 }
-ARRIVALS = ("applied", "new slot", "into slot", "into buffer")
+ARRIVALS = ("applied", "new slot", "into slot", "into buffer", "into cycle")
 
 
 def run(

@@ -63,8 +63,9 @@ __all__ = [
 #: The format of the checkpoints this flwr-gsgm writes and reads, recorded in each
 #: checkpoint's ``state.json`` under :data:`FORMAT_KEY`. A change of the state's layout
 #: that the previous reader could not load takes the next number; a flwr-gsgm reads
-#: its own format only.
-CHECKPOINT_FORMAT = 1
+#: its own format only. Format 2: GSGM's and FedBuff's states gained ``trim_fraction``
+#: and their kept updates (issue 37); format 1 (from 3b8d1b2) had neither.
+CHECKPOINT_FORMAT = 2
 #: The top-level key of ``state.json`` that holds :data:`CHECKPOINT_FORMAT`.
 FORMAT_KEY = "checkpoint_format"
 _NO_FORMAT = "none: written by a development version before 0.1.0's format"

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from flwr.app import ConfigRecord
-from flwr.serverapp.strategy import FedAvg, FedAvgM
+from flwr.serverapp.strategy import FedAvg, FedAvgM, FedMedian, FedTrimmedAvg
 
 from flwr_gsgm.checkpoint.resume import parse_allowed
 from flwr_gsgm.config.run_config import SYNC_STRATEGIES, optimizer_params_from
@@ -168,6 +168,11 @@ def _sync_strategy(cfg: Mapping[str, Any], num_nodes: int, per_round: int) -> Fe
         return FedNova(local_momentum=cfg["local-momentum"], **rate, **common)
     if name == "time-budget-fedavg":
         return TimeBudgetFedAvg(**common)
+    if name == "fedmedian":
+        return FedMedian(**common)
+    if name == "fedtrimmedavg":
+        # Flower's default beta 0.2: int(0.2 n) updates cut at each end, per coordinate.
+        return FedTrimmedAvg(**common)
     return FedAvg(**common)
 
 

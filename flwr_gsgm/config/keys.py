@@ -42,6 +42,8 @@ SYNC_STRATEGY_KEYS: dict[str, tuple[str, ...]] = {
     "fedavgm": ("server-learning-rate", "beta"),
     "time-budget-fedavg": (),
     "fednova": ("server-learning-rate",),
+    "fedmedian": (),
+    "fedtrimmedavg": (),
 }
 
 

@@ -69,9 +69,18 @@ __all__ = [
 ASYNC_STRATEGIES = tuple(OPTIMIZERS)
 #: Synchronous strategies, run round by round on the engine's clock, budgets and rows
 #: (:func:`flwr_gsgm.config.build.build_synchronous`): Flower's FedAvg and FedAvgM,
-#: and the time-budget anchors on Flower's FedAvg
-#: (flwr_gsgm/strategy/time_budget_fedavg.py, flwr_gsgm/strategy/fednova.py).
-SYNC_STRATEGIES = ("fedavg", "fedavgm", "time-budget-fedavg", "fednova")
+#: the time-budget anchors on Flower's FedAvg
+#: (flwr_gsgm/strategy/time_budget_fedavg.py, flwr_gsgm/strategy/fednova.py), and
+#: Flower's robust FedMedian and FedTrimmedAvg (Yin et al., ICML 2018; the lying-nodes
+#: baselines of docs/FAULTS.md).
+SYNC_STRATEGIES = (
+    "fedavg",
+    "fedavgm",
+    "time-budget-fedavg",
+    "fednova",
+    "fedmedian",
+    "fedtrimmedavg",
+)
 
 
 def _key(default: Any, check: Callable[[Any], bool], expected: str, help: str) -> RunConfigKey:

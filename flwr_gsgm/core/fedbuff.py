@@ -7,7 +7,10 @@ Reference:
 
 Implemented: the server sums arriving updates in a buffer and, once ``buffer_size``
 (K) of them are in, steps along their mean with its learning rate. No
-staleness-dependent down-weighting of the buffered updates is applied here.
+staleness-dependent down-weighting of the buffered updates is applied here. With
+``trim_fraction`` > 0 the buffer keeps the K updates and steps along their
+coordinate-wise trimmed mean instead (Yin et al., ICML 2018; :mod:`.robust`), an
+option of this project's, not of the paper's.
 """
 
 from __future__ import annotations
@@ -17,8 +20,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .base import Outcome, Parts, ServerOptimizer, chunks
-from .params import Param, server_learning_rate
+from .base import CHUNK, Outcome, Parts, ServerOptimizer, chunks
+from .params import TRIM_FRACTION, Param, server_learning_rate
+from .robust import trimmed_count, trimmed_mean_chunk
 
 __all__ = ["FedBuffRule"]
 
@@ -28,20 +32,24 @@ class FedBuffRule(ServerOptimizer):
 
     The first K - 1 arrivals of a buffer are :attr:`Outcome.DEFERRED`, the K-th is
     :attr:`Outcome.APPLIED` and takes one step (``version`` += 1). Updates of a node
-    that is lost stay in the buffer.
+    that is lost stay in the buffer. With ``trim_fraction`` = f > 0 the step is
+    ``w <- w - lr * trimmed mean of the K`` (per coordinate, ``int(f * K)`` cut at each
+    end: :func:`~flwr_gsgm.core.robust.trimmed_count`), the buffer holding the K updates.
 
     Args:
         weights: initial weights, a sequence of numpy arrays (copied to float32).
         partition_ids: partition-ids of the initially active nodes.
         lr: server learning rate, > 0.
         buffer_size: K >= 1 (1 gives ASGD up to rounding).
+        trim_fraction: f in [0, 0.5): the trimmed mean above; 0 = the plain mean.
         max_staleness: optional staleness bound (see :class:`ServerOptimizer`).
         max_norm: optional L2-norm bound (see :class:`ServerOptimizer`).
 
     Raises:
         ValueError: a parameter is out of range; the message names it.
 
-    Memory: ``w``, the buffer sum (``size(w)`` float32), chunk-sized scratch.
+    Memory: ``w``, the buffer sum (``size(w)`` float32), chunk-sized scratch; with
+    ``trim_fraction`` > 0 ``w`` and the K updates, and K chunks of scratch at a step.
     """
 
     name: ClassVar[str] = "fedbuff"
@@ -53,11 +61,12 @@ class FedBuffRule(ServerOptimizer):
         # "Client modes").
         server_learning_rate(0.1, displacement=0.25),
         Param("buffer_size", 5, "buffer size K", kind=int, low=1, run_config_key="fedbuff-k"),
+        TRIM_FRACTION,
     )
 
     def _copies(self, nodes: int) -> int:
-        """``w`` and the buffer sum."""
-        return 2
+        """``w`` and the buffer sum; trimming: ``w`` and the K updates."""
+        return 1 + self._buffer_size if self._trim_fraction > 0 else 2
 
     def __init__(
         self, weights: Sequence[np.ndarray], partition_ids: Iterable[int], **params: Any
@@ -65,8 +74,10 @@ class FedBuffRule(ServerOptimizer):
         super().__init__(weights, partition_ids, **params)
         self._buf = np.zeros(self._size, dtype=np.float32)
         self._count = 0
+        # trim_fraction > 0: the buffered updates themselves (the sum stays 0).
+        self._rows: list[np.ndarray] = []
 
-    _LABELS: ClassVar[dict[str, str]] = {"_buf": "buffer sum"}
+    _LABELS: ClassVar[dict[str, str]] = {"_buf": "buffer sum", "_rows": "buffered update"}
 
     def _step_bound(self, norm: float) -> tuple[float, float]:
         # The buffer sums at most K updates (its mean is at most one).
@@ -82,12 +93,16 @@ class FedBuffRule(ServerOptimizer):
 
     @property
     def buffer_sum(self) -> np.ndarray:
-        """A flat float32 copy of the buffer sum."""
+        """A flat float32 copy of the buffer sum (trimming: the buffered updates' sum)."""
+        if self._rows:
+            return np.sum(self._rows, axis=0, dtype=np.float32)
         return self._buf.copy()
 
     def _on_valid(
         self, partition_id: int, parts: Parts, base_version: int, staleness: int, now: float
     ) -> Outcome:
+        if self._trim_fraction > 0:
+            return self._keep_and_trim(parts)
         buf = self._buf
         self._count += 1
         flush = self._count >= self._buffer_size
@@ -109,9 +124,46 @@ class FedBuffRule(ServerOptimizer):
         self._version += 1
         return Outcome.APPLIED
 
+    def _keep_and_trim(self, parts: Parts) -> Outcome:
+        """``trim_fraction`` > 0: keep the update; the K-th steps along the trimmed mean
+        of the K (:func:`~flwr_gsgm.core.robust.trimmed_mean_chunk`) and empties the buffer."""
+        self._rows.append(self._copy_new(parts))
+        self._count += 1
+        if self._count < self._buffer_size:
+            return Outcome.DEFERRED
+        rows, w, a, lr = self._rows, self._w, self._scr_a, self._lr
+        cut = trimmed_count(len(rows), self._trim_fraction)
+        stack = np.empty((len(rows), min(CHUNK, self._size)), dtype=np.float32)
+        for lo, hi, ws in chunks([(0, w)]):
+            t = a[: hi - lo]
+            trimmed_mean_chunk(rows, lo, hi, cut, t, stack)
+            np.multiply(t, lr, out=t)
+            np.subtract(ws, t, out=ws)
+        for row in rows:
+            self._release(row)
+        self._rows = []
+        self._count = 0
+        self._version += 1
+        return Outcome.APPLIED
+
     def _extra_state(self) -> dict[str, Any]:
-        return {"buffer_sum": self._buf.copy(), "buffer_count": self._count}
+        return {
+            "buffer_sum": self._buf.copy(),
+            "buffer_count": self._count,
+            "buffer_rows": [row.copy() for row in self._rows],
+        }
+
+    def _check_state_extra(self, state: dict[str, Any], version: int, active: set[int]) -> None:
+        """With ``trim_fraction`` > 0 the buffer holds ``buffer_count`` updates, else none."""
+        trimming = dict(state["params"])["trim_fraction"] > 0
+        rows, count = len(state["buffer_rows"]), state["buffer_count"]
+        if rows != (count if trimming else 0):
+            raise ValueError(
+                f"state['buffer_rows'] holds {rows} update(s); expected "
+                + (f"buffer_count = {count}" if trimming else "none (trim_fraction = 0)")
+            )
 
     def _load_extra(self, state: dict[str, Any]) -> None:
         self._buf[...] = self._flat_array(state["buffer_sum"], "buffer_sum")
         self._count = int(state["buffer_count"])
+        self._rows = [self._flat_array(v, "buffer_rows") for v in state["buffer_rows"]]

@@ -21,8 +21,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .base import Outcome, Parts, ServerOptimizer, chunks, replace_row
-from .params import BETA, Param, server_learning_rate
+from .base import CHUNK, Outcome, Parts, ServerOptimizer, chunks, replace_row
+from .params import BETA, TRIM_FRACTION, Param, server_learning_rate
+from .robust import trimmed_count, trimmed_mean_chunk
 from .state_checks import state_int, state_nodes
 
 __all__ = ["GSGMRule"]
@@ -88,6 +89,11 @@ class GSGMRule(ServerOptimizer):
     and ``t += 1``. There is no global momentum in this mode (``M`` stays 0; ``beta``,
     ``momentum_form`` and ``lr_scaling`` are the per-arrival step's): an ema of the
     cycle means lagged FedAvg per client training (docs/GSGM.md).
+    With ``trim_fraction`` = f > 0 the cycle keeps its weighted contributions
+    ``a * u_i`` instead of their sum and the close steps along their coordinate-wise
+    trimmed mean, ``int(f * k)`` cut at each end (Yin et al., ICML 2018;
+    :mod:`~flwr_gsgm.core.robust`): a node whose update points the wrong way moves no
+    coordinate further than the honest ones around it. An option of this project's.
     A node that contributed to the open cycle, or whose update waits in a slot, is
     held (:meth:`holds`): the engine sends it no work until the cycle closes, so no
     node trains from a model about to be replaced. The quorum closes a cycle without
@@ -128,6 +134,8 @@ class GSGMRule(ServerOptimizer):
             into the same), ``"arrival"`` (a step on every contribution) or
             ``"close"`` (a step along the cycle's staleness-weighted mean at its
             close, with the dispatch hold; see above).
+        trim_fraction: f in [0, 0.5), ``apply_at = "close"`` only: the trimmed mean
+            above; 0 (default) = the plain mean.
         displacement: the updates are displacements ``w_sent - w_local`` (delta and
             weights client modes), not gradients; set by the strategy from the client
             mode, read by ``apply_at = "auto"`` only.
@@ -224,6 +232,7 @@ class GSGMRule(ServerOptimizer):
             choices=_APPLY_AT,
             run_config_key="apply-at",
         ),
+        TRIM_FRACTION,
         # Set by the strategy from the client mode, not a run config key of its own.
         Param(
             "displacement",
@@ -250,6 +259,7 @@ class GSGMRule(ServerOptimizer):
         "_slots": "slot of node",
         "_table": "table row of node",
         "_table_sum": "table sum",
+        "_rows": "cycle contribution",
     }
     _counter_names: ClassVar[tuple[str, ...]] = ServerOptimizer._counter_names + (
         "cycles",
@@ -265,6 +275,12 @@ class GSGMRule(ServerOptimizer):
         auto_apply = self._apply_at == "auto"
         self._apply = self.auto_apply_at(self._displacement) if auto_apply else self._apply_at
         self._close_mode = self._apply == "close"
+        if self._trim_fraction > 0 and not self._close_mode:
+            raise ValueError(
+                f"gsgm: trim_fraction={self._trim_fraction} needs apply_at='close' (the "
+                "cycle's contributions kept until its close), but apply_at resolves to "
+                f"{self._apply!r}: use the delta or weights client mode, or apply_at='close'"
+            )
         if self._close_mode and self._averaging == "table":
             raise ValueError(
                 "gsgm: averaging='table' steps on every arrival, apply_at='close' at the "
@@ -297,6 +313,8 @@ class GSGMRule(ServerOptimizer):
         self._scr_c = np.empty_like(self._scr_a)
         # apply_at = "close": the staleness weight of the update being handled.
         self._weight = 1.0
+        # trim_fraction > 0: the cycle's weighted contributions (S stays 0).
+        self._rows: list[np.ndarray] = []
 
     @staticmethod
     def auto_apply_at(displacement: bool) -> str:
@@ -323,8 +341,12 @@ class GSGMRule(ServerOptimizer):
 
     def _copies(self, nodes: int) -> int:
         """Slot averaging: ``w``, ``M``, ``S`` and fewer than ``nodes`` slots (at most
-        ``2 + nodes``); table averaging adds a row per node and their sum."""
-        return 2 + nodes if self._variant == "slot" else 3 + 2 * nodes
+        ``2 + nodes``), and with ``trim_fraction`` > 0 the cycle's contributions, at
+        most one per node and one per slot applied at its start (``+ 2 * nodes``); table
+        averaging adds a row per node and their sum."""
+        if self._variant == "table":
+            return 3 + 2 * nodes
+        return 2 + nodes + (2 * nodes if self._trim_fraction > 0 else 0)
 
     # ---------------------------------------------------------------- introspection
     @property
@@ -354,7 +376,10 @@ class GSGMRule(ServerOptimizer):
 
     @property
     def cycle_sum(self) -> np.ndarray:
-        """A flat float32 copy of the current cycle's sum ``S``."""
+        """A flat float32 copy of the current cycle's sum ``S`` (``trim_fraction`` > 0:
+        the sum of its kept contributions)."""
+        if self._rows:
+            return np.sum(self._rows, axis=0, dtype=_F32)
         return self._S.copy()
 
     @property
@@ -525,7 +550,11 @@ class GSGMRule(ServerOptimizer):
             self._counters["slots_applied"] += 1
 
     def _close_step(self) -> None:
-        """``apply_at = "close"``: ``w <- w - lr * S / k``; ``S <- 0``; ``t += 1``."""
+        """``apply_at = "close"``: ``w <- w - lr * S / k``; ``S <- 0``; ``t += 1``
+        (``trim_fraction`` > 0: :meth:`_trimmed_close_step`)."""
+        if self._rows:
+            self._trimmed_close_step()
+            return
         w, a, k, lr = self._w, self._scr_a, self._k, self._lr
         for lo, hi, s in chunks([(0, self._S)]):
             t = a[: hi - lo]
@@ -534,6 +563,21 @@ class GSGMRule(ServerOptimizer):
             ws = w[lo:hi]
             np.subtract(ws, t, out=ws)
         self._S.fill(0.0)
+        self._version += 1
+
+    def _trimmed_close_step(self) -> None:
+        """``w <- w - lr * trimmed mean of the cycle's contributions``; ``t += 1``."""
+        rows, w, a, lr = self._rows, self._w, self._scr_a, self._lr
+        cut = trimmed_count(len(rows), self._trim_fraction)
+        stack = np.empty((len(rows), min(CHUNK, self._size)), dtype=_F32)
+        for lo, hi, ws in chunks([(0, w)]):
+            t = a[: hi - lo]
+            trimmed_mean_chunk(rows, lo, hi, cut, t, stack)
+            np.multiply(t, lr, out=t)
+            np.subtract(ws, t, out=ws)
+        for row in rows:
+            self._release(row)
+        self._rows = []
         self._version += 1
 
     def _refresh_momentum(self, src: np.ndarray, count: int) -> None:
@@ -562,7 +606,12 @@ class GSGMRule(ServerOptimizer):
     def _contribute(self, partition_id: int, parts: Parts) -> None:
         """Apply ``u`` (``parts``) as ``partition_id``'s contribution to the current cycle
         (``apply_at = "close"``: add it to ``S`` with its staleness weight, no step)."""
-        if self._close_mode:
+        if self._close_mode and self._trim_fraction > 0:
+            row = self._copy_new(parts)
+            if self._weight != 1.0:
+                np.multiply(row, self._weight, out=row)
+            self._rows.append(row)
+        elif self._close_mode:
             self._accumulate(self._S, parts, self._weight)
         else:
             if self._table_sum is not None:
@@ -707,6 +756,7 @@ class GSGMRule(ServerOptimizer):
             "table_sum": None if self._table_sum is None else self._table_sum.copy(),
             "averaging_in_use": self._variant,
             "apply_at_in_use": self._apply,
+            "cycle_rows": [row.copy() for row in self._rows],
         }
 
     def _check_state_extra(self, state: dict[str, Any], version: int, active: set[int]) -> None:
@@ -763,6 +813,13 @@ class GSGMRule(ServerOptimizer):
             )
         if apply_at == "close" and table:
             raise ValueError("state['apply_at_in_use'] is 'close', but its averaging is 'table'")
+        trimming = apply_at == "close" and params["trim_fraction"] > 0
+        kept, count = len(state["cycle_rows"]), state["cycle_count"]
+        if kept != (count if trimming else 0):
+            raise ValueError(
+                f"state['cycle_rows'] holds {kept} contribution(s); expected "
+                + (f"cycle_count = {count}" if trimming else "none (no trim_fraction at close)")
+            )
 
     def _load_extra(self, state: dict[str, Any]) -> None:
         M = self._flat_array(state["momentum"], "momentum")
@@ -794,3 +851,4 @@ class GSGMRule(ServerOptimizer):
         self._slots = {n: [v, c] for n, c, v in zip(partition_ids, counts, values)}
         self._table = dict(zip(tnodes, tvalues))
         self._table_sum = None if tsum is None else self._flat_array(tsum, "table_sum")
+        self._rows = [self._flat_array(v, "cycle_rows") for v in state["cycle_rows"]]

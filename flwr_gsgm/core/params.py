@@ -23,6 +23,7 @@ import numpy as np
 
 __all__ = [
     "BETA",
+    "TRIM_FRACTION",
     "DISPLACEMENT_MODES",
     "Param",
     "resolve",
@@ -239,6 +240,22 @@ def resolve(owner: str, declared: Iterable[Param], given: Mapping[str, Any]) -> 
 #: (GSGM's global momentum, momentum ASGD): they share the run config key ``beta``.
 BETA = Param(
     "beta", 0.5, "momentum coefficient", low=0.0, high=1.0, high_open=True, run_config_key="beta"
+)
+
+
+#: The coordinate-wise trimmed mean of the updates a rule keeps (FedBuff's buffer, GSGM's
+#: cycle): the fraction cut at each end, per coordinate, before their mean, as Flower's
+#: FedTrimmedAvg's ``beta`` (Yin et al., ICML 2018; :mod:`flwr_gsgm.core.robust`).
+#: 0, the default: the plain mean, bit for bit the rule without it.
+TRIM_FRACTION = Param(
+    "trim_fraction",
+    0.0,
+    "fraction of the kept updates cut at each end, per coordinate, before their mean "
+    "(0 = the plain mean; Flower's FedTrimmedAvg beta)",
+    low=0.0,
+    high=0.5,
+    high_open=True,
+    run_config_key="trim-fraction",
 )
 
 

@@ -156,7 +156,7 @@ def test_a_damaged_checkpoint_is_refused_naming_the_file_and_cause(tmp_path, how
     if how == "truncated":
         assert message == (
             f"checkpoint {path} ({size // 2} bytes) has no checksum line at its end: it is "
-            "truncated, or is not a flwr-gsgm checkpoint of format 1 "
+            "truncated, or is not a flwr-gsgm checkpoint of format 2 "
             # a zip's local header: version 2.0, data descriptor, stored, 1980-01-01
             "(it starts with b'PK\\x03\\x04\\x14\\x00\\x08\\x00\\x00\\x00\\x00\\x00"
             "!\\x00\\x00\\x00')"
@@ -222,7 +222,7 @@ def rewrite_format(path, fmt):
     with zipfile.ZipFile(io.BytesIO(raw[: raw.rindex(b"\nflwr-gsgm-checkpoint")])) as zf:
         members = {name: zf.read(name) for name in zf.namelist()}
     tree = json.loads(members["state.json"])
-    assert tree["checkpoint_format"] == CHECKPOINT_FORMAT == 1  # written by every save
+    assert tree["checkpoint_format"] == CHECKPOINT_FORMAT == 2  # written by every save
     if fmt == "no state.json":  # as a torch.save checkpoint: data.pkl and tensors
         members = {"archive/data.pkl": b"\x80\x02}q\x00.", "archive/version": b"3\n"}
     elif fmt == "no key":
@@ -246,8 +246,9 @@ def rewrite_format(path, fmt):
         ("no key", "none: written by a development version before 0.1.0's format"),
         ("no state.json", "none: written by a development version before 0.1.0's format"),
         (0, "0"),
-        (2, "2"),
-        ("1", "'1'"),
+        (1, "1"),
+        (3, "3"),
+        ("2", "'2'"),
     ],
 )
 def test_a_checkpoint_of_another_format_is_refused_before_any_message(tmp_path, fmt, found):
@@ -258,7 +259,7 @@ def test_a_checkpoint_of_another_format_is_refused_before_any_message(tmp_path, 
     with pytest.raises(CheckpointError) as info:
         start(path, resume=True, grid=grid)
     assert str(info.value) == (
-        f"checkpoint {path} has checkpoint format {found}; this flwr-gsgm reads format 1 "
+        f"checkpoint {path} has checkpoint format {found}; this flwr-gsgm reads format 2 "
         "only. Start a new run (resume=false, or another run-name), or resume this one "
         "with the flwr-gsgm version that wrote it"
     )

@@ -130,6 +130,7 @@ def test_strategy_keys():
         "max-staleness",
         "max-norm",
         "fedbuff-k",
+        "trim-fraction",
     }
     assert (
         strategy_keys("fedavgm") == {"server-learning-rate", "beta"}

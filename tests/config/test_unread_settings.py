@@ -33,7 +33,7 @@ from serverapp.experiment import run_experiment
             [
                 "run config cycle-quorum=0.3 does nothing: strategy 'fedbuff' does not read "
                 "'cycle-quorum' (it reads fedbuff-k, max-norm, max-staleness, "
-                "server-learning-rate)"
+                "server-learning-rate, trim-fraction)"
             ],
         ),
         (
@@ -41,10 +41,10 @@ from serverapp.experiment import run_experiment
             [
                 "run config dc-lambda=0.1 does nothing: strategy 'gsgm' does not read "
                 "'dc-lambda' (it reads apply-at, averaging, beta, cycle-quorum, lr-scaling, max-norm, "
-                "max-staleness, momentum-form, scheduling, server-learning-rate)",
+                "max-staleness, momentum-form, scheduling, server-learning-rate, trim-fraction)",
                 "run config fedbuff-k=3 does nothing: strategy 'gsgm' does not read "
                 "'fedbuff-k' (it reads apply-at, averaging, beta, cycle-quorum, lr-scaling, max-norm, "
-                "max-staleness, momentum-form, scheduling, server-learning-rate)",
+                "max-staleness, momentum-form, scheduling, server-learning-rate, trim-fraction)",
             ],
         ),
         (

@@ -39,7 +39,11 @@ def train(msg: Message, context: Context) -> Message:
     )
 
 
-def run(max_seconds: float | None = None, loss_at: dict[int, float] | None = None):
+def run(
+    max_seconds: float | None = None,
+    loss_at: dict[int, float] | None = None,
+    strategy: FedAvg | None = None,
+):
     """3 rounds of 4 nodes (12 trainings), a row every round; ``evaluate_fn`` reports
     w[0] as the accuracy and ``loss_at[updates]`` (else 1.0) as the loss."""
     seen: list[tuple[int, list[float]]] = []
@@ -50,7 +54,8 @@ def run(max_seconds: float | None = None, loss_at: dict[int, float] | None = Non
         loss = (loss_at or {}).get(updates, 1.0)
         return MetricRecord({"accuracy": float(w[0]), "loss": loss})
 
-    strategy = FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_available_nodes=4)
+    if strategy is None:
+        strategy = FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_available_nodes=4)
     sync = SynchronousRun(
         strategy,
         VirtualTime(VirtualClock(seed=0, jitter=0.0), max_seconds),
@@ -97,3 +102,22 @@ def test_a_diverged_row_ends_the_run_there():
     assert [int(r["updates"]) for r in report.rows] == [0, 4, 8]
     assert report.diverged is not None and "loss" in report.diverged
     assert report.counters == {"updates_received": 8, "steps_applied": 2, "diverged": 1}
+
+
+def test_flowers_robust_strategies_run_from_the_run_config():
+    from flwr.serverapp.strategy import FedMedian, FedTrimmedAvg
+
+    from flwr_gsgm.config.build import _sync_strategy
+    from flwr_gsgm.config.run_config import parse_run_config
+
+    median = _sync_strategy(parse_run_config({"strategy": "fedmedian"}), 4, 4)
+    trimmed = _sync_strategy(parse_run_config({"strategy": "fedtrimmedavg"}), 10, 10)
+    assert type(median) is FedMedian and type(trimmed) is FedTrimmedAvg
+    assert trimmed.beta == 0.2  # Flower's default: int(0.2 x 10) = 2 cut at each end
+    # FedMedian, per coordinate (numpy's median of 4: the mean of the middle two).
+    # Round 1 from 0: moved = t / 2 -> x in {0.5, 0, 0.5, -0.5}: 0.25; y {0, .5, .5, 1}: 0.5.
+    # Round 2 from (0.25, 0.5): x {0.625, 0.125, 0.625, -0.375}: 0.375;
+    # y {0.25, 0.75, 0.75, 1.25}: 0.75.
+    report, seen = run(strategy=median)
+    assert [w for _, w in seen][:3] == [[0.0, 0.0], [0.25, 0.5], [0.375, 0.75]]
+    assert [r["virtual_time"] for r in report.rows] == [0.0, 4.0, 8.0, 12.0]

@@ -1,0 +1,67 @@
+"""The coordinate-wise trimmed mean of the updates a rule keeps.
+
+Reference:
+    D. Yin, Y. Chen, K. Ramchandran, P. Bartlett, "Byzantine-Robust Distributed
+    Learning: Towards Optimal Statistical Rates", ICML 2018 (PMLR 80): the
+    coordinate-wise trimmed mean. Flower's ``FedTrimmedAvg`` computes the same over a
+    round's replies, cutting ``int(beta * n)`` of ``n`` at each end.
+
+An asynchronous rule that keeps several recent updates before it steps (FedBuff's
+buffer, GSGM's cycle) can take this statistic of them instead of their mean, so that
+a node whose update points the wrong way at a plausible norm moves no coordinate
+further than the honest updates around it (run config ``trim-fraction``,
+:data:`~flwr_gsgm.core.params.TRIM_FRACTION`). What it stops and what it does not:
+docs/FAULTS.md, "Lying nodes".
+
+This module imports numpy only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+__all__ = ["trimmed_count", "trimmed_mean_chunk"]
+
+
+def trimmed_count(n: int, fraction: float) -> int:
+    """Updates cut at each end of ``n`` per coordinate: ``int(fraction * n)``, as
+    Flower's FedTrimmedAvg (5 updates at 0.2: 1 at each end, the mean of the middle 3)."""
+    return int(fraction * n)
+
+
+def trimmed_mean_chunk(
+    rows: Sequence[np.ndarray], lo: int, hi: int, cut: int, out: np.ndarray, stack: np.ndarray
+) -> None:
+    """``out[:] =`` per coordinate ``j`` in ``[lo, hi)``, the mean of ``rows[i][j]``
+    over ``i`` after cutting the ``cut`` smallest and the ``cut`` largest values.
+
+    Parameters
+    ----------
+    rows : Sequence[np.ndarray]
+        ``n`` flat float32 arrays of the same size (``n > 2 * cut``).
+    lo, hi : int
+        The chunk of coordinates.
+    cut : int
+        Values cut at each end (:func:`trimmed_count`).
+    out : np.ndarray
+        float32, shape ``(hi - lo,)``: the result.
+    stack : np.ndarray
+        float32 scratch of shape at least ``(n, hi - lo)`` (overwritten).
+
+    Raises
+    ------
+    ValueError
+        If ``n <= 2 * cut`` (nothing would be left to average).
+    """
+    n = len(rows)
+    if n <= 2 * cut:
+        raise ValueError(f"a trimmed mean of {n} update(s) cutting {cut} at each end keeps none")
+    s = stack[:n, : hi - lo]
+    for i, row in enumerate(rows):
+        s[i] = row[lo:hi]
+    if cut:
+        s.sort(axis=0)
+        s = s[cut : n - cut]
+    np.mean(s, axis=0, out=out)
