@@ -18,6 +18,7 @@ Use it in your own ServerApp::
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from logging import INFO
@@ -466,15 +467,24 @@ class AsyncStrategy:
 
 
 def _result(report: EngineReport) -> AsyncResult:
-    """The run's :class:`AsyncResult`: Flower's per-step metric records and the report."""
+    """The run's :class:`AsyncResult`: Flower's per-step metric records and the report.
+
+    A metric without a finite value at a step (``train-loss`` before any update, the
+    loss of a diverged model) is left out of that step's record, so that a port that
+    writes the records with ``json.dump`` writes strict JSON, as FedAvg's do."""
     result = AsyncResult(arrays=report.arrays, rows=report.rows, report=report)
     result.evaluate_metrics_clientapp.update(report.federated)
     for row in report.rows:
         step = int(row["updates"])
-        result.evaluate_metrics_serverapp[step] = MetricRecord(
+        result.evaluate_metrics_serverapp[step] = _finite(
             {"accuracy": row["accuracy"], "loss": row["loss"]}
         )
-        result.train_metrics_clientapp[step] = MetricRecord(
+        result.train_metrics_clientapp[step] = _finite(
             {"train-loss": row["train_loss"], "staleness-mean": row["staleness_mean"]}
         )
     return result
+
+
+def _finite(metrics: dict[str, float]) -> MetricRecord:
+    """A MetricRecord of the finite values of ``metrics`` (NaN and infinities left out)."""
+    return MetricRecord({k: v for k, v in metrics.items() if math.isfinite(v)})

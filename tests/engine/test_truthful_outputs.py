@@ -136,6 +136,22 @@ def test_on_federated_evaluate_gets_each_aggregate_when_it_arrives():
 
 
 # ------------------------------------------------------------------ item 5
+def test_the_results_records_hold_no_non_finite_metric():
+    # Found by a port of advanced-pytorch: json.dump of train_metrics_clientapp wrote NaN
+    # (the train loss at 0 updates). A metric without a value is left out instead.
+    strategy = ASGD(server_learning_rate=0.1, virtual_clock=EVEN)
+    grid = InProcessGrid(make_app(), 4, run_config={})
+    result = strategy.start(grid, initial_arrays(), max_updates=8, eval_every=4)
+    assert sorted(result.train_metrics_clientapp) == [0, 4, 8]
+    assert dict(result.train_metrics_clientapp[0]) == {"staleness-mean": 0.0}
+    assert set(result.train_metrics_clientapp[8]) == {"train-loss", "staleness-mean"}
+    records = {
+        kind: {step: dict(rec) for step, rec in getattr(result, kind).items()}
+        for kind in ("train_metrics_clientapp", "evaluate_metrics_serverapp")
+    }
+    strict_loads(json.dumps(records))
+
+
 def test_strict_json_writes_non_finite_numbers_as_null():
     value = {
         "nan": math.nan,
