@@ -111,8 +111,9 @@ def test_the_outputs_block_writes_metrics_csv_and_summary_json(tmp_path, monkeyp
     with InProcessGrid(make_app(), 3, run_config={}) as grid:
         result = GSGM().start(grid, initial_arrays(), max_updates=6, eval_every=3)
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path))  # the block writes under Path.home()
     exec(outputs_block(), {"result": result})
-    run_dir = tmp_path / "outputs" / "gsgm-run"
+    run_dir = tmp_path / "gsgm-outputs" / "gsgm-run"
     lines = (run_dir / "metrics.csv").read_text().splitlines()
     assert lines[0] == (
         "updates,version,virtual_time,wall_time,accuracy,loss,staleness_mean,"
