@@ -20,9 +20,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .base import CHUNK, Outcome, Parts, ServerOptimizer, chunks
+from .base import Outcome, Parts, ServerOptimizer, chunks
 from .params import TRIM_FRACTION, Param, server_learning_rate
-from .robust import trimmed_count, trimmed_mean_chunk
+from .robust import trimmed_step
 
 __all__ = ["FedBuffRule"]
 
@@ -126,19 +126,13 @@ class FedBuffRule(ServerOptimizer):
 
     def _keep_and_trim(self, parts: Parts) -> Outcome:
         """``trim_fraction`` > 0: keep the update; the K-th steps along the trimmed mean
-        of the K (:func:`~flwr_gsgm.core.robust.trimmed_mean_chunk`) and empties the buffer."""
+        of the K (:func:`~flwr_gsgm.core.robust.trimmed_step`) and empties the buffer."""
         self._rows.append(self._copy_new(parts))
         self._count += 1
         if self._count < self._buffer_size:
             return Outcome.DEFERRED
-        rows, w, a, lr = self._rows, self._w, self._scr_a, self._lr
-        cut = trimmed_count(len(rows), self._trim_fraction)
-        stack = np.empty((len(rows), min(CHUNK, self._size)), dtype=np.float32)
-        for lo, hi, ws in chunks([(0, w)]):
-            t = a[: hi - lo]
-            trimmed_mean_chunk(rows, lo, hi, cut, t, stack)
-            np.multiply(t, lr, out=t)
-            np.subtract(ws, t, out=ws)
+        rows = self._rows
+        trimmed_step(self._w, rows, self._trim_fraction, self._lr, self._scr_a)
         for row in rows:
             self._release(row)
         self._rows = []

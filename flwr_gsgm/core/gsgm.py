@@ -21,9 +21,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .base import CHUNK, Outcome, Parts, ServerOptimizer, chunks, replace_row
+from .base import Outcome, Parts, ServerOptimizer, chunks, replace_row
 from .params import BETA, TRIM_FRACTION, Param, server_learning_rate
-from .robust import trimmed_count, trimmed_mean_chunk
+from .robust import trimmed_step
 from .state_checks import state_int, state_nodes
 
 __all__ = ["GSGMRule"]
@@ -567,14 +567,8 @@ class GSGMRule(ServerOptimizer):
 
     def _trimmed_close_step(self) -> None:
         """``w <- w - lr * trimmed mean of the cycle's contributions``; ``t += 1``."""
-        rows, w, a, lr = self._rows, self._w, self._scr_a, self._lr
-        cut = trimmed_count(len(rows), self._trim_fraction)
-        stack = np.empty((len(rows), min(CHUNK, self._size)), dtype=_F32)
-        for lo, hi, ws in chunks([(0, w)]):
-            t = a[: hi - lo]
-            trimmed_mean_chunk(rows, lo, hi, cut, t, stack)
-            np.multiply(t, lr, out=t)
-            np.subtract(ws, t, out=ws)
+        rows = self._rows
+        trimmed_step(self._w, rows, self._trim_fraction, self._lr, self._scr_a)
         for row in rows:
             self._release(row)
         self._rows = []

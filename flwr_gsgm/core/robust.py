@@ -13,7 +13,7 @@ further than the honest updates around it (run config ``trim-fraction``,
 :data:`~flwr_gsgm.core.params.TRIM_FRACTION`). What it stops and what it does not:
 docs/FAULTS.md, "Lying nodes".
 
-This module imports numpy only.
+This module imports numpy only (and the core's chunking).
 """
 
 from __future__ import annotations
@@ -22,7 +22,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["trimmed_count", "trimmed_mean_chunk"]
+from .base import CHUNK, chunks
+
+__all__ = ["trimmed_count", "trimmed_mean_chunk", "trimmed_step"]
 
 
 def trimmed_count(n: int, fraction: float) -> int:
@@ -65,3 +67,30 @@ def trimmed_mean_chunk(
         s.sort(axis=0)
         s = s[cut : n - cut]
     np.mean(s, axis=0, out=out)
+
+
+def trimmed_step(
+    w: np.ndarray, rows: Sequence[np.ndarray], fraction: float, lr: float, scratch: np.ndarray
+) -> None:
+    """``w <- w - lr * trimmed mean of rows``, chunk by chunk in cache.
+
+    Parameters
+    ----------
+    w : np.ndarray
+        The flat float32 weights, updated in place.
+    rows : Sequence[np.ndarray]
+        The kept updates, flat float32 of ``w``'s size.
+    fraction : float
+        The fraction cut at each end (:func:`trimmed_count` of ``len(rows)``).
+    lr : float
+        The server learning rate.
+    scratch : np.ndarray
+        float32 of at least ``min(CHUNK, size)`` elements (overwritten).
+    """
+    cut = trimmed_count(len(rows), fraction)
+    stack = np.empty((len(rows), min(CHUNK, w.shape[0])), dtype=np.float32)
+    for lo, hi, ws in chunks([(0, w)]):
+        t = scratch[: hi - lo]
+        trimmed_mean_chunk(rows, lo, hi, cut, t, stack)
+        np.multiply(t, lr, out=t)
+        np.subtract(ws, t, out=ws)

@@ -194,7 +194,8 @@ def test_the_dispatcher_charges_local_steps_and_the_models_bytes():
     assert result.report.virtual_seconds == pytest.approx(2 * each)  # 2 messages per node
 
 
-def test_fedavg_round_lasts_as_long_as_its_slowest_node(tmp_path):
+def fedavg_rows(run_dir, **time_model) -> list[dict]:
+    """metrics.csv of 2 FedAvg rounds of 4 nodes, 3 local steps each, under ``time_model``."""
     cfg = parse_app_config(
         {
             "strategy": "fedavg",
@@ -203,13 +204,17 @@ def test_fedavg_round_lasts_as_long_as_its_slowest_node(tmp_path):
             "eval-examples": 100,
             "classes-per-node": 5,
             "local-steps": 3,
-            "device-profile": "loopback",
             "jitter": 0.0,
+            **time_model,
         }
     )
-    run_experiment(InProcessGrid(client_app, 4, run_config=cfg), cfg, tmp_path / "run")
-    with open(tmp_path / "run" / "metrics.csv") as fh:
-        rows = list(csv.DictReader(fh))
+    run_experiment(InProcessGrid(client_app, 4, run_config=cfg), cfg, run_dir)
+    with open(run_dir / "metrics.csv") as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_fedavg_round_lasts_as_long_as_its_slowest_node(tmp_path):
+    rows = fedavg_rows(tmp_path / "run", **{"device-profile": "loopback"})
     # One slow node of 4 (slow-factor 4): 3 steps x 0.018 s x 4 + 2.167 s latency + the
     # CNN's 184,586 float32 parameters (738,344 bytes) both ways at 1e9 bytes/s.
     round_seconds = 3 * 0.018 * 4 + 2.167 + 2 * 738_344 / 1e9
@@ -232,23 +237,11 @@ def test_the_server_queue_delays_the_next_message_and_the_rounds_end(tmp_path):
     result = strategy.start(grid, initial_arrays(), max_updates=8)
     assert result.report.virtual_seconds == pytest.approx(3.25)
     # FedAvg: a round of 4 replies that finish together ends 4 x 0.25 s after them
-    cfg = parse_app_config(
-        {
-            "strategy": "fedavg",
-            "max-updates": 8,
-            "eval-every": 4,
-            "eval-examples": 100,
-            "classes-per-node": 5,
-            "local-steps": 3,
-            "jitter": 0.0,
-            "slow-fraction": 0.0,
-            "step-seconds": 0.5,
-            "server-seconds": 0.25,
-        }
+    rows = fedavg_rows(
+        tmp_path / "run",
+        **{"slow-fraction": 0.0, "step-seconds": 0.5, "server-seconds": 0.25},
     )
-    run_experiment(InProcessGrid(client_app, 4, run_config=cfg), cfg, tmp_path / "run")
-    with open(tmp_path / "run" / "metrics.csv") as fh:
-        times = [float(r["virtual_time"]) for r in csv.DictReader(fh)]
+    times = [float(r["virtual_time"]) for r in rows]
     assert times == [0.0, 3 * 0.5 + 4 * 0.25, 2 * (3 * 0.5 + 4 * 0.25)]  # 2.5 s a round
 
 
