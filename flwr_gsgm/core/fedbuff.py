@@ -49,7 +49,7 @@ class FedBuffRule(ServerOptimizer):
         ValueError: a parameter is out of range; the message names it.
 
     Memory: ``w``, the buffer sum (``size(w)`` float32), chunk-sized scratch; with
-    ``trim_fraction`` > 0 ``w`` and the K updates, and K chunks of scratch at a step.
+    ``trim_fraction`` > 0 also the K updates, and K chunks of scratch at a step.
     """
 
     name: ClassVar[str] = "fedbuff"
@@ -65,8 +65,9 @@ class FedBuffRule(ServerOptimizer):
     )
 
     def _copies(self, nodes: int) -> int:
-        """``w`` and the buffer sum; trimming: ``w`` and the K updates."""
-        return 1 + self._buffer_size if self._trim_fraction > 0 else 2
+        """``w`` and the buffer sum; trimming: also the K updates (the sum stays
+        allocated, at 0, for the state's layout)."""
+        return 2 + self._buffer_size if self._trim_fraction > 0 else 2
 
     def __init__(
         self, weights: Sequence[np.ndarray], partition_ids: Iterable[int], **params: Any
