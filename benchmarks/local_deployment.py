@@ -9,6 +9,7 @@ Processes are found with psutil, never by parsing /proc by hand.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -49,12 +50,18 @@ clientapp = "{clientapp}"
 """
 
 
-def _toml_value(value: object) -> str:
+def toml_value(value: object) -> str:
+    """A run config value as ``flwr run --run-config`` and pyproject.toml read it (TOML)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
-        return f'"{value}"'
+        return json.dumps(value)  # a TOML basic string
     return repr(value)
+
+
+def run_config_pairs(config: dict[str, object]) -> str:
+    """``k=v k2=v2`` for ``flwr run --run-config``."""
+    return " ".join(f"{key}={toml_value(value)}" for key, value in config.items())
 
 
 def app_pyproject(
@@ -71,7 +78,7 @@ def app_pyproject(
     ``serverapp`` and ``clientapp`` are ``module:attribute`` references; ``config``
     becomes ``[tool.flwr.app.config]`` (str, int, float and bool values).
     """
-    lines = "\n".join(f"{key} = {_toml_value(value)}" for key, value in config.items())
+    lines = "\n".join(f"{key} = {toml_value(value)}" for key, value in config.items())
     return _PYPROJECT.format(
         name=name,
         version=version,
@@ -304,3 +311,18 @@ class Deployment:
                 proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 pass
+
+
+def start_deployment(base: Path, run_name: str, nodes: int, **env: str) -> Deployment:
+    """SuperLink + ``nodes`` SuperNodes (deploy/start_local.sh) in ``base/run_name``, with
+    ``env`` added to the scripts' environment (``NODE_CONFIG_EXTRA_<i>``, ``DATABASE``,
+    ...); returns once every SuperNode is connected. The caller stops it
+    (:meth:`Deployment.stop_everything`), also when this raises."""
+    dep = Deployment(base, run_name, PYTHONPATH=str(REPO), **env)
+    try:
+        dep.script("start_local.sh", str(nodes), timeout=120 + 30 * nodes)
+        dep.wait_connected([f"node-{i}" for i in range(nodes)], timeout=300)
+    except BaseException:
+        dep.stop_everything()
+        raise
+    return dep

@@ -182,8 +182,10 @@ from benchmarks.local_deployment import (  # noqa: E402
     kill_all,
     probe_app,
     process_tree,
+    run_config_pairs,
     tail,
 )
+from benchmarks.local_deployment import start_deployment as start_nodes  # noqa: E402
 from flwr_gsgm.evaluation.stability import time_to_target  # noqa: E402
 from flwr_gsgm.simulation.virtual_clock import (  # noqa: E402
     APPFL10_STEP_SECONDS,
@@ -446,20 +448,6 @@ def device_profile_rows(step_seconds: dict[int, float], latency: float) -> list[
 
 
 # ------------------------------------------------------------------ run configs
-def toml_value(value: Any) -> str:
-    """A run config value as ``flwr run --run-config`` parses it (TOML)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return json.dumps(value)  # a TOML basic string
-    return repr(value)
-
-
-def run_config_pairs(config: dict[str, Any]) -> str:
-    """``k=v k2=v2`` for ``flwr run --run-config``."""
-    return " ".join(f"{key}={toml_value(value)}" for key, value in config.items())
-
-
 def race_config(
     method: str,
     args: argparse.Namespace,
@@ -517,14 +505,7 @@ def start_deployment(
         f"NODE_CONFIG_EXTRA_{pid}": f"step-seconds={seconds!r}"
         for pid, seconds in (step_seconds or {}).items()
     }
-    dep = Deployment(base, run_name, PYTHONPATH=str(REPO), **per_node)
-    try:
-        dep.script("start_local.sh", str(nodes), timeout=120 + 30 * nodes)
-        dep.wait_connected([f"node-{i}" for i in range(nodes)], timeout=300)
-    except BaseException:
-        dep.stop_everything()
-        raise
-    return dep
+    return start_nodes(base, run_name, nodes, **per_node)
 
 
 def flwr_run(

@@ -9,7 +9,9 @@
 #   the default, or per-message),
 #   NODE_CONFIG_EXTRA (appended to every --node-config, e.g. "device='cpu'"),
 #   NODE_CONFIG_EXTRA_<i> (appended to partition i's --node-config only, after it),
-#   START_TIMEOUT (seconds to wait for the SuperLink, default 60).
+#   START_TIMEOUT (seconds to wait for the SuperLink, default 60),
+#   DATABASE (the SuperLink's state file, kept across its restarts: see
+#   start_superlink.sh; default: in-memory state).
 #
 # Creates the certificates and keys if missing, then writes into $RUN_DIR:
 #   state.env           PORT, ADDRESS, ... of this deployment (read by the other scripts)
@@ -30,10 +32,15 @@ if [[ -n "$(ls "$RUN_DIR/pids/"*.pid 2>/dev/null)" ]]; then
   die "$RUN_DIR/pids holds PID files: run deploy/stop_local.sh first"
 fi
 mkdir -p "$RUN_DIR"/{logs,pids,nodes} "$RUN_DIR/superlink-home"
-# The new SuperLink keeps its state in memory: it knows no key an earlier deployment in
-# this folder registered, so their node ids must go, or start_supernode.sh would skip
-# registering and the SuperLink would refuse every SuperNode (code 305).
+# A new SuperLink in memory knows no key an earlier deployment in this folder
+# registered, so their node ids must go, or start_supernode.sh would skip registering
+# and the SuperLink would refuse every SuperNode (code 305). A database is started
+# anew for the same reason.
 rm -f "$RUN_DIR/nodes/"*.node-id
+if [[ -n "${DATABASE:-}" ]]; then
+  DATABASE="$(realpath -m "$DATABASE")"  # the SuperLink runs from the repository folder
+  rm -f "$DATABASE"
+fi
 
 [[ -f "$CERT_DIR/server.pem" ]] || "$DEPLOY_DIR/make_certs.sh" "$CERT_DIR"
 "$DEPLOY_DIR/make_node_keys.sh" -o "$KEY_DIR" "$num" >/dev/null
@@ -48,24 +55,13 @@ CERT_DIR=$CERT_DIR
 KEY_DIR=$KEY_DIR
 CONNECTION=$CONNECTION
 FLWR_HOME=$FLWR_HOME
+DATABASE=${DATABASE:-}
 STATE
 
 # The flwr CLI's connection to this SuperLink (HTTPS, verified against our CA).
 write_connection "$FLWR_HOME/config.toml" "$CONNECTION" "$address" "$CERT_DIR/ca.crt"
 
-# SuperLink: Fleet, Control and Runtime APIs on one HTTPS port; SuperNodes only get in
-# with a registered key (--enable-supernode-auth requires TLS).
-FLWR_HOME="$RUN_DIR/superlink-home" start_daemon superlink "$RUN_DIR/logs/superlink.log" \
-  flower-superlink \
-  --ssl-ca-certfile "$CERT_DIR/ca.crt" \
-  --ssl-certfile "$CERT_DIR/server.pem" \
-  --ssl-keyfile "$CERT_DIR/server.key" \
-  --enable-supernode-auth \
-  --host 127.0.0.1 --port "$port" \
-  --disable-runtime-dependency-installation
-wait_health "$address" "$CERT_DIR/ca.crt" "${START_TIMEOUT:-60}" \
-  || { tail -n 20 "$RUN_DIR/logs/superlink.log" >&2; die "SuperLink did not start"; }
-echo "SuperLink https://$address (PID $(cat "$RUN_DIR/pids/superlink.pid"), log $RUN_DIR/logs/superlink.log)"
+"$DEPLOY_DIR/start_superlink.sh"
 
 for ((i = 0; i < num; i++)); do
   "$DEPLOY_DIR/start_supernode.sh" "$i" "node-$i"

@@ -7,7 +7,9 @@ Usage (from any folder, with the tree under test first on PYTHONPATH)::
 
 ``--strategy NAME[,NAME]`` (anywhere after the command) keeps only the runs of those
 strategies, e.g. ``--strategy fedavg,fedavgm,fednova,time-budget-fedavg`` to check a
-change to the synchronous runs alone.
+change to the synchronous runs alone; ``--only NAME[,NAME]`` keeps the runs whose name
+is one of those or starts with one followed by a dot (``--only smoke,main`` keeps every
+run of the smoke preset and the main job), e.g. to finish a check that ran out of time.
 
 To show that a change keeps the behaviour, record with the old tree and check
 with the new one::
@@ -180,15 +182,33 @@ def runs_of(sets: list[str]) -> dict[str, tuple[dict[str, Any], int]]:
     return runs
 
 
+def _option(argv: list[str], flag: str) -> set[str] | None:
+    """The comma-separated values of ``flag``, removed from ``argv`` (None without it).
+
+    Raises
+    ------
+    SystemExit
+        With code 2 (and the usage) if ``flag`` has no value.
+    """
+    if flag not in argv:
+        return None
+    at = argv.index(flag)
+    if at + 1 >= len(argv):
+        print(__doc__, file=sys.stderr)
+        raise SystemExit(2)
+    values = set(argv[at + 1].split(","))
+    del argv[at : at + 2]
+    return values
+
+
+def selected(name: str, only: set[str]) -> bool:
+    """Whether run ``name`` is one of ``only`` or under one (``smoke`` keeps ``smoke.gsgm``)."""
+    return any(name == o or name.startswith(o + ".") for o in only)
+
+
 def main(argv: list[str]) -> int:
-    argv, strategies = list(argv), None
-    if "--strategy" in argv:
-        at = argv.index("--strategy")
-        if at + 1 >= len(argv):
-            print(__doc__, file=sys.stderr)
-            return 2
-        strategies = set(argv[at + 1].split(","))
-        del argv[at : at + 2]
+    argv = list(argv)
+    strategies, only = _option(argv, "--strategy"), _option(argv, "--only")
     if len(argv) < 2 or argv[0] not in ("record", "check") or set(argv[2:]) - set(SETS):
         print(__doc__, file=sys.stderr)
         return 2
@@ -199,6 +219,9 @@ def main(argv: list[str]) -> int:
     if strategies is not None:
         runs = {n: r for n, r in runs.items() if r[0].get("strategy", "gsgm") in strategies}
         print(f"{len(runs)} run(s) of strategies {sorted(strategies)}", flush=True)
+    if only is not None:
+        runs = {n: r for n, r in runs.items() if selected(n, only)}
+        print(f"{len(runs)} run(s) named {sorted(only)}", flush=True)
     for name, (config, nodes) in runs.items():
         got = run_config(config, nodes, name)
         path = ref / f"{name}.txt"

@@ -32,7 +32,8 @@ The engine owns its parts, each in its own module, each holding its own state
   (:mod:`flwr_gsgm.engine.central_evaluation`,
   :mod:`flwr_gsgm.engine.federated_evaluation`), how the run ends
   (:mod:`flwr_gsgm.engine.run_end`), checkpoints
-  (:mod:`flwr_gsgm.engine.checkpoint_state`, :mod:`flwr_gsgm.checkpoint.files`) and the report
+  (:mod:`flwr_gsgm.engine.checkpoint_state`, :mod:`flwr_gsgm.checkpoint.files`) with the
+  reply log beside them (:mod:`flwr_gsgm.engine.reply_log`) and the report
   (:mod:`flwr_gsgm.engine.report`).
 
 With ``max_in_flight`` at most that many nodes train at once and a
@@ -64,6 +65,8 @@ from flwr_gsgm.engine.in_flight import InFlight
 from flwr_gsgm.engine.ledger import Ledger
 from flwr_gsgm.engine.membership import Membership, Node, NodeListener
 from flwr_gsgm.engine.memory import MemoryEstimate, PeakMemory
+from flwr_gsgm.engine.reply_log import FILE_NAME as REPLY_LOG
+from flwr_gsgm.engine.reply_log import ReplyLog, ReplyLogWriteError
 from flwr_gsgm.engine.report import EngineReport
 from flwr_gsgm.engine.run_end import RunEnd, RunFailed
 from flwr_gsgm.engine.settings import EngineSettings
@@ -176,6 +179,10 @@ class AsyncEngine:
         )
         self.policy = self.dispatcher.policy
         self.memory = PeakMemory()
+        # Beside the checkpoint: what became of every reply across resumes.
+        path = settings.checkpoint_path
+        resumable = path is not None and (settings.checkpoint_every or settings.resume)
+        self.replies = ReplyLog(path.with_name(REPLY_LOG) if resumable else None)
         self.received = 0  # client updates received (the update budget counts them)
         self.budget_spent = False  # the time budget ended the run (a reply past it)
         self.stop_requested = False  # SIGTERM with checkpoints on
@@ -199,9 +206,9 @@ class AsyncEngine:
             (before any message is sent when the run config tells).
         flwr_gsgm.engine.run_end.RunFailed
             If the server runs out of memory while its rule is built (no report yet).
-            Later, running out of memory or a checkpoint that cannot be written ends
-            the run "failed" with the reason (the expected peak memory; the file and
-            the OS error) and the report so far.
+            Later, running out of memory, or a checkpoint or the reply log that
+            cannot be written, ends the run "failed" with the reason (the expected
+            peak memory; the file and the OS error) and the report so far.
         """
         self.clock.start()
         saved = self._checkpoint_to_resume()  # fails before any message
@@ -221,8 +228,10 @@ class AsyncEngine:
             self._abort(
                 self.memory.out_of_memory(err, self.received, self.settings.max_updates), err
             )
-        except checkpoint.CheckpointWriteError as err:
+        except (checkpoint.CheckpointWriteError, ReplyLogWriteError) as err:
             self._abort(f"{err} (at {self.received} updates)", err)
+        finally:
+            self.replies.close()
         return self._teardown()
 
     # ------------------------------------------------------------------ set-up
@@ -250,10 +259,12 @@ class AsyncEngine:
         self.dispatcher.describe()
         if saved is not None:
             self.load_state_dict(saved)  # an "auto" choice comes from the state
+            self.replies.open(resumed_at=self.received)
             self._log_resolved_choices()
             self.top_up()
             return
         self._log_resolved_choices()
+        self.replies.open(resumed_at=None)
         self._evaluate()
         self.dispatcher.start(self.optimizer, self.received)
 
@@ -385,13 +396,17 @@ class AsyncEngine:
         now = self.clock.at_reply(dispatch)
         node = self.members.nodes[dispatch.partition_id]
         self.policy.on_reply(node.partition_id, now, counted=not reply.has_error())
+        assert self.optimizer is not None
         if reply.has_error():
             self.members.on_error_reply(node.partition_id, reply)
+            self.replies.error(dispatch, self.received, reply.error.code, self.optimizer.version)
             self.members.end_backoffs()
             return
         self.members.replied(node.partition_id)
         self.received += 1
-        self._on_update(node, dispatch, reply)
+        outcome = self._on_update(node, dispatch, reply)
+        staleness = None if outcome is None else self.optimizer.last_staleness
+        self.replies.update(dispatch, self.received, outcome, staleness, self.optimizer.version)
         self.top_up()
         self.members.end_backoffs()  # back-offs over by now, after the update
         if self.received % self.settings.eval_every == 0:
@@ -401,8 +416,9 @@ class AsyncEngine:
         if self.settings.checkpoint_every and self.received % self.settings.checkpoint_every == 0:
             self._save_checkpoint()
 
-    def _on_update(self, node: Node, dispatch: Dispatch, reply: Message) -> None:
-        """Intake, then the optimizer, then the books (a rejection: :meth:`_on_rejected`)."""
+    def _on_update(self, node: Node, dispatch: Dispatch, reply: Message) -> Outcome | None:
+        """Intake, then the optimizer, then the books (a rejection: :meth:`_on_rejected`);
+        the update's outcome, None if it was rejected."""
         assert self.optimizer is not None
         pid = node.partition_id
         try:
@@ -415,7 +431,7 @@ class AsyncEngine:
         except UpdateRejected as err:  # intake's ReplyRejected, the norm bound's, the rule's
             self._on_rejected(pid, err)
             self._record_outcome(pid, None)
-            return
+            return None
         self.norm_bound.accept(pid, norm)
         self._record_outcome(pid, outcome)
         self.members.accepted(pid)
@@ -429,6 +445,7 @@ class AsyncEngine:
                 self.members.name(pid),
                 staleness,
             )
+        return outcome
 
     def _weigh(
         self, pid: int, dispatch: Dispatch, reply: Message, trainable: list[np.ndarray]
@@ -497,6 +514,7 @@ class AsyncEngine:
         if path is None or not self.settings.checkpoint_every or self.end.diverged:
             return
         checkpoint.save(path, self.state_dict())
+        self.replies.checkpoint(self.received)
         log(INFO, "[async] checkpoint at %d updates -> %s", self.received, path)
 
     # ---------------------------------------------------------------- teardown

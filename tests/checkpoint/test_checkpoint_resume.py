@@ -14,7 +14,9 @@ from pathlib import Path
 
 import torch
 
+from benchmarks import soak_deployment as soak
 from clients.client_app import app as client_app
+from flwr_gsgm.engine.reply_log import read_lineage
 from flwr_gsgm.simulation.inprocess_grid import InProcessGrid
 from serverapp.app_config import parse_app_config
 from serverapp.experiment import run_experiment
@@ -87,6 +89,23 @@ def test_killed_and_resumed_run_equals_uninterrupted_run(tmp_path):
     b = torch.load(interrupted / "model.pt")
     assert list(a) == list(b)
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+    # The reply log: the resumed run's history is the whole run's, reply by reply
+    # (message ids aside: a resumed run's messages are new), each counted once.
+    lineage = read_lineage(interrupted / "replies.csv")
+    summary = json.loads((interrupted / "summary.json").read_text())
+    assert len(lineage.resumes) == 1 and lineage.resumes[0] in (20, 40, 60)
+    assert soak.check_accounted(lineage, summary).passed
+    assert soak.check_applied_once(lineage).passed
+    history = [
+        (r["dispatch"], r["partition_id"], r["outcome"], r["received"]) for r in lineage.kept
+    ]
+    whole_log = read_lineage(tmp_path / "whole" / "replies.csv")
+    assert whole_log.resumes == [] and whole_log.lost == []
+    assert history == [
+        (r["dispatch"], r["partition_id"], r["outcome"], r["received"]) for r in whole_log.kept
+    ]
+    assert sum(r["event"] == "update" for r in lineage.kept) == 160
 
 
 def test_checkpointing_does_not_change_the_run(tmp_path):
