@@ -65,7 +65,6 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the shared deployment harness
 from benchmarks.local_deployment import (  # noqa: E402
-    BIN,
     REPO,
     Deployment,
     command_line,
@@ -303,12 +302,7 @@ def run_mode(base: Path, mode: str, args: argparse.Namespace) -> dict:
             f"local-batches={args.local_batches}"
         )
         started = time.monotonic()
-        run = dep.popen(
-            [str(BIN / "flwr"), "run", str(app), "gsgm-local", "--stream"]
-            + ["--run-config", config],
-            base / f"probe-{mode}.log",
-            cwd=app,
-        )
+        run = dep.flwr_run(app, config, base / f"probe-{mode}.log", cwd=app)
         try:
             run.wait(timeout=300 + 90 * per_node * NODES)
         except subprocess.TimeoutExpired:

@@ -251,6 +251,15 @@ class Deployment:
         self.popens.append(proc)
         return proc
 
+    def flwr_run(
+        self, app: Path, run_config: str, log: Path, cwd: Path | None = None
+    ) -> subprocess.Popen:
+        """``flwr run APP gsgm-local --stream --run-config RUN_CONFIG`` against this
+        deployment (:meth:`popen`: stopped at the end), its output to ``log``; run in
+        ``cwd`` (default: the repository folder)."""
+        command = [str(BIN / "flwr"), "run", str(app), "gsgm-local", "--stream"]
+        return self.popen([*command, "--run-config", run_config], log, cwd=cwd or REPO)
+
     def log(self, name: str) -> Path:
         return self.run_dir / "logs" / f"{name}.log"
 

@@ -176,7 +176,6 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's packages
 from benchmarks.bench_deployment import PROBE_CLIENT, PROBE_CONFIG, PROBE_SERVER  # noqa: E402
 from benchmarks.local_deployment import (  # noqa: E402
-    BIN,
     REPO,
     Deployment,
     kill_all,
@@ -514,11 +513,7 @@ def flwr_run(
     """``flwr run APP gsgm-local --stream --run-config CONFIG``; (exit code or None on a
     time-out, wall seconds). A run that outlives ``timeout`` is killed."""
     started = time.monotonic()
-    proc = dep.popen(
-        [str(BIN / "flwr"), "run", str(app), "gsgm-local", "--stream", "--run-config", config],
-        log,
-        cwd=app,
-    )
+    proc = dep.flwr_run(app, config, log, cwd=app)
     try:
         code: int | None = proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:

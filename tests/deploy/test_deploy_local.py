@@ -197,18 +197,7 @@ def test_gsgm_survives_a_killed_supernode_and_its_replacement_rejoins(deployment
     t0 = time.monotonic()
     marks: dict[str, float] = {}
     stream = dep.base / "flwr-run.log"
-    run = dep.popen(
-        [
-            str(BIN / "flwr"),
-            "run",
-            str(REPO),
-            "gsgm-local",
-            "--stream",
-            "--run-config",
-            f'{RUN_CONFIG} output-dir="{dep.outputs}"',
-        ],
-        stream,
-    )
+    run = dep.flwr_run(REPO, f'{RUN_CONFIG} output-dir="{dep.outputs}"', stream)
     killed_log = dep.log(f"supernode-node-{KILLED}")
 
     def logs() -> str:
@@ -395,19 +384,9 @@ def test_a_raising_clientapp_and_a_new_app_version_keep_the_same_executor(
     for version, batch_sizes in (("1.0.0", "32,0,32"), ("2.0.0", "16")):
         app = _probe_app(dep.base / f"probe-{version}", version)
         out = dep.base / f"probe-{version}.json"
-        run = dep.popen(
-            [
-                str(BIN / "flwr"),
-                "run",
-                str(app),
-                "gsgm-local",
-                "--stream",
-                "--run-config",
-                # a node id can exceed the run config's int64: sent as text
-                f'node-id="{node}" batch-sizes="{batch_sizes}" out="{out}"',
-            ],
-            dep.base / f"probe-{version}.log",
-        )
+        # a node id can exceed the run config's int64: sent as text
+        config = f'node-id="{node}" batch-sizes="{batch_sizes}" out="{out}"'
+        run = dep.flwr_run(app, config, dep.base / f"probe-{version}.log")
         try:
             run.wait(timeout=600)
         except subprocess.TimeoutExpired:
@@ -443,18 +422,7 @@ def test_executor_killed_mid_task_comes_back_as_an_error_reply(deployment: Deplo
     config = config.replace('run-name="deploy-test"', 'run-name="executor-kill"')
     # Long enough that node-0 trains again after the 60 s its SuperNode waits.
     config = config.replace(f"max-updates={MAX_UPDATES}", f"max-updates={KILL_RUN_UPDATES}")
-    run = dep.popen(
-        [
-            str(BIN / "flwr"),
-            "run",
-            str(REPO),
-            "gsgm-local",
-            "--stream",
-            "--run-config",
-            f'{config} output-dir="{outputs}"',
-        ],
-        stream,
-    )
+    run = dep.flwr_run(REPO, f'{config} output-dir="{outputs}"', stream)
     nodes = ["node-0", "node-1", "node-2b"]  # node-2 was replaced by node-2b above
     log = dep.log("supernode-node-0")
     supernode = dep.pid("supernode-node-0")

@@ -47,7 +47,7 @@ def test_the_quick_schedule_kills_one_node_while_another_hangs_then_stops_the_se
     assert [(f.at, f.kind, f.target) for f in faults] == [
         (25.0, "supernode-kill", 1),
         (28.0, "clientapp-hang", 3),
-        (85.0, "serverapp-stop", None),
+        (60.0, "serverapp-stop", None),
     ]
     kill, hang = faults[0], faults[1]
     assert hang.at < kill.at + kill.hold  # at once

@@ -96,42 +96,45 @@ def test_a_resume_discards_what_came_after_its_checkpoint(tmp_path):
     assert [r["segment"] for r in lineage.kept] == ["0", "0", "1", "1"]
 
 
-def test_a_checkpoint_whose_row_a_crash_cut_off_keeps_the_rows_up_to_it(tmp_path):
-    # Saved at 3, killed before its row: the resume at 3 keeps rows up to received 3.
-    path = write(
-        tmp_path / "replies.csv",
-        [
-            ("update", 1, 1, 0, "applied"),
-            ("checkpoint", 1),
-            ("update", 2, 2, 1, "applied"),
-            ("update", 3, 3, 0, "applied"),
-            ("resume", 3),
-            ("update", 4, 4, 1, "applied"),
-        ],
-    )
-    lineage = read_lineage(path)
-    assert [r["dispatch"] for r in lineage.kept] == ["1", "2", "3", "4"]
-    assert lineage.lost == []
-
-
-def test_two_crashes_after_the_same_checkpoint_lose_both_tails(tmp_path):
-    path = write(
-        tmp_path / "replies.csv",
-        [
-            ("update", 1, 1, 0, "applied"),
-            ("checkpoint", 1),
-            ("update", 2, 2, 1, "applied"),
-            ("resume", 1),
-            ("update", 2, 3, 1, "applied"),
-            ("update", 3, 4, 0, "applied"),
-            ("resume", 1),
-            ("update", 2, 5, 0, "applied"),
-        ],
-    )
-    lineage = read_lineage(path)
-    assert [r["dispatch"] for r in lineage.kept] == ["1", "5"]
-    assert [r["dispatch"] for r in lineage.lost] == ["2", "3", "4"]
-    assert lineage.resumes == [1, 1]
+@pytest.mark.parametrize(
+    ("rows", "kept", "lost", "resumes"),
+    [
+        pytest.param(
+            # saved at 3, killed before its row: the resume at 3 keeps rows up to 3
+            [(1, 1), ("checkpoint", 1), (2, 2), (3, 3), ("resume", 3), (4, 4)],
+            ["1", "2", "3", "4"],
+            [],
+            [3],
+            id="checkpoint-row-cut-off",
+        ),
+        pytest.param(
+            # two crashes after the checkpoint at 1: both tails are lost
+            [
+                (1, 1),
+                ("checkpoint", 1),
+                (2, 2),
+                ("resume", 1),
+                (2, 3),
+                (3, 4),
+                ("resume", 1),
+                (2, 5),
+            ],
+            ["1", "5"],
+            ["2", "3", "4"],
+            [1, 1],
+            id="two-crashes",
+        ),
+    ],
+)
+def test_the_history_across_crashes(tmp_path, rows, kept, lost, resumes):
+    """``rows``: (received, dispatch) updates of partition dispatch % 2, or events."""
+    made = [
+        r if isinstance(r[0], str) else ("update", r[0], r[1], r[1] % 2, "applied") for r in rows
+    ]
+    lineage = read_lineage(write(tmp_path / "replies.csv", made))
+    assert [r["dispatch"] for r in lineage.kept] == kept
+    assert [r["dispatch"] for r in lineage.lost] == lost
+    assert lineage.resumes == resumes
 
 
 def test_a_resume_cuts_off_a_half_written_row(tmp_path):
