@@ -156,7 +156,8 @@ def fault_schedule(seed: int, seconds: float, quick: bool) -> list[Fault]:
 
     Full: a SuperNode kill every 6 min on average (hold 10-60 s), a ClientApp hang
     every 15 min, a ServerApp stop every 20 min, one SuperLink restart and one full disk
-    (each held 20 s), and once a cluster: a kill, a hang and a ServerApp stop within 5 s.
+    (held 20 s; a full disk until the ServerApp stops on it, at most 180 s), and once a
+    cluster: a kill, a hang and a ServerApp stop within 5 s.
     Quick: a kill at 25 s (hold 15 s) while another node hangs from 28 s, then a
     ServerApp stop at 60 s (the hang still on). No two faults at once hit the same node.
     """
@@ -185,7 +186,7 @@ def fault_schedule(seed: int, seconds: float, quick: bool) -> list[Fault]:
     faults += [Fault(when(), "serverapp-stop", None, 0.0) for _ in range(int(seconds // 1200))]
     faults += [
         Fault(when(), "superlink-restart", None, 20.0),
-        Fault(when(), "disk-full", None, 20.0),
+        Fault(when(), "disk-full", None, 180.0),
     ]
     t, a, b = when(), rng.randrange(NODES), rng.randrange(NODES - 1)
     b += b >= a  # another node
@@ -531,13 +532,22 @@ class Soak:
         )
 
     def tick(self) -> None:
-        """Inject the faults due, restore those whose hold is over."""
+        """Inject the faults due, restore those whose hold is over.
+
+        Two faults hit the ServerApp, so they wait for one to run: a ServerApp stop,
+        and a full disk, which is held until the ServerApp stops on it (a run folder
+        that is full only matters once the run writes a new page: the reply log
+        appends rows of ~100 bytes into pages of 4 KiB) or for at most its hold."""
         now = self.now()
+        serving = bool(self.serverapp_pids())
         for f in self.faults:
-            if math.isnan(f.injected_at) and not f.note and now >= f.at:
+            waits = f.kind in ("serverapp-stop", "disk-full") and not serving
+            if math.isnan(f.injected_at) and not f.note and now >= f.at and not waits:
                 self.inject(f)
-            elif not math.isnan(f.injected_at) and math.isnan(f.restored_at) and now >= f.due_back:
-                self.restore(f)
+            elif not math.isnan(f.injected_at) and math.isnan(f.restored_at):
+                stopped_on_it = f.kind == "disk-full" and not serving
+                if now >= f.due_back or stopped_on_it:
+                    self.restore(f)
 
     # ----------------------------------------------------------- faults
     def supernode_pid(self, pid: int) -> int | None:
