@@ -11,6 +11,7 @@ previous checkpoint stays valid (before: two chained tracebacks, no summary.json
 
 from __future__ import annotations
 
+import csv
 import errno
 import json
 import os
@@ -235,7 +236,16 @@ def test_a_checkpoint_folder_without_write_permission_ends_the_run_failed(tmp_pa
     )
     report = err.value.result.report
     assert (report.status, report.counters["updates_received"]) == ("failed", 3)
-    assert list(folder.iterdir()) == []
+    # No checkpoint and no temporary file. The reply log is there: root ignores the
+    # mode bits (only mkstemp refuses here); it holds the 3 updates and no checkpoint
+    # row, which is written only once a save succeeded.
+    assert sorted(p.name for p in folder.iterdir()) == ["replies.csv"]
+    rows = list(csv.DictReader((folder / "replies.csv").open()))
+    assert [(r["event"], r["received"]) for r in rows] == [
+        ("update", "1"),
+        ("update", "2"),
+        ("update", "3"),
+    ]
 
 
 def test_an_os_error_under_the_archive_is_named_and_other_errors_pass_through(
