@@ -480,10 +480,13 @@ class Soak:
             cli = self.dep.flwr_run(REPO, run_config_pairs(self.config(resume)), log)
             began = time.monotonic()
             gone = None  # when the ServerApp process was last seen to end
-            while cli.poll() is None or self.serverapp_pids():
-                self.tick()
+            while True:
+                serving = bool(self.serverapp_pids())  # one process scan per turn
+                if cli.poll() is not None and not serving:
+                    break
+                self.tick(serving)
                 time.sleep(0.5)
-                if self.serverapp_pids():
+                if serving:
                     gone = None
                     continue
                 if gone is None:
@@ -531,15 +534,17 @@ class Soak:
             for f in self.faults
         )
 
-    def tick(self) -> None:
+    def tick(self, serving: bool | None = None) -> None:
         """Inject the faults due, restore those whose hold is over.
 
         Two faults hit the ServerApp, so they wait for one to run: a ServerApp stop,
         and a full disk, which is held until the ServerApp stops on it (a run folder
         that is full only matters once the run writes a new page: the reply log
-        appends rows of ~100 bytes into pages of 4 KiB) or for at most its hold."""
+        appends rows of ~100 bytes into pages of 4 KiB) or for at most its hold.
+        ``serving``: whether a ServerApp runs, if the caller has just looked."""
         now = self.now()
-        serving = bool(self.serverapp_pids())
+        if serving is None:
+            serving = bool(self.serverapp_pids())
         for f in self.faults:
             waits = f.kind in ("serverapp-stop", "disk-full") and not serving
             if math.isnan(f.injected_at) and not f.note and now >= f.at and not waits:
