@@ -100,10 +100,18 @@ _COMMUNICATION = 0xC044  # a message's communication jitter
 #: batch 32, one thread, on the project's machine: median of 8 repetitions of 200
 #: steps with SGD momentum 0.9 (0.0174-0.0205 s), measured 2025 for the time model.
 LOOPBACK_STEP_SECONDS = 0.018
-#: Seconds a message spends in Flower's transport with the warm executor on loopback:
-#: the median round trip per update with 2 SuperNodes, 2.200 s, less its measured
-#: compute, 0.033 s (``docs/DEPLOYMENT.md`` section 8).
-LOOPBACK_LATENCY_SECONDS = 2.167
+#: Seconds the server spends on each reply (pull, checks, the rule's step, the next
+#: push), one reply at a time, in a deployment on this machine: the deployment race's
+#: reference probe, 10 SuperNodes answering at once, 7.646 s per round trip over its 10
+#: replies (``docs/results/deployment_race``, issue 34; ``benchmarks/race_deployment.py``
+#: ``server_seconds``).
+LOOPBACK_SERVER_SECONDS = 0.765
+#: Seconds a message spends in Flower's transport with the warm executor on loopback,
+#: the server's own time aside: the race's quiet probe (2 SuperNodes, one batch per
+#: message) measured a latency of 1.669 s per round trip, less the server's
+#: ``LOOPBACK_SERVER_SECONDS`` (``model_latency`` in the race script). The earlier
+#: figure, 2.167 s (docs/DEPLOYMENT.md section 8), counted no server queue.
+LOOPBACK_LATENCY_SECONDS = 0.904
 #: Seconds per local step of APPFL's 10 clients, as measured for FedCompass's
 #: efficiency benchmark (CIFAR-10, ResNet-18): Li et al., "FedCompass: Efficient
 #: Cross-Silo Federated Learning on Heterogeneous Client Devices Using a
@@ -186,7 +194,8 @@ DEVICE_PROFILES: dict[str, DeviceProfile] = {
             latency_seconds=LOOPBACK_LATENCY_SECONDS,
             bandwidth=1e9,
             speeds="slow-set",
-            source="measured on the project's machine (docs/DEPLOYMENT.md section 8)",
+            source="measured on the project's machine (docs/results/deployment_race)",
+            server_seconds=LOOPBACK_SERVER_SECONDS,
         ),
         DeviceProfile(
             "appfl10",

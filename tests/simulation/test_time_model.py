@@ -15,6 +15,7 @@ from flwr_gsgm.simulation.inprocess_grid import InProcessGrid
 from flwr_gsgm.simulation.virtual_clock import (
     DEVICE_PROFILES,
     LOOPBACK_LATENCY_SECONDS,
+    LOOPBACK_SERVER_SECONDS,
     LOOPBACK_STEP_SECONDS,
     VirtualClock,
     derive_seed,
@@ -116,7 +117,9 @@ def test_communication_jitter_is_its_own_stream():
 def test_profile_values_and_overrides():
     loopback = VirtualClock(device_profile="loopback")
     assert loopback.seconds_per_step == LOOPBACK_STEP_SECONDS == 0.018
-    assert loopback.latency == LOOPBACK_LATENCY_SECONDS == 2.167
+    assert loopback.latency == LOOPBACK_LATENCY_SECONDS == 0.904
+    # the race's reference probe: 7.646 s for 10 replies at once
+    assert loopback.seconds_per_reply == LOOPBACK_SERVER_SECONDS == 0.765
     over = VirtualClock(device_profile="loopback", step_seconds=0.1, latency_seconds=0.3)
     assert (over.seconds_per_step, over.latency) == (0.1, 0.3)
     uniform = VirtualClock(base_duration=2.0)
