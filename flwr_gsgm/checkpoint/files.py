@@ -54,6 +54,7 @@ __all__ = [
     "FORMAT_KEY",
     "CheckpointError",
     "CheckpointWriteError",
+    "describe_error",
     "save",
     "load",
     "load_for_resume",
@@ -110,7 +111,8 @@ class CheckpointWriteError(OSError):
             if previous is not None
             else "no checkpoint was written there before"
         )
-        super().__init__(f"checkpoint {path} could not be written: {_describe(os_error)}; {kept}")
+        cause = describe_error(os_error)
+        super().__init__(f"checkpoint {path} could not be written: {cause}; {kept}")
         self.errno = getattr(os_error, "errno", None)
         self.path = path
         self.os_error = os_error
@@ -238,8 +240,11 @@ def _os_error(err: BaseException) -> OSError | None:
     return None
 
 
-def _describe(err: BaseException) -> str:
-    """``[Errno 28] No space left on device (ENOSPC)`` for an OSError, else type: text."""
+def describe_error(err: BaseException) -> str:
+    """How a failed write names its cause in a message: ``[Errno 28] No space left on
+    device (ENOSPC)`` for an ``OSError`` with an errno, else ``TypeName: text``. Used by
+    :class:`CheckpointWriteError` and the engine's reply log, so both name a full disk
+    the same way."""
     if isinstance(err, OSError) and err.errno is not None:
         name = errno.errorcode.get(err.errno, str(err.errno))
         return f"[Errno {err.errno}] {err.strerror or os.strerror(err.errno)} ({name})"

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from flwr_gsgm.checkpoint.files import describe_error
 from flwr_gsgm.core import Outcome
 from flwr_gsgm.intake.dispatch import Dispatch
 
@@ -82,9 +83,7 @@ class ReplyLogWriteError(OSError):
     """
 
     def __init__(self, path: Path, err: OSError) -> None:
-        super().__init__(
-            f"reply log {path} could not be written: [Errno {err.errno}] {err.strerror}"
-        )
+        super().__init__(f"reply log {path} could not be written: {describe_error(err)}")
         self.errno = err.errno
         self.path = path
 
