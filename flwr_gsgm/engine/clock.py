@@ -191,7 +191,15 @@ class VirtualTime(Clock):
         )
 
     def message_seconds(self, dispatch: Dispatch) -> float | None:
-        return dispatch.config.get("virtual-duration")
+        # What a deployment measures (WallTime): from sending to the reply's handling,
+        # so the wait for a busy server counts, as the schedulers that read it
+        # (FedCompass's deadlines, work scheduling's round trips) would see it deployed.
+        # Written as duration + wait so that with no server cost it is the duration,
+        # the same float.
+        duration = dispatch.config.get("virtual-duration")
+        if duration is None:
+            return None
+        return float(duration) + (self._now - dispatch.v_finish)
 
     def speed_factors(self, num_partitions: int) -> dict[int, float]:
         return self.model.speed_factors(list(range(num_partitions)))

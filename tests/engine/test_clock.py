@@ -53,6 +53,25 @@ def test_virtual_time_charges_the_server_each_reply_one_at_a_time():
     assert clock.too_late(dispatch(4.0)) is False  # the budget reads the finish time
 
 
+def test_virtual_message_seconds_count_the_wait_for_the_server_as_wall_time_does():
+    clock = VirtualTime(VirtualClock(seed=1, jitter=0.0, slow_fraction=0.0, server_seconds=0.5))
+    sent = [Dispatch(4.0, i, partition_id=i, base_version=0, config={}) for i in range(3)]
+    for d in sent:
+        d.config["virtual-duration"] = 1.5  # sent at 2.5, finished at 4.0
+    # handled at 4.5, 5.0, 5.5: 1.5 s of message, then 0.5, 1.0 and 1.5 s at the server
+    assert [(clock.at_reply(d), clock.message_seconds(d)) for d in sent] == [
+        (4.5, 2.0),
+        (5.0, 2.5),
+        (5.5, 3.0),
+    ]
+    # no server cost: the drawn duration, the same float
+    plain = VirtualTime(PLAIN)
+    d = Dispatch(0.1 + 0.2, 0, partition_id=0, base_version=0, config={"virtual-duration": 0.3})
+    plain.at_reply(d)
+    assert plain.message_seconds(d) == 0.3
+    assert plain.message_seconds(dispatch(1.0)) is None  # not stamped: unknown
+
+
 def test_virtual_stamp_draws_the_duration_of_the_messages_work():
     clock = VirtualTime(PLAIN)
     clock.jump_to(10.0)

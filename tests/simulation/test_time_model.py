@@ -194,7 +194,9 @@ def test_the_dispatcher_charges_local_steps_and_the_models_bytes():
     # 5 steps x 0.1 s + 0.5 s + 2 x 12 bytes (w: 2 float32, b: 1) / 1e9 bytes/s
     each = 5 * 0.1 + 0.5 + 24 / 1e9
     assert [c["virtual-duration"] for c in grid.configs] == [pytest.approx(each)] * 8
-    assert result.report.virtual_seconds == pytest.approx(2 * each)  # 2 messages per node
+    # 2 messages per node; the server, 0.765 s per reply (loopback's), is busy from the
+    # first finish on: each next message finishes before the server is free again
+    assert result.report.virtual_seconds == pytest.approx(each + 8 * LOOPBACK_SERVER_SECONDS)
 
 
 def fedavg_rows(run_dir, **time_model) -> list[dict]:
@@ -216,11 +218,16 @@ def fedavg_rows(run_dir, **time_model) -> list[dict]:
         return list(csv.DictReader(fh))
 
 
-def test_fedavg_round_lasts_as_long_as_its_slowest_node(tmp_path):
+def test_a_loopback_fedavg_round_lasts_until_the_server_has_handled_every_reply(tmp_path):
     rows = fedavg_rows(tmp_path / "run", **{"device-profile": "loopback"})
-    # One slow node of 4 (slow-factor 4): 3 steps x 0.018 s x 4 + 2.167 s latency + the
-    # CNN's 184,586 float32 parameters (738,344 bytes) both ways at 1e9 bytes/s.
-    round_seconds = 3 * 0.018 * 4 + 2.167 + 2 * 738_344 / 1e9
+    # 4 nodes, one slow (slow-factor 4); a message is 3 steps x 0.018 s (x 4 on the slow
+    # one) + 0.904 s latency + the CNN's 184,586 float32 parameters (738,344 bytes) both
+    # ways at 1e9 bytes/s. The 3 fast replies finish at 0.959 s; the server takes 0.765 s
+    # each, so the slow one (1.122 s) waits too: the round ends 4 x 0.765 s after 0.959 s.
+    fast = 3 * 0.018 + 0.904 + 2 * 738_344 / 1e9
+    slow = 3 * 0.018 * 4 + 0.904 + 2 * 738_344 / 1e9
+    assert fast + 0.765 > slow  # the slow reply is queued, not waited for
+    round_seconds = fast + 4 * 0.765
     assert [int(r["updates"]) for r in rows] == [0, 4, 8]
     assert [float(r["virtual_time"]) for r in rows] == [
         0.0,
