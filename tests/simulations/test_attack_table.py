@@ -49,6 +49,26 @@ def test_losses_are_paired_by_seed_and_their_median_taken():
     ]
 
 
+def test_an_attacked_run_that_diverged_is_counted_not_dropped():
+    runs = pd.DataFrame(
+        [
+            run("gsgm", "clean", 1, 0.80),
+            run("gsgm", "clean", 2, 0.84),
+            run("gsgm", "clean", 3, 0.82),
+            # seed 1 diverged; seeds 2 and 3 lost 4 and 2 pp: median 3
+            run("gsgm", "sign-flip-3", 1, 0.10, status="diverged"),
+            run("gsgm", "sign-flip-3", 2, 0.80),
+            run("gsgm", "sign-flip-3", 3, 0.80),
+            # every seed diverged: no loss to give, only the count
+            run("gsgm", "noise-3", 1, 0.10, status="diverged"),
+            run("gsgm", "noise-3", 2, 0.10, status="diverged"),
+        ]
+    )
+    assert attack_table.loss_table(runs).splitlines()[2] == (
+        "| gsgm | 82.0 (3) | 2 diverged | 3.0 (2), 1 diverged |"
+    )
+
+
 def test_a_table_without_clean_runs_is_refused():
     runs = pd.DataFrame([run("gsgm", "noise-1", 1, 0.5)])
     with pytest.raises(ValueError, match="no 'clean' runs in the table"):
