@@ -384,20 +384,18 @@ def _save_figure(fig, path: Path) -> Path:
     return path
 
 
-def plot_curves(
-    rows, methods, out: Path, path: Path, title: str, x: str = "updates"
-) -> Path | None:
-    """Accuracy curves per method: mean over seeds, seed range shaded (ok runs only).
+# More series than this on one axis make a legend that covers the curves (the
+# lying-nodes page had 56): past it, one panel per client work.
+_SERIES_PER_AXIS = 12
 
-    ``x``: ``updates`` (client updates received) or ``virtual_time`` (seconds). A
-    method named ``method/work`` (:func:`series_rows`) gets its method's colour and a
-    line style per client work.
-    """
-    rows = frame(rows)
-    plt = _plt()
-    styles = _series_styles(methods)
-    colors = {m: c for m, (c, _) in styles.items()}
-    fig, ax = plt.subplots(figsize=(8, 4.8))
+
+def _work_of(series: str) -> str:
+    return series.split("/", 1)[1] if "/" in series else ""
+
+
+def _draw_curves(ax, rows: pd.DataFrame, methods, out: Path, x: str, styles) -> bool:
+    """Draw each of ``methods``' mean curve over seeds on ``ax``, seed range shaded;
+    False if none had a curve. ``styles``: :func:`_series_styles`."""
     drawn = False
     for m in methods:
         mine = rows[rows["method"].eq(m)]
@@ -426,21 +424,69 @@ def plot_curves(
                 ]
             )
         ys = 100.0 * ys
+        color, ls = styles[m]
         n_bad = int(mine["status"].isin(("diverged", "failed")).sum())
         label = f"{m} ({len(curves)} seed{'s' if len(curves) > 1 else ''}"
         label += (f", {n_bad} diverged/failed" if n_bad else "") + ")"
-        ax.plot(grid, ys.mean(axis=0), color=colors[m], ls=styles[m][1], label=label, lw=1.6)
+        ax.plot(grid, ys.mean(axis=0), color=color, ls=ls, label=label, lw=1.6)
         if len(curves) > 1:
-            ax.fill_between(grid, ys.min(axis=0), ys.max(axis=0), color=colors[m], alpha=0.18, lw=0)
+            ax.fill_between(grid, ys.min(axis=0), ys.max(axis=0), color=color, alpha=0.18, lw=0)
         drawn = True
+    ax.grid(alpha=0.3)
+    return drawn
+
+
+def plot_curves(
+    rows, methods, out: Path, path: Path, title: str, x: str = "updates"
+) -> Path | None:
+    """Accuracy curves per method: mean over seeds, seed range shaded (ok runs only).
+
+    ``x``: ``updates`` (client updates received) or ``virtual_time`` (seconds). A
+    method named ``method/work`` (:func:`series_rows`) gets its method's colour and a
+    line style per client work. More than ``_SERIES_PER_AXIS`` series of several
+    client works are drawn one panel per work (methods in the same colour in every
+    panel, one legend per panel). Returns the PNG's path, or None if no run had a curve.
+    """
+    rows = frame(rows)
+    plt = _plt()
+    xlabel = "client updates received" if x == "updates" else "virtual time (s)"
+    works = list(dict.fromkeys(_work_of(m) for m in methods))
+    if len(methods) <= _SERIES_PER_AXIS or len(works) < 2:
+        styles = _series_styles(methods)
+        fig, ax = plt.subplots(figsize=(8, 4.8))
+        if not _draw_curves(ax, rows, methods, out, x, styles):
+            plt.close(fig)
+            return None
+        ax.set(xlabel=xlabel, ylabel="test accuracy (%)", title=title)
+        ax.legend(fontsize=8, loc="lower right")
+        return _save_figure(fig, path)
+    # One panel per work: the colour names the method, so every line is solid.
+    colors = _colors(list(dict.fromkeys(m.split("/")[0] for m in methods)))
+    styles = {m: (colors[m.split("/")[0]], "-") for m in methods}
+    ncols = min(4, len(works))
+    nrows = -(-len(works) // ncols)
+    fig, axes = plt.subplots(
+        nrows, ncols, figsize=(4.2 * ncols, 3.4 * nrows), sharex=True, sharey=True, squeeze=False
+    )
+    drawn = False
+    for ax, work in zip(axes.flat, works):
+        mine = [m for m in methods if _work_of(m) == work]
+        if _draw_curves(ax, rows, mine, out, x, styles):
+            drawn = True
+            for line in ax.get_lines():  # the work is the panel's title
+                line.set_label(line.get_label().replace(f"/{work} (", " ("))
+            ax.legend(fontsize=6, loc="lower right")
+        ax.set_title(work or "base config", fontsize=9)
+    for ax in axes.flat[len(works) :]:
+        ax.set_visible(False)
     if not drawn:
         plt.close(fig)
         return None
-    ax.set_xlabel("client updates received" if x == "updates" else "virtual time (s)")
-    ax.set_ylabel("test accuracy (%)")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
+    for ax in axes[-1]:
+        ax.set_xlabel(xlabel)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("test accuracy (%)")
+    fig.suptitle(title)
     return _save_figure(fig, path)
 
 
@@ -835,6 +881,15 @@ def _tuned_section(out: Path) -> list[str]:
     import tomllib
 
     data = tomllib.loads(path.read_text())
+    if not any(sel.get("candidates") for sel in data.get("selection", {}).values()):
+        # no grid anywhere: a row per series of "–" would only repeat the run config
+        return [
+            "## Tuned choices",
+            "",
+            "Nothing was tuned: every method ran its declared defaults with the preset's "
+            "run config (`tuned.toml` lists each series' config).",
+            "",
+        ]
     cells = []
     for m, cfg in data.get("methods", {}).items():
         cfg = current_names(cfg)  # a tuned.toml written before a key was renamed

@@ -516,3 +516,78 @@ def test_headline_accuracy_table_counts_the_best_baseline_without_its_pending_ru
     )
     # asgd's own table shows it
     assert "| asgd | 2/3 (1 pending) | 0 | 0 | 77.0 ± 2.8 |" in text
+
+
+def _curve_runs(out: Path, methods: list[str], works: list[str]) -> pd.DataFrame:
+    """One ok run per (method, work), with a 3-point metrics.csv whose accuracy is
+    0.1 x (method index + 1) at every point."""
+    rows = []
+    for i, method in enumerate(methods):
+        for work in works:
+            run = out / f"runs/{method}/{work}/s1"
+            run.mkdir(parents=True)
+            acc = 0.1 * (i + 1)
+            lines = ["updates,accuracy,virtual_time", *(f"{u},{acc},{u}" for u in (10, 20, 30))]
+            (run / "metrics.csv").write_text("\n".join(lines) + "\n")
+            rows.append(
+                {
+                    "run_id": f"runs/{method}/{work}/s1",
+                    "method": f"{method}/{work}",
+                    "status": "ok",
+                    "nodes": 10,
+                    "partition": "iid",
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def test_many_series_of_several_works_get_one_panel_per_work(tmp_path, monkeypatch):
+    """7 methods x 2 works = 14 series (> 12): two panels, the work as each panel's
+    title, each method in one colour in both, its legend naming the method alone."""
+    import simulations.report as report
+
+    figures = []
+    monkeypatch.setattr(report, "_save_figure", lambda fig, path: figures.append(fig) or path)
+    methods = [f"m{i}" for i in range(7)]
+    rows = _curve_runs(tmp_path, methods, ["clean", "attack"])
+    series = list(rows["method"])
+    assert report.plot_curves(rows, series, tmp_path, tmp_path / "c.png", "t") is not None
+    axes = [ax for ax in figures[0].axes if ax.get_visible()]
+    assert [ax.get_title() for ax in axes] == ["clean", "attack"]
+    for ax in axes:
+        labels = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert labels == [f"m{i} (1 seed)" for i in range(7)]
+        # m3's mean curve is 0.4 -> 40% at every update
+        assert list(ax.get_lines()[3].get_ydata()) == pytest.approx([40.0, 40.0, 40.0])
+    colours = [[line.get_color() for line in ax.get_lines()] for ax in axes]
+    assert colours[0] == colours[1] and len(set(map(str, colours[0]))) == 7
+
+
+def test_a_dozen_series_or_fewer_share_one_axis(tmp_path, monkeypatch):
+    import simulations.report as report
+
+    figures = []
+    monkeypatch.setattr(report, "_save_figure", lambda fig, path: figures.append(fig) or path)
+    rows = _curve_runs(tmp_path, [f"m{i}" for i in range(6)], ["clean", "attack"])
+    report.plot_curves(rows, list(rows["method"]), tmp_path, tmp_path / "c.png", "t")
+    (ax,) = figures[0].axes
+    assert len(ax.get_lines()) == 12 and ax.get_title() == "t"
+
+
+def test_a_sweep_that_tuned_nothing_says_so_in_a_line_not_a_table_of_dashes(tmp_path):
+    out = make_sweep(tmp_path / "sweep")
+    (out / "tuned.toml").write_text(
+        '[methods."gsgm"]\nstrategy = "gsgm"\n\n'
+        '[selection."gsgm"]\nmethod = "gsgm"\ngrid-point = "default"\ncandidates = 0\n'
+    )
+    text = write_report(out, tmp_path / "RESULTS.md").read_text()
+    assert "Nothing was tuned: every method ran its declared defaults" in text
+    assert "| method | choice (run config) |" not in text
+    # one method tuned on a grid: the table is back
+    (out / "tuned.toml").write_text(
+        (out / "tuned.toml").read_text()
+        + '\n[methods."asgd"]\nstrategy = "asgd"\n\n[selection."asgd"]\n"final-accuracy" = 0.7'
+        "\nmasd = 0.02\ncandidates = 3\ndiverged = 1\n"
+    )
+    text = write_report(out, tmp_path / "RESULTS.md").read_text()
+    assert '| asgd | `strategy="asgd"` | 70.0 | 2.00 | 3 | 1 |' in text
