@@ -187,8 +187,9 @@ def bench_case(
     shapes: Sequence[tuple[int, ...]],
     updates: list[list[np.ndarray]],
     rounds: int,
-) -> tuple[dict[str, list[tuple[float, int]]], list[float], list[float]]:
-    """``{kind: [(seconds, floor arrays)]}`` of a rule's calls and the plain steps' times."""
+) -> tuple[dict[str, list[tuple[float, int]]], list[float], list[float], int]:
+    """``{kind: [(seconds, floor arrays)]}`` of a rule's calls, the plain steps' times
+    (both forms) and the rule's memory: its ``model_copies()`` for the bench's nodes."""
     rng = np.random.default_rng(1)
     weights = [(rng.standard_normal(s) * 0.01).astype(np.float32) for s in shapes]
     w_plain = [a.copy() for a in weights]
@@ -242,7 +243,7 @@ def bench_case(
             times.setdefault(kind, []).append((dt, floor_arrays(opt, rule, kind, extra)))
             if keeps_backups:
                 times.setdefault("dispatch", []).append((dd, 2))
-    return times, plain, plain_inplace
+    return times, plain, plain_inplace, opt.model_copies()
 
 
 KIND_LABEL = {
@@ -274,6 +275,7 @@ def run(
     out(
         "ratio = median call / median plain step (the faster of `w -= lr * g` and its "
         "chunked in-place form); floor = model-sized arrays read + written / 3; "
+        f"copies = model copies the rule keeps ({len(NODES)} nodes; model_copies); "
         f"target: arrival steps at 10M within {TARGET}x of their floor"
     )
     for total in sizes:
@@ -284,12 +286,12 @@ def run(
         out(f"{total:,} parameters in {len(shapes)} arrays")
         head = (
             f"{'rule / variant':<22} {'step':<22} {'n':>3} {'ms':>8} {'plain ms':>8} "
-            f"{'ratio':>6} {'floor':>6} {'over floor':>10}  target"
+            f"{'ratio':>6} {'floor':>6} {'over floor':>10} {'copies':>6}  target"
         )
         out(head)
         out("-" * len(head))
         for label, rule, params in cases:
-            times, plain, plain_inplace = bench_case(rule, params, shapes, updates, rounds)
+            times, plain, plain_inplace, copies = bench_case(rule, params, shapes, updates, rounds)
             ref = min(statistics.median(plain), statistics.median(plain_inplace))
             for kind in [k for k in KIND_LABEL if k in times]:
                 samples = times[kind]
@@ -313,12 +315,14 @@ def run(
                         ratio=ratio,
                         floor=floor,
                         over_floor=over,
+                        copies=copies,
                         verdict=verdict,
                     )
                 )
                 out(
                     f"{label:<22} {KIND_LABEL[kind]:<22} {len(samples):>3} {1e3 * ms:>8.2f} "
-                    f"{1e3 * ref:>8.2f} {ratio:>6.2f} {floor:>6.2f} {over:>10.2f}  {verdict}"
+                    f"{1e3 * ref:>8.2f} {ratio:>6.2f} {floor:>6.2f} {over:>10.2f} "
+                    f"{copies:>6}  {verdict}"
                 )
             del times
     return rows

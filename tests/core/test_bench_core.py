@@ -40,5 +40,11 @@ def test_quick_run_has_a_row_per_rule_and_gsgm_variant(capsys):
     assert by[("gsgm table ema", "applied")]["floor"] == 11 / 3
     assert by[("fedbuff", "into buffer")]["floor"] == 4 / 3
     assert by[("dcasgd", "dispatch")]["floor"] == 2 / 3
+    # Memory, in model copies for the bench's 4 nodes: FedBuff w and its buffer sum (2),
+    # + its K = 5 updates when trimming; GSGM's close step w, M, S and up to 4 slots
+    # (2 + 4), + the cycle's contributions when trimming (2 x 4).
+    copies = {r["case"]: r["copies"] for r in rows}
+    assert copies["fedbuff"] == 2 and copies["fedbuff trimmed"] == 7
+    assert copies["gsgm close"] == 6 and copies["gsgm close trimmed"] == 14
     # No verdict below 10M parameters: the target is stated at 10M.
     assert {r["verdict"] for r in rows} == {"-"}

@@ -126,3 +126,28 @@ def test_gsgm_trimming_state_round_trips_and_is_checked():
     with pytest.raises(ValueError, match=r"cycle_rows'\] holds 1 contribution\(s\); expected"):
         other.load_state_dict({**state, "cycle_rows": state["cycle_rows"][:1]})
     assert gsgm(0.0).model_copies(5) == 7 and opt.model_copies(5) == 17
+
+
+@pytest.mark.parametrize("n", [2, 3, 5, 6, 10, 24, 40, 41])
+def test_the_sorting_network_sorts_as_numpy_does_to_the_bit(n):
+    """Random rows with ties and signed zeros: every column sorted, and the trimmed mean
+    the same bytes as with numpy's sort (41 rows: numpy's sort itself)."""
+    from flwr_gsgm.core.robust import NETWORK_ROWS, sort_columns
+
+    assert NETWORK_ROWS == 40
+    rng = np.random.default_rng(n)
+    rows = rng.standard_normal((n, 1000)).astype(np.float32)
+    rows[:, :10] = 0.0
+    rows[0, :5] = -0.0
+    rows[-1, 20:40] = rows[0, 20:40]  # ties
+    ours = rows.copy()
+    sort_columns(ours, np.empty(1000, np.float32))
+    numpy_sorted = np.sort(rows, axis=0)
+    assert np.array_equal(ours, numpy_sorted)
+    cut = max(1, int(0.2 * n)) if n > 2 else 0
+    assert np.mean(ours[cut : n - cut], axis=0).tobytes() == (
+        np.mean(numpy_sorted[cut : n - cut], axis=0).tobytes()
+    )
+    out, stack = np.empty(1000, np.float32), np.empty((n, 1000), np.float32)
+    trimmed_mean_chunk(list(rows), 0, 1000, cut, out, stack)
+    assert out.tobytes() == np.mean(numpy_sorted[cut : n - cut], axis=0).tobytes()
