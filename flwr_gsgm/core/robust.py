@@ -11,7 +11,7 @@ buffer, GSGM's cycle) can take this statistic of them instead of their mean, so 
 a node whose update points the wrong way at a plausible norm moves no coordinate
 further than the honest updates around it (run config ``trim-fraction``,
 :data:`~flwr_gsgm.core.params.TRIM_FRACTION`). What it stops and what it does not:
-docs/FAULTS.md, "Lying nodes".
+docs/FAULTS.md, "A node that lies within the norm bound".
 
 This module imports numpy only (and the core's chunking).
 """
