@@ -15,6 +15,7 @@ option of this project's, not of the paper's.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar
 
@@ -22,7 +23,7 @@ import numpy as np
 
 from .base import Outcome, Parts, ServerOptimizer, chunks
 from .params import TRIM_FRACTION, Param, server_learning_rate
-from .robust import trimmed_step
+from .robust import trimmed_count, trimmed_step
 
 __all__ = ["FedBuffRule"]
 
@@ -46,7 +47,8 @@ class FedBuffRule(ServerOptimizer):
         max_norm: optional L2-norm bound (see :class:`ServerOptimizer`).
 
     Raises:
-        ValueError: a parameter is out of range; the message names it.
+        ValueError: a parameter is out of range, or ``trim_fraction`` cuts none of a
+            buffer (``int(f * K)`` = 0); the message names it.
 
     Memory: ``w``, the buffer sum (``size(w)`` float32), chunk-sized scratch; with
     ``trim_fraction`` > 0 also the K updates, and K chunks of scratch at a step.
@@ -73,6 +75,15 @@ class FedBuffRule(ServerOptimizer):
         self, weights: Sequence[np.ndarray], partition_ids: Iterable[int], **params: Any
     ) -> None:
         super().__init__(weights, partition_ids, **params)
+        f, k = self._trim_fraction, self._buffer_size
+        if f > 0 and trimmed_count(k, f) == 0:
+            # A trim that cuts nothing is the plain mean at K more model copies.
+            raise ValueError(
+                f"fedbuff: trim_fraction={f} cuts int({f} x {k}) = 0 of a buffer of "
+                f"buffer_size={k} at each end (the plain mean, at {k} more model copies): "
+                f"set trim_fraction to at least {math.ceil(1000 / k) / 1000:g}, "
+                f"buffer_size to at least {math.ceil(1.0 / f - 1e-9)}, or trim_fraction to 0"
+            )
         self._buf = np.zeros(self._size, dtype=np.float32)
         self._count = 0
         # trim_fraction > 0: the buffered updates themselves (the sum stays 0).

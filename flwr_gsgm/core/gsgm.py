@@ -15,6 +15,7 @@ algorithm.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar
@@ -23,7 +24,7 @@ import numpy as np
 
 from .base import Outcome, Parts, ServerOptimizer, chunks, replace_row
 from .params import BETA, TRIM_FRACTION, Param, server_learning_rate
-from .robust import trimmed_step
+from .robust import trimmed_count, trimmed_step
 from .state_checks import state_int, state_nodes
 
 __all__ = ["GSGMRule"]
@@ -33,6 +34,9 @@ _FORMS = ("heavy-ball", "ema")
 _AVERAGING = ("auto", "slot", "table")
 _LR_SCALING = ("step", "cycle")
 _APPLY_AT = ("auto", "arrival", "close")
+
+# Flower's logger, by its name (the core imports no flwr): its handler prints INFO.
+_log = logging.getLogger("flwr")
 
 
 class GSGMRule(ServerOptimizer):
@@ -196,7 +200,8 @@ class GSGMRule(ServerOptimizer):
         Param(
             "averaging",
             "auto",
-            "partial averaging variant (auto = table, or slot under a max-in-flight limit)",
+            "partial averaging variant (auto = slot where the step is at the cycle's "
+            "close; else table, or slot under a max-in-flight limit)",
             kind=str,
             choices=_AVERAGING,
             run_config_key="averaging",
@@ -315,6 +320,9 @@ class GSGMRule(ServerOptimizer):
         self._weight = 1.0
         # trim_fraction > 0: the cycle's weighted contributions (S stays 0).
         self._rows: list[np.ndarray] = []
+        # trim_fraction > 0: whether a close that cut some (True) or none (False) was
+        # logged; a cycle's size depends on the fleet, so the first of each is logged.
+        self._trim_logged: set[bool] = set()
 
     @staticmethod
     def auto_apply_at(displacement: bool) -> str:
@@ -568,11 +576,38 @@ class GSGMRule(ServerOptimizer):
     def _trimmed_close_step(self) -> None:
         """``w <- w - lr * trimmed mean of the cycle's contributions``; ``t += 1``."""
         rows = self._rows
+        self._log_trim(len(rows))
         trimmed_step(self._w, rows, self._trim_fraction, self._lr, self._scr_a)
         for row in rows:
             self._release(row)
         self._rows = []
         self._version += 1
+
+    def _log_trim(self, n: int) -> None:
+        """Log the first trimmed close that cuts some of its ``n`` contributions (INFO)
+        and the first that cuts none (WARNING: ``int(f * n)`` = 0, so that close is the
+        plain mean): the cut depends on the cycle's size, which the fleet sets."""
+        f = self._trim_fraction
+        cut = trimmed_count(n, f)
+        if (cut > 0) in self._trim_logged:
+            return
+        self._trim_logged.add(cut > 0)
+        if cut:
+            _log.info(
+                "gsgm: trimmed close: cut %d of %d contributions at each end (trim_fraction=%g)",
+                cut,
+                n,
+                f,
+            )
+        else:
+            _log.warning(
+                "gsgm: trimmed close of %d contributions cut none (int(%g x %d) = 0): it "
+                "was the plain mean; trim_fraction >= %g cuts one at each end",
+                n,
+                f,
+                n,
+                math.ceil(1000 / max(n, 1)) / 1000,
+            )
 
     def _refresh_momentum(self, src: np.ndarray, count: int) -> None:
         """Fold the cycle mean ``src / count`` into ``M`` (heavy-ball or ema)."""

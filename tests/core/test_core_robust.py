@@ -4,6 +4,8 @@ their updates for it, FedBuff's buffer and GSGM's cycle, with hand-computed numb
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 from core_testutil import assert_bits_equal, f32
@@ -59,12 +61,26 @@ def test_fedbuff_steps_along_the_trimmed_mean_of_its_buffer():
     assert plain.model_copies(5) == 2 and opt.model_copies(5) == 7
 
 
+def test_fedbuff_refuses_a_trim_fraction_that_cuts_none_of_its_buffer():
+    # int(0.1 x 5) = 0: the plain mean at 5 more model copies, refused at the start
+    with pytest.raises(
+        ValueError,
+        match=r"trim_fraction=0.1 cuts int\(0.1 x 5\) = 0 of a buffer of buffer_size=5 .*"
+        r"at least 0.2, buffer_size to at least 10, or trim_fraction to 0",
+    ):
+        FedBuffRule([f32(0, 0)], [1, 2], lr=0.5, buffer_size=5, trim_fraction=0.1)
+    # a buffer of 3 needs int(f x 3) >= 1: 0.334 (0.333 x 3 = 0.999 would cut none)
+    with pytest.raises(ValueError, match=r"at least 0.334, buffer_size to at least 4,"):
+        FedBuffRule([f32(0, 0)], [1, 2], lr=0.5, buffer_size=3, trim_fraction=0.3)
+    FedBuffRule([f32(0, 0)], [1, 2], lr=0.5, buffer_size=3, trim_fraction=0.334)
+
+
 def test_fedbuff_trimming_state_round_trips_and_is_checked():
-    opt = FedBuffRule([f32(0, 0)], [1, 2], lr=0.5, buffer_size=3, trim_fraction=0.25)
+    opt = FedBuffRule([f32(0, 0)], [1, 2], lr=0.5, buffer_size=4, trim_fraction=0.25)
     opt.on_update(1, [f32(2, 4)], 0)
     opt.on_update(2, [f32(4, 0)], 0)
     state = opt.state_dict()
-    other = FedBuffRule([f32(0, 0)], [1, 2], lr=0.5, buffer_size=3, trim_fraction=0.25)
+    other = FedBuffRule([f32(0, 0)], [1, 2], lr=0.5, buffer_size=4, trim_fraction=0.25)
     other.load_state_dict(state)
     assert other.buffer_count == 2
     assert_bits_equal(other.buffer_sum, f32(6, 4))
@@ -95,6 +111,33 @@ def test_gsgm_closes_its_cycle_along_the_trimmed_mean():
     # staleness 0: weights 1; the same numbers as FedBuff's: x 4, y 8/3, times lr 0.5
     assert_bits_equal(opt.weights[0], np.array([-2.0, -0.5 * np.float32(8 / 3)], dtype=np.float32))
     assert opt.version == 1 and opt.cycle_count == 0 and opt.state_dict()["cycle_rows"] == []
+
+
+def test_gsgm_logs_what_its_first_trimmed_closes_cut(caplog):
+    caplog.set_level(logging.INFO, logger="flwr")
+    opt = gsgm(0.2)
+    for cycle in range(2):  # two closes of 5: int(0.2 x 5) = 1, logged once
+        for node in (1, 2, 3, 4, 5):
+            opt.on_update(node, [f32(2, 2)], cycle)
+    said = [(r.levelno, r.getMessage()) for r in caplog.records if "trimmed close" in r.message]
+    assert said == [
+        (
+            logging.INFO,
+            "gsgm: trimmed close: cut 1 of 5 contributions at each end (trim_fraction=0.2)",
+        )
+    ]
+    caplog.clear()
+    opt = gsgm(0.1)  # int(0.1 x 5) = 0: the close is the plain mean, and says so
+    for node in (1, 2, 3, 4, 5):
+        opt.on_update(node, [f32(2, 2)], 0)
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (
+            logging.WARNING,
+            "gsgm: trimmed close of 5 contributions cut none (int(0.1 x 5) = 0): it was "
+            "the plain mean; trim_fraction >= 0.2 cuts one at each end",
+        )
+    ]
+    assert_bits_equal(opt.weights[0], f32(-1, -1))  # lr 0.5 x the mean (2, 2)
 
 
 def test_gsgm_weights_a_stale_contribution_before_trimming():
