@@ -170,7 +170,9 @@ class AsyncEngine:
         scale = initial_scale(self.layout.trainable_of(self.initial))
         self.norm_bound = RelativeNormBound(settings.max_norm_ratio, scale)
         self.intake = ReplyIntake(self.layout, lambda pid: self.members.nodes[pid].identified)
-        self.evaluator = Evaluator(self.keys, evaluate_fn, settings.max_updates, on_evaluate)
+        self.evaluator = Evaluator(
+            self.keys, evaluate_fn, settings.max_updates, on_evaluate, self.clock.virtual
+        )
         self.federated = FederatedEvaluator(
             grid, self.keys, settings, self.ledger, on_federated_evaluate
         )

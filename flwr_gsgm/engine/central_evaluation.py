@@ -63,6 +63,10 @@ class Evaluator:
         ``(updates, arrays, metrics) -> None``, called after each row is built
         (:mod:`flwr_gsgm.engine.hooks`; ``metrics``:
         :func:`~flwr_gsgm.engine.hooks.evaluation_metrics`).
+    virtual : bool
+        Whether the run's clock is virtual (:attr:`~flwr_gsgm.engine.clock.Clock.virtual`):
+        the log line shows the virtual time beside the wall time only then (under the
+        wall clock the row's ``virtual_time`` is the wall time).
 
     Attributes
     ----------
@@ -81,8 +85,10 @@ class Evaluator:
         evaluate_fn: EvaluateFn | None,
         max_updates: int,
         on_evaluate: OnEvaluate | None = None,
+        virtual: bool = True,
     ) -> None:
         self.keys = keys
+        self.virtual = virtual
         self.evaluate_fn = evaluate_fn
         self.on_evaluate = on_evaluate
         self.max_updates = max_updates
@@ -168,14 +174,15 @@ class Evaluator:
         return row, reason
 
     def _log(self, row: dict[str, float]) -> None:
+        vtime = f"vtime {row['virtual_time']:.1f} s | " if self.virtual else ""
         log(
             INFO,
-            "[async] updates %d/%d | version %d | vtime %.1f s | wall %.1f s | "
+            "[async] updates %d/%d | version %d | %swall %.1f s | "
             "acc %.4f | loss %.4f | staleness mean %.2f max %d",
             row["updates"],
             self.max_updates,
             row["version"],
-            row["virtual_time"],
+            vtime,
             row["wall_time"],
             row["accuracy"],
             row["loss"],

@@ -204,7 +204,12 @@ class SynchronousRun:
         ``evaluate_fn(updates, arrays)`` is the centralized evaluation (``accuracy``,
         ``loss``). A diverged model ends the run at the row that shows it
         (:attr:`SynchronousReport.diverged`)."""
-        evaluator = Evaluator(list(initial.keys()), evaluate_fn, self.rounds * self.per_round)
+        evaluator = Evaluator(
+            list(initial.keys()),
+            evaluate_fn,
+            self.rounds * self.per_round,
+            virtual=self.clock.virtual,
+        )
         self.evaluator = evaluator
         self.clock.start()
         if self.model is not None and isinstance(self.strategy, TimeBudgetFedAvg):

@@ -208,3 +208,23 @@ def test_every_json_a_run_writes_is_strict_json_at_0_updates_and_after(tmp_path)
     # The checkpoint keeps the NaN train loss of the row at 0 updates, tagged, and a
     # resume gets it back as NaN.
     assert '{"__float__":"nan"}' in four["checkpoint.pt:state.json"]
+
+
+# ------------------------------------------------------------------ the progress line
+@pytest.mark.parametrize("clock", [EVEN, None])
+def test_the_progress_line_shows_a_virtual_time_only_under_a_virtual_clock(caplog, clock):
+    caplog.set_level(logging.INFO)
+    grid = InProcessGrid(make_app(), 2, run_config={})
+    ASGD(server_learning_rate=0.1, virtual_clock=clock).start(
+        grid, initial_arrays(), max_updates=4, eval_every=2
+    )
+    lines = [r.getMessage() for r in caplog.records if "[async] updates " in r.getMessage()]
+    assert [line.split(" | ")[0] for line in lines] == [
+        "[async] updates 0/4",
+        "[async] updates 2/4",
+        "[async] updates 4/4",
+    ]
+    # under the virtual clock: "| vtime 2.0 s | wall ..."; under the wall clock the row's
+    # virtual time is the wall time, so the line shows "| wall ..." alone
+    fields = [line.split(" | ")[2].split(" ")[0] for line in lines]
+    assert fields == (["vtime"] * 3 if clock is not None else ["wall"] * 3)
