@@ -323,7 +323,8 @@ class Membership:
                 INFO,
                 "[async] nodes keyed by node id, in node-id order, without a query "
                 "(query_partition_ids is off without a virtual clock or checkpoints; set "
-                "it to True if your ClientApp answers a query with its partition-id)",
+                "EngineSettings(query_partition_ids=True) if your ClientApp answers a "
+                "query with its partition-id)",
             )
         if not self.started:
             self.unkeyed.extend(new)

@@ -338,7 +338,7 @@ def test_without_a_virtual_clock_or_checkpoints_no_node_is_queried(caplog, tmp_p
     assert set(calls) == {"train"}
     logged = [r.getMessage() for r in caplog.records]
     said = [line for line in logged if "nodes keyed by node id" in line]
-    assert len(said) == 1 and "query_partition_ids" in said[0]
+    assert len(said) == 1 and "set EngineSettings(query_partition_ids=True) if" in said[0]
     assert any("3 nodes: node 1, node 2, node 3;" in line for line in logged)
     # With a virtual clock (or checkpoints) the nodes are asked, as before.
     assert EngineSettings(virtual_clock=CLOCK).queries_partition_ids
