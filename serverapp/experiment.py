@@ -32,6 +32,7 @@ from flwr_gsgm.config.build import build_strategy, build_synchronous
 from flwr_gsgm.config.outputs import run_dir_for
 from flwr_gsgm.config.run_config import SYNC_STRATEGIES, unread_settings
 from flwr_gsgm.engine.run_end import DIVERGED, RunDiverged, RunFailed
+from flwr_gsgm.evaluation.stability import FINAL_WINDOW
 from flwr_gsgm.strategy.time_budget_fedavg import TimeBudgetFedAvg
 from serverapp.app_config import parse_app_config
 from serverapp.plot import plot_accuracy
@@ -254,8 +255,11 @@ def _write_outputs(run_dir: Path, cfg: Mapping[str, Any], rows, summary, grid: G
     plot_accuracy(run_dir, rows, _title(cfg, summary, len(list(grid.get_node_ids()))))
     log(
         INFO,
-        "[flwr-gsgm] final accuracy %.4f, MASD %.4f -> %s",
+        "[flwr-gsgm] final accuracy %.4f (the mean of the last %d evaluations; the last "
+        "%.4f), MASD %.4f -> %s",
         summary["final_accuracy"],
+        FINAL_WINDOW,
+        rows[-1]["accuracy"] if rows else float("nan"),
         summary["masd"],
         run_dir,
     )
@@ -280,5 +284,6 @@ def _title(cfg: Mapping[str, Any], summary: Mapping[str, Any], num_nodes: int) -
     return (
         f"{cfg['strategy'].upper()} on {cfg['dataset']} ({num_nodes} nodes, {split}, seed "
         f"{cfg['seed']}): "
-        f"final accuracy {100 * summary['final_accuracy']:.1f}%, MASD {summary['masd']:.4f}"
+        f"final accuracy {100 * summary['final_accuracy']:.1f}% (mean of the last "
+        f"{FINAL_WINDOW}), MASD {summary['masd']:.4f}"
     )

@@ -45,7 +45,12 @@ def accuracy_std(accuracies: Sequence[float]) -> float:
     return float(np.std(half)) if len(half) else math.nan
 
 
-def final_accuracy(accuracies: Sequence[float], last: int = 5) -> float:
+#: Evaluations averaged into the final accuracy (:func:`final_accuracy`): one
+#: evaluation's noise is averaged out, as GSGM.md's metrics say.
+FINAL_WINDOW = 5
+
+
+def final_accuracy(accuracies: Sequence[float], last: int = FINAL_WINDOW) -> float:
     """Mean of the last ``last`` evaluations (NaN if there are none)."""
     arr = np.asarray(accuracies, dtype=np.float64)
     return float(np.mean(arr[-last:])) if len(arr) else math.nan

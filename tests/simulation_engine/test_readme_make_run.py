@@ -46,7 +46,11 @@ def test_the_readme_make_run_example_runs_as_written(tmp_path):
             ["bash", "-c", line], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200
         )
     out = proc.stdout + proc.stderr
-    found = re.search(r"\[flwr-gsgm\] final accuracy [\d.]+, MASD [\d.]+ -> (\S+)", out)
+    found = re.search(
+        r"\[flwr-gsgm\] final accuracy [\d.]+ \(the mean of the last 5 evaluations; "
+        r"the last [\d.]+\), MASD [\d.]+ -> (\S+)",
+        out,
+    )
     run_dir = Path(found.group(1)) if found else None
     try:
         assert proc.returncode == 0, out[-4000:]
