@@ -23,7 +23,7 @@ import numpy as np
 
 from .base import Outcome, Parts, ServerOptimizer, chunks
 from .params import TRIM_FRACTION, Param, server_learning_rate
-from .robust import trimmed_count, trimmed_step
+from .robust import least_cutting_fraction, trimmed_count, trimmed_step
 
 __all__ = ["FedBuffRule"]
 
@@ -81,7 +81,7 @@ class FedBuffRule(ServerOptimizer):
             raise ValueError(
                 f"fedbuff: trim_fraction={f} cuts int({f} x {k}) = 0 of a buffer of "
                 f"buffer_size={k} at each end (the plain mean, at {k} more model copies): "
-                f"set trim_fraction to at least {math.ceil(1000 / k) / 1000:g}, "
+                f"set trim_fraction to at least {least_cutting_fraction(k):g}, "
                 f"buffer_size to at least {math.ceil(1.0 / f - 1e-9)}, or trim_fraction to 0"
             )
         self._buf = np.zeros(self._size, dtype=np.float32)

@@ -24,7 +24,7 @@ import numpy as np
 
 from .base import Outcome, Parts, ServerOptimizer, chunks, replace_row
 from .params import BETA, TRIM_FRACTION, Param, server_learning_rate
-from .robust import trimmed_count, trimmed_step
+from .robust import least_cutting_fraction, trimmed_count, trimmed_step
 from .state_checks import state_int, state_nodes
 
 __all__ = ["GSGMRule"]
@@ -606,7 +606,7 @@ class GSGMRule(ServerOptimizer):
                 n,
                 f,
                 n,
-                math.ceil(1000 / max(n, 1)) / 1000,
+                least_cutting_fraction(n),
             )
 
     def _refresh_momentum(self, src: np.ndarray, count: int) -> None:

@@ -13,24 +13,37 @@ further than the honest updates around it (run config ``trim-fraction``,
 :data:`~flwr_gsgm.core.params.TRIM_FRACTION`). What it stops and what it does not:
 docs/FAULTS.md, "A node that lies within the norm bound".
 
-This module imports numpy only (and the core's chunking).
+This module imports numpy only (and the core's chunking, and math).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
 
 from .base import CHUNK, chunks
 
-__all__ = ["sort_columns", "trimmed_count", "trimmed_mean_chunk", "trimmed_step"]
+__all__ = [
+    "least_cutting_fraction",
+    "sort_columns",
+    "trimmed_count",
+    "trimmed_mean_chunk",
+    "trimmed_step",
+]
 
 
 def trimmed_count(n: int, fraction: float) -> int:
     """Updates cut at each end of ``n`` per coordinate: ``int(fraction * n)``, as
     Flower's FedTrimmedAvg (5 updates at 0.2: 1 at each end, the mean of the middle 3)."""
     return int(fraction * n)
+
+
+def least_cutting_fraction(n: int) -> float:
+    """The smallest fraction, to 3 decimals, that cuts one of ``n`` at each end
+    (``trimmed_count(n, f) >= 1``): 0.2 for 5, 0.334 for 3 (0.333 x 3 cuts none)."""
+    return math.ceil(1000 / max(n, 1)) / 1000
 
 
 def trimmed_mean_chunk(

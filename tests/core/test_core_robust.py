@@ -11,13 +11,20 @@ import pytest
 from core_testutil import assert_bits_equal, f32
 
 from flwr_gsgm.core import FedBuffRule, GSGMRule, Outcome
-from flwr_gsgm.core.robust import trimmed_count, trimmed_mean_chunk
+from flwr_gsgm.core.robust import least_cutting_fraction, trimmed_count, trimmed_mean_chunk
 
 
 def test_trimmed_count_is_flowers():
     # Flower's FedTrimmedAvg: int(beta * n) cut at each end
     assert [trimmed_count(n, 0.2) for n in (1, 4, 5, 9, 10)] == [0, 0, 1, 1, 2]
     assert trimmed_count(7, 0.0) == 0 and trimmed_count(7, 0.49) == 3
+
+
+def test_the_least_cutting_fraction_cuts_one_and_a_thousandth_less_cuts_none():
+    assert [least_cutting_fraction(n) for n in (3, 5, 7, 10)] == [0.334, 0.2, 0.143, 0.1]
+    for n in range(2, 400):
+        f = least_cutting_fraction(n)
+        assert trimmed_count(n, f) == 1 and trimmed_count(n, round(f - 0.001, 3)) == 0, n
 
 
 def test_trimmed_mean_cuts_each_coordinate_on_its_own():
