@@ -356,16 +356,22 @@ def _colors(methods: Sequence[str]) -> dict[str, Any]:
 _LINESTYLES = ("-", "--", ":", "-.")
 
 
+def _method_of(series: str) -> str:
+    """The method of a ``method/work`` series (:func:`series_rows`)."""
+    return series.split("/")[0]
+
+
+def _work_of(series: str) -> str:
+    """The client work of a ``method/work`` series; "" for a plain method."""
+    return series.split("/", 1)[1] if "/" in series else ""
+
+
 def _series_styles(series: Sequence[str]) -> dict[str, tuple[Any, str]]:
     """Colour per method, line style per client work, of ``method/work`` series."""
-    methods = list(dict.fromkeys(s.split("/")[0] for s in series))
-    works = list(dict.fromkeys(s.split("/", 1)[1] if "/" in s else "" for s in series))
-    colors = _colors(methods)
+    colors = _colors(list(dict.fromkeys(_method_of(s) for s in series)))
+    works = list(dict.fromkeys(_work_of(s) for s in series))
     return {
-        s: (
-            colors[s.split("/")[0]],
-            _LINESTYLES[works.index(s.split("/", 1)[1] if "/" in s else "") % len(_LINESTYLES)],
-        )
+        s: (colors[_method_of(s)], _LINESTYLES[works.index(_work_of(s)) % len(_LINESTYLES)])
         for s in series
     }
 
@@ -387,10 +393,6 @@ def _save_figure(fig, path: Path) -> Path:
 # More series than this on one axis make a legend that covers the curves (the
 # lying-nodes page had 56): past it, one panel per client work.
 _SERIES_PER_AXIS = 12
-
-
-def _work_of(series: str) -> str:
-    return series.split("/", 1)[1] if "/" in series else ""
 
 
 def _draw_curves(ax, rows: pd.DataFrame, methods, out: Path, x: str, styles) -> bool:
@@ -451,8 +453,8 @@ def plot_curves(
     plt = _plt()
     xlabel = "client updates received" if x == "updates" else "virtual time (s)"
     works = list(dict.fromkeys(_work_of(m) for m in methods))
+    styles = _series_styles(methods)
     if len(methods) <= _SERIES_PER_AXIS or len(works) < 2:
-        styles = _series_styles(methods)
         fig, ax = plt.subplots(figsize=(8, 4.8))
         if not _draw_curves(ax, rows, methods, out, x, styles):
             plt.close(fig)
@@ -461,8 +463,7 @@ def plot_curves(
         ax.legend(fontsize=8, loc="lower right")
         return _save_figure(fig, path)
     # One panel per work: the colour names the method, so every line is solid.
-    colors = _colors(list(dict.fromkeys(m.split("/")[0] for m in methods)))
-    styles = {m: (colors[m.split("/")[0]], "-") for m in methods}
+    styles = {m: (color, "-") for m, (color, _) in styles.items()}
     ncols = min(4, len(works))
     nrows = -(-len(works) // ncols)
     fig, axes = plt.subplots(
