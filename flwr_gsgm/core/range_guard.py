@@ -41,7 +41,9 @@ _FAST_LIMIT = STATE_LIMIT / 2
 # Elements scanned at a time when looking for the first value out of range.
 _SCAN = 1 << 18
 
-_log = logging.getLogger(__name__)
+# Flower's logger, by its name (the core imports no flwr), as gsgm.py logs: its
+# handler prints the warning in the run's log with the engine's lines.
+_log = logging.getLogger("flwr")
 # Rule classes whose missing _step_bound was logged (once per class).
 _SLOW_PATH_LOGGED: set[type] = set()
 

@@ -90,7 +90,7 @@ def test_a_rule_without_a_step_bound_takes_the_slow_path_and_says_so_once(caplog
         _step_bound = RangeGuard._step_bound
 
     opt = Unbounded([f32(0, 0)], [1, 2], lr=0.5)
-    with caplog.at_level(logging.WARNING, logger="flwr_gsgm.core.range_guard"):
+    with caplog.at_level(logging.WARNING, logger="flwr"):
         opt.on_update(1, [f32(2, 4)], 0)
         opt.on_update(2, [f32(2, 4)], 0)
         Unbounded([f32(0, 0)], [1], lr=0.5).on_update(1, [f32(1, 1)], 0)
