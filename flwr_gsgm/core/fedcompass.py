@@ -5,10 +5,14 @@ Reference:
     K. Kim, R. Madduri, "FedCompass: Efficient Cross-Silo Federated Learning on
     Heterogeneous Client Devices Using a Computing Power-Aware Scheduler", ICLR 2024,
     arXiv 2309.14675. Public code: APPFL (github.com/APPFL/APPFL), its
-    ``CompassScheduler`` and ``FedCompassAggregator``, and the original server
-    ``ServerFedCompass``; the declared defaults (``FedCompassRule.PARAMS``) are its
-    FedCompass configuration's: alpha, polynomial staleness with exponent a, equal
-    client weights, lambda, Q_min and Q_max, speed momentum.
+    ``CompassScheduler`` (``src/appfl/scheduler/compass_scheduler.py``) and
+    ``FedCompassAggregator`` (``src/appfl/aggregator/fedcompass_aggregator.py``), and
+    the original server ``ServerFedCompass``; the declared defaults
+    (``FedCompassRule.PARAMS``) are its FedCompass configuration's
+    (``examples/resources/configs/mnist/server_fedcompass.yaml``): alpha 0.9,
+    polynomial staleness with exponent a = 0.5, equal client weights, lambda
+    (``latest_time_factor``) 1.5, ``min_local_steps`` 20, ``max_local_steps`` 100,
+    ``speed_momentum`` 0.9.
 
 The COMPASS scheduler (the step assignment, its arrival groups and their deadlines)
 lives in :mod:`flwr_gsgm.scheduling.compass`: the engine builds it for this rule
@@ -17,8 +21,13 @@ groups (:meth:`FedCompassRule.share_schedule`). This module is the aggregation:
 
 - each valid update Delta_i (a descent direction: a gradient or the displacement
   ``w_sent - w_local``) counts with ``c_i = s(tau_i) / N``, ``s(tau) = (1 + tau)^-a``
-  (APPFL's polynomial staleness), ``tau_i`` its staleness in versions and N the
-  number of active nodes (APPFL's equal weights ``1 / num_clients``);
+  (the paper's polynomial staleness), ``tau_i`` its staleness in versions and
+  ``N = min(concurrency, |A|)``, the nodes training at once: APPFL's equal weights
+  ``1 / num_clients`` (``FedCompassAggregator.aggregate``), all of whose clients
+  always train. Under a concurrency limit (``concurrency``, the engine's
+  ``max-in-flight``) only that many are in flight, and dividing by every active
+  node would shrink each server step by ``|A| / concurrency`` (5x for 100 nodes with
+  20 in flight);
 - a node without a group (its first, unscheduled, message) is applied alone on
   arrival: ``w <- w - eta * c_i * Delta_i`` (APPFL ``_single_update``);
 - a group member back by its group's deadline is buffered in its group; a member
@@ -85,9 +94,9 @@ class FedCompassRule(ServerOptimizer):
       original ``ServerFedCompass.buffer``), not at aggregation (its current
       aggregator): they differ only for a member buffered while another group
       aggregated;
-    - N is the number of active nodes when the update arrives (APPFL: the fixed
-      number of clients); the weights are equal (APPFL's ``weights: equal``), not by
-      sample count;
+    - N is ``min(concurrency, |A|)`` when the update arrives, the nodes in flight
+      (APPFL: the fixed number of clients, all of which always train); the weights
+      are equal (APPFL's ``weights: equal``), not by sample count;
     - the fallback without a scheduler (FedBuff-like, ``buffer_size``) is this
       project's; APPFL has none.
 
@@ -95,17 +104,19 @@ class FedCompassRule(ServerOptimizer):
         weights: initial weights, a sequence of numpy arrays (copied to float32).
         partition_ids: partition-ids of the initially active nodes.
         lr: eta, > 0 (its displacement-mode default is APPFL's alpha).
-        q_min, q_max: Q_min and Q_max of the scheduler as fractions / multiples of a
-            node's own work (``q_min <= q_max``).
+        min_local_steps, max_local_steps: Q_min and Q_max of the scheduler, absolute
+            local step counts (APPFL's; 20 and 100), ``1 <= Q_min <= Q_max``.
         latest_factor: lambda >= 1 of a group's deadline.
         staleness_exponent: a >= 0 of ``s(tau) = (1 + tau)^-a``.
         speed_momentum: the scheduler's weight of a node's newest speed measurement.
         buffer_size: K >= 1 of the fallback without a scheduler.
+        concurrency: nodes training at once, N's cap (None: every active node; a
+            strategy leaves it None and the engine's ``max-in-flight`` fills it).
         max_staleness, max_norm: see :class:`ServerOptimizer`.
 
     Raises:
-        ValueError: a parameter out of range, or ``q_min > q_max``; the message
-            names it.
+        ValueError: a parameter out of range, or ``min_local_steps >
+            max_local_steps``; the message names the values.
 
     Memory: ``w``, the general buffer, and one sum per group with members back
     (at most one per active node) while a scheduler is shared: ``2 + |A|`` copies;
@@ -120,21 +131,25 @@ class FedCompassRule(ServerOptimizer):
         # Gradient mode (not the paper's: no local steps to schedule): the declared rate
         # / N per gradient, at 10 nodes ASGD's gradient step (ASGDRule.PARAMS).
         server_learning_rate(0.2, displacement=0.9),
+        # Absolute step counts, as APPFL's scheduler_kwargs (its example configs,
+        # e.g. examples/resources/configs/mnist/server_fedcompass.yaml: 20 and 100),
+        # not fractions of a node's own work: own work (an epoch of 19 steps here) as
+        # Q_max kept FedCompass to one epoch where the other methods go up to 4x.
         Param(
-            "q_min",
-            0.2,
-            "Q_min, least local steps of a scheduled message, times a node's own work",
-            low=0.0,
-            low_open=True,
-            run_config_key="fedcompass-q-min",
+            "min_local_steps",
+            20,
+            "Q_min, least local steps of a scheduled message (APPFL's min_local_steps)",
+            kind=int,
+            low=1,
+            run_config_key="fedcompass-min-local-steps",
         ),
         Param(
-            "q_max",
-            1.0,
-            "Q_max, most local steps of a scheduled message, times a node's own work",
-            low=0.0,
-            low_open=True,
-            run_config_key="fedcompass-q-max",
+            "max_local_steps",
+            100,
+            "Q_max, most local steps of a scheduled message (APPFL's max_local_steps)",
+            kind=int,
+            low=1,
+            run_config_key="fedcompass-max-local-steps",
         ),
         Param(
             "latest_factor",
@@ -159,15 +174,26 @@ class FedCompassRule(ServerOptimizer):
             high=1.0,
         ),
         Param("buffer_size", 5, "buffer size K", kind=int, low=1, run_config_key="fedbuff-k"),
+        # Set from the engine's max-in-flight (RuleSpec fills a None), not a run config
+        # key of its own: N counts the nodes in flight, as APPFL's clients all are.
+        Param(
+            "concurrency",
+            None,
+            "nodes training at once (none = every active node); N = min(|A|, concurrency)",
+            kind=int,
+            low=1,
+            optional=True,
+        ),
     )
 
     def __init__(
         self, weights: Sequence[np.ndarray], partition_ids: Iterable[int], **params: Any
     ) -> None:
         super().__init__(weights, partition_ids, **params)
-        if self._q_min > self._q_max:
+        if self._min_local_steps > self._max_local_steps:
             raise ValueError(
-                f"q_min ({self._q_min!r}) must be at most q_max ({self._q_max!r}): Q_min <= Q_max"
+                f"min_local_steps ({self._min_local_steps!r}) must be at most "
+                f"max_local_steps ({self._max_local_steps!r}): Q_min <= Q_max"
             )
         self._general = np.zeros(self._size, dtype=np.float32)
         self._general_count = 0
@@ -181,8 +207,8 @@ class FedCompassRule(ServerOptimizer):
     def schedule_params(self) -> dict[str, Any]:
         """The :class:`~flwr_gsgm.scheduling.compass.CompassScheduler`'s arguments."""
         return {
-            "q_min": self._q_min,
-            "q_max": self._q_max,
+            "min_local_steps": self._min_local_steps,
+            "max_local_steps": self._max_local_steps,
             "latest_factor": self._latest_factor,
             "smoothing": self._speed_momentum,
         }
@@ -201,9 +227,21 @@ class FedCompassRule(ServerOptimizer):
         """Updates waiting: ``{"general": count, group id: count, ...}``."""
         return {"general": self._general_count, **self._group_counts}
 
+    def in_flight(self) -> int:
+        """N: the nodes training at once, ``min(concurrency, |A|)`` (at least 1)."""
+        n = len(self._active)
+        if self._concurrency is not None:
+            n = min(n, self._concurrency)
+        return max(1, n)
+
     def weight(self, staleness: int) -> float:
-        """``c = (1 + staleness)^-a / N`` of an update arriving now (N active nodes)."""
-        return (1.0 + staleness) ** (-self._staleness_exponent) / max(1, len(self._active))
+        """``c = (1 + staleness)^-a / N`` of an update arriving now, N = :meth:`in_flight`.
+
+        APPFL (``FedCompassAggregator.aggregate``): ``alpha_t = alpha *
+        staleness_fn(staleness) * weight`` with ``weight = 1.0 / num_clients``; its
+        clients all train at once, so N is the number in flight, not of active nodes.
+        """
+        return (1.0 + staleness) ** (-self._staleness_exponent) / self.in_flight()
 
     def _step_bound(self, norm: float) -> tuple[float, float]:
         # Every buffered entry and the new one weigh c <= 1; this call may aggregate

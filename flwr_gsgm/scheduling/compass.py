@@ -4,29 +4,44 @@ Reference:
     Z. Li, P. Chaturvedi, S. He, H. Chen, G. Singh, V. Kindratenko, E. A. Huerta,
     K. Kim, R. Madduri, "FedCompass: Efficient Cross-Silo Federated Learning on
     Heterogeneous Client Devices Using a Computing Power-Aware Scheduler", ICLR 2024,
-    arXiv 2309.14675; APPFL's ``CompassScheduler`` (github.com/APPFL/APPFL).
+    arXiv 2309.14675 (Algorithm 1); APPFL's ``CompassScheduler``
+    (github.com/APPFL/APPFL, ``src/appfl/scheduler/compass_scheduler.py``), whose
+    formulas this module follows line for line; the defaults are its example
+    configurations' (``examples/resources/configs/mnist/server_fedcompass.yaml`` and
+    ``.../cifar10/server_fedcompass.yaml``: ``max_local_steps: 100``,
+    ``min_local_steps: 20``, ``speed_momentum: 0.9``, ``latest_time_factor: 1.5``).
 
-The server estimates each node's seconds per local step s_i (an exponential moving
-average of its replies, :class:`~flwr_gsgm.scheduling.speeds.NodeSpeeds` with
-FedCompass's momentum 0.9 on the newest measurement) and, at each dispatch, puts the
-node in an *arrival group*: a set of nodes expected back at the group's expected
-arrival time E, with a deadline, the latest arrival time L. Times are the engine
-clock's seconds (virtual in simulation); a message of Q steps to node i is expected
-to take ``r_i + Q * s_i``, r_i the node's measured round trip (arrival less training
-time, a moving average; the fleet's median before the node's own). Q_min and Q_max
-are each node's own work (the steps of its first, unscheduled, reply) times
-``q_min`` and ``q_max``.
+Speed. The server estimates each node's seconds per local step s_i as APPFL's
+``_record_info`` does: the whole time of its latest message, from its sending to its
+reply (communication, queueing and training together), divided by the steps it did,
+smoothed with the speed momentum m (0.9 on the newest):
+``s_i <- (1 - m) s_i + m * T_i / Q_i`` (the first reply: ``T_i / Q_i``). A message of
+Q steps is then expected to take ``Q * s_i``: no separate round trip. Where
+communication dwarfs computation (this repository's ``loopback`` profile: a 7 s round
+trip against 0.34 s for 19 steps) this is what lets a node join another's group: its
+duration is predicted to grow with its steps as a whole message, so the steps left
+until a group's expected arrival are many (``floor(remaining / s_i)``), where a
+``round trip + Q * compute`` prediction left none and every node made its own group.
+(A clock that cannot time a message, wall time without a send time, falls back to
+the reported training seconds.)
+
+Groups. Times are the engine clock's seconds (virtual in simulation). At each
+dispatch the node is put in an *arrival group*: a set of nodes expected back at the
+group's expected arrival time E, with a deadline, the latest arrival time L. Q_min
+and Q_max are absolute step counts (APPFL's ``min_local_steps``,
+``max_local_steps``: 20 and 100).
 
 - Join (APPFL ``_join_group``): over the open groups, in creation order, the steps
-  ``Q = floor((E - now - r_i) / s_i)``; the node joins the group with the most steps
-  among those with ``Q_min <= Q <= Q_max`` (ties: the later group).
+  ``Q = floor((E - now) / s_i)``; the node joins the group with the most steps among
+  those with ``Q_min <= Q <= Q_max`` (ties: the later group).
 - Create (``_create_group``), when no group can be joined: for each open group whose
-  deadline has not passed, with f its fastest member (least s_f), the steps that bring
-  node i back when f, sent at L, would come back from Q_max(f) steps:
-  ``Q = floor((L + r_f + Q_max(f) s_f - now - r_i) / s_i)``; Q is the largest of those
-  <= Q_max, raised to Q_min if below it, and Q_max if there is none. The new group
-  expects the node at ``E = now + d`` with ``d = r_i + Q s_i``, at the latest
-  ``L = now + lambda * d`` (lambda = 1.5 in APPFL).
+  deadline has not passed, with s_f the least seconds per step of its members, the
+  steps that bring node i back when that fastest member, sent again at L, would come
+  back from Q_max steps: ``Q = floor((L + Q_max s_f - now) / s_i)``; Q is the largest
+  of those <= Q_max, raised to Q_min if below it, and Q_max if there is none (also
+  when no group is open: APPFL ``_assign_group``'s first group). The new group
+  expects the node at ``E = now + Q s_i``, at the latest ``L = now + lambda Q s_i``
+  (lambda = ``latest_time_factor``, 1.5).
 
 What the scheduler and FedCompass's rule (:mod:`flwr_gsgm.core.fedcompass`) know of
 the groups is one :class:`ArrivalGroups` object, which the engine hands to both: the
@@ -37,23 +52,37 @@ A member that arrived on time waits, as in APPFL, for its group's aggregation be
 it gets new work (:meth:`CompassScheduler.ready`); the members released by an
 aggregation are sent work fastest first, as APPFL assigns them.
 
-A node's first message carries the run's own work (its speed is unknown). A ClientApp
-that reports no ``train-steps``, or does other steps than asked, turns the scheduler
-off, said once (:class:`~flwr_gsgm.scheduling.work_scheduler.WorkScheduler`): every
-open group is then due, every node keeps the run's own work, and the rule falls back
-to FedBuff-like buffered aggregation.
+A node's first message carries the run's own work (its speed is unknown; APPFL's
+first message is its client configuration's ``num_local_steps``, 100 = Q_max in its
+examples, and its first speed divides by Q_max: here by the steps the reply reports).
+A ClientApp that reports no ``train-steps``, or does other steps than asked (gradient
+mode, whose message is ``local-batches`` gradients whatever ``local-steps`` says),
+turns the scheduler off, said once
+(:class:`~flwr_gsgm.scheduling.work_scheduler.WorkScheduler`): every open group is
+then due, every node keeps the run's own work, and the rule falls back to FedBuff-like
+buffered aggregation.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from flwr_gsgm.scheduling.speeds import NodeSpeeds
 from flwr_gsgm.scheduling.work_scheduler import WorkScheduler
 
-__all__ = ["ArrivalGroup", "ArrivalGroups", "CompassScheduler", "GROUP", "LATE", "OFF", "SINGLE"]
+__all__ = [
+    "ArrivalGroup",
+    "ArrivalGroups",
+    "CompassScheduler",
+    "MessageSpeeds",
+    "GROUP",
+    "LATE",
+    "OFF",
+    "SINGLE",
+]
 
 #: What an arrival is (:meth:`ArrivalGroups.arrive`): on time in its group, after its
 #: group's deadline, without a group (an unscheduled message), or scheduling is off.
@@ -215,27 +244,79 @@ class ArrivalGroups:
         self.enabled = bool(state["enabled"])
 
 
+class MessageSpeeds(NodeSpeeds):
+    """Each node's seconds per local step as APPFL's ``CompassScheduler._record_info``
+    measures them: the whole message, from its sending to its reply, over its steps.
+
+    ``s_i <- (1 - m) s_i + m * total_seconds / steps`` with m = ``smoothing``
+    (APPFL's ``speed_momentum``, 0.9 on the newest); the first reply sets
+    ``s_i = total_seconds / steps``. Without ``total_seconds`` (a clock that cannot time
+    the message) the reported ``train_seconds`` stand in; without either, nothing is
+    measured. :class:`~flwr_gsgm.scheduling.speeds.NodeSpeeds` instead times the
+    training alone and keeps the round trip apart (work scheduling's ``equal-time``):
+    FedCompass's formulas have no round trip term, so its speed must carry it.
+    """
+
+    def observe(
+        self,
+        partition_id: int,
+        steps: int,
+        train_seconds: float | None = None,
+        total_seconds: float | None = None,
+    ) -> None:
+        """Record one reply of ``partition_id``: ``steps`` local steps in ``total_seconds``
+        from sending to reply (``train_seconds`` if the total is unknown). A non-finite
+        or negative figure counts as missing; a reply of 0 steps measures nothing."""
+        seconds = _finite(total_seconds)
+        if seconds is None:
+            seconds = _finite(train_seconds)
+        if steps < 1 or seconds is None:
+            return
+        sample = seconds / steps
+        old = self._seconds_per_step.get(partition_id)
+        m = self.smoothing
+        # APPFL: speed = (1 - speed_momentum) * speed + speed_momentum * client_speed.
+        self._seconds_per_step[partition_id] = (
+            sample if old is None else (1.0 - m) * old + m * sample
+        )
+
+
+def _finite(value: float | None) -> float | None:
+    if value is None:
+        return None
+    value = float(value)
+    return value if math.isfinite(value) and value >= 0 else None
+
+
+def _steps_bound(name: str, value: Any) -> int:
+    """``value`` as a step count >= 1, else ValueError naming ``name`` and the value."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{name} must be an integer number of local steps >= 1, got {value!r}")
+    return int(value)
+
+
 class CompassScheduler(WorkScheduler):
     """FedCompass's step assignment (module docstring) as the dispatcher's work scheduler.
 
     Parameters
     ----------
-    q_min, q_max : float
-        Q_min and Q_max of a node as fractions / multiples of its own work (the steps
-        of its first reply): ``max(1, floor(q * own))`` steps, Q_min at most Q_max.
-        APPFL: Q_min = 0.2 Q_max, the first message Q_max (0.2 and 1.0 here).
+    min_local_steps, max_local_steps : int
+        Q_min and Q_max: the fewest and most local steps of a scheduled message, as
+        absolute step counts (APPFL's ``min_local_steps`` and ``max_local_steps``;
+        its example configurations' 20 and 100), ``1 <= Q_min <= Q_max``.
     latest_factor : float
         lambda >= 1: a new group's deadline is lambda times its creator's expected
         duration after now (APPFL's ``latest_time_factor``, 1.5).
     smoothing : float
-        Weight of the newest measurement of a node's seconds per step and round trip,
-        in (0, 1] (APPFL's ``speed_momentum``, 0.9).
+        Weight of the newest measurement of a node's seconds per step, in (0, 1]
+        (APPFL's ``speed_momentum``, 0.9).
 
     Raises
     ------
     ValueError
-        If ``q_min`` or ``q_max`` is not > 0, ``q_min > q_max``, ``latest_factor`` < 1
-        or ``smoothing`` not in (0, 1]; the message names the value.
+        If ``min_local_steps`` or ``max_local_steps`` is not an integer >= 1,
+        ``min_local_steps > max_local_steps``, ``latest_factor`` < 1 or ``smoothing``
+        not in (0, 1]; the message names the value.
     """
 
     POLICIES: ClassVar[tuple[str, ...]] = ("compass",)
@@ -246,42 +327,28 @@ class CompassScheduler(WorkScheduler):
 
     def __init__(
         self,
-        q_min: float = 0.2,
-        q_max: float = 1.0,
+        min_local_steps: int = 20,
+        max_local_steps: int = 100,
         latest_factor: float = 1.5,
         smoothing: float = 0.9,
     ) -> None:
         super().__init__("compass")
-        if not (q_max > 0 and math.isfinite(q_max)):
-            raise ValueError(f"q_max must be a finite number > 0, got {q_max!r}")
-        if not 0 < q_min <= q_max:
-            raise ValueError(f"q_min must be in (0, q_max = {q_max!r}], got {q_min!r}")
+        high = _steps_bound("max_local_steps", max_local_steps)
+        low = _steps_bound("min_local_steps", min_local_steps)
+        if low > high:
+            raise ValueError(
+                f"min_local_steps ({low}) must be at most max_local_steps ({high}): Q_min <= Q_max"
+            )
         if not (latest_factor >= 1 and math.isfinite(latest_factor)):
             raise ValueError(f"latest_factor (lambda) must be >= 1, got {latest_factor!r}")
-        self.q_min, self.q_max = float(q_min), float(q_max)
+        self.min_local_steps, self.max_local_steps = low, high
         self.latest_factor = float(latest_factor)
-        self.speeds = NodeSpeeds(smoothing)
-        self.round_trips: dict[int, float] = {}  # each node's arrival less training, EMA
+        self.speeds = MessageSpeeds(smoothing)
         self.book = ArrivalGroups()
 
     # ------------------------------------------------------------------ measures
-    def bounds(self, partition_id: int) -> tuple[int, int]:
-        """``(Q_min, Q_max)`` of a node whose own work is known (steps)."""
-        own = self.own_steps[partition_id]
-        high = max(1, math.floor(self.q_max * own + _EPS))
-        low = min(high, max(1, math.floor(self.q_min * own + _EPS)))
-        return low, high
-
-    def round_trip(self, partition_id: int) -> float:
-        """The node's measured seconds outside training per message (the fleet's
-        median before its own is measured; 0.0 before any)."""
-        own = self.round_trips.get(partition_id)
-        return self.speeds.round_trip() if own is None else own
-
     def _measured(self, partition_id: int) -> float | None:
-        """The node's seconds per step if it can be scheduled (own work known)."""
-        if partition_id not in self.own_steps:
-            return None
+        """The node's seconds per step (whole message) if measured, else None."""
         s = self.speeds.seconds_per_step(partition_id)
         return s if s is not None and s > 0 else None
 
@@ -301,12 +368,12 @@ class CompassScheduler(WorkScheduler):
         return joined if joined is not None else self._create(partition_id, speed, float(now))
 
     def _join(self, pid: int, speed: float, now: float) -> int | None:
-        low, high = self.bounds(pid)
-        rt = self.round_trip(pid)
+        # APPFL _join_group: local_steps = floor((expected_arrival_time - curr_time) /
+        # speed); skip if < min_local_steps, < the best so far or > max_local_steps.
         best_gid, best = None, -1
         for gid, g in self.book.open_groups():
-            steps = math.floor((g.expected - now - rt) / speed + _EPS)
-            if steps < low or steps < best or steps > high:
+            steps = math.floor((g.expected - now) / speed + _EPS)
+            if steps < self.min_local_steps or steps < best or steps > self.max_local_steps:
                 continue
             best_gid, best = gid, steps
         if best_gid is None:
@@ -315,26 +382,28 @@ class CompassScheduler(WorkScheduler):
         return best
 
     def _create(self, pid: int, speed: float, now: float) -> int:
-        low, high = self.bounds(pid)
-        rt = self.round_trip(pid)
+        # APPFL _create_group (and _assign_group's first group, Q_max, when none is open).
+        low, high = self.min_local_steps, self.max_local_steps
         steps = -1
         for _, g in self.book.open_groups():
             if not now < g.latest:
                 continue
-            members = [(s, p) for p in g.pending + g.arrived if (s := self._measured(p))]
-            if not members:
+            # fastest_speed: the least seconds per step of the group's members, out or back.
+            speeds = [s for p in g.pending + g.arrived if (s := self._measured(p))]
+            if not speeds:
                 continue
-            s_f, fastest = min(members)
-            back = g.latest + self.round_trip(fastest) + self.bounds(fastest)[1] * s_f
-            q = math.floor((back - now - rt) / speed + _EPS)
+            # est_arrival_time = latest_arrival_time + fastest_speed * max_local_steps
+            back = g.latest + min(speeds) * high
+            q = math.floor((back - now) / speed + _EPS)
             if q <= high:
                 steps = max(steps, q)
         if 0 <= steps < low:
             steps = low
         if steps < 0:
             steps = high
-        duration = rt + steps * speed
-        self.book.create(now + duration, now + self.latest_factor * duration, pid)
+        # expected = now + steps * speed; latest = now + steps * speed * latest_time_factor
+        duration = steps * speed
+        self.book.create(now + duration, now + duration * self.latest_factor, pid)
         return steps
 
     def ready(self, idle: list[int]) -> list[int]:
@@ -352,21 +421,11 @@ class CompassScheduler(WorkScheduler):
         train_seconds: float | None = None,
         total_seconds: float | None = None,
     ) -> float:
-        """Record a train reply (speed, round trip; detection as
+        """Record a train reply (its speed, :class:`MessageSpeeds`; detection as
         :meth:`WorkScheduler.on_reply`) and return 1.0: FedCompass weighs updates by
         staleness in its rule, not by their steps."""
-        if not self.active or not self._record(
-            partition_id, scheduled_steps, train_steps, train_seconds, total_seconds
-        ):
-            return 1.0
-        if train_seconds is not None and total_seconds is not None:
-            sample = max(0.0, float(total_seconds) - float(train_seconds))
-            if math.isfinite(sample):
-                old = self.round_trips.get(partition_id)
-                a = self.speeds.smoothing
-                self.round_trips[partition_id] = (
-                    sample if old is None else (1.0 - a) * old + a * sample
-                )
+        if self.active:
+            self._record(partition_id, scheduled_steps, train_steps, train_seconds, total_seconds)
         return 1.0
 
     def _turn_off(self, reason: str) -> None:
@@ -375,15 +434,10 @@ class CompassScheduler(WorkScheduler):
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
-        """:meth:`WorkScheduler.state_dict`, the round trips and the arrival groups."""
-        return {
-            **super().state_dict(),
-            "round_trips": {str(p): r for p, r in self.round_trips.items()},
-            "groups": self.book.state_dict(),
-        }
+        """:meth:`WorkScheduler.state_dict` and the arrival groups."""
+        return {**super().state_dict(), "groups": self.book.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` (the book in place: the rule shares it)."""
         super().load_state_dict(state)
-        self.round_trips = {int(p): float(r) for p, r in state["round_trips"].items()}
         self.book.load_state_dict(state["groups"])

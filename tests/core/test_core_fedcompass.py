@@ -1,6 +1,6 @@
 """FedCompass's aggregation on a hand-checked sequence: a single update, a group that
 arrives together, a deadline with a late member in the general buffer, the fallback
-without a scheduler, and a checkpoint."""
+without a scheduler, a checkpoint, and the divisor N under a concurrency limit."""
 
 from __future__ import annotations
 
@@ -10,7 +10,10 @@ import numpy as np
 import pytest
 
 from flwr_gsgm.core import Outcome, make_optimizer
+from flwr_gsgm.engine.settings import EngineSettings
+from flwr_gsgm.model.optimizer import RuleSpec
 from flwr_gsgm.scheduling.compass import ArrivalGroups
+from flwr_gsgm.strategy.strategies import STRATEGIES
 
 
 def u(x: float, y: float) -> list[np.ndarray]:
@@ -100,6 +103,46 @@ def test_checkpoint_keeps_the_buffers():
     np.testing.assert_allclose(other.weights[0], [-0.9, -0.9], rtol=1e-6)
 
 
-def test_q_min_above_q_max_is_refused_naming_both():
-    with pytest.raises(ValueError, match=r"q_min \(2\.0\) must be at most q_max \(1\.0\)"):
-        rule(None, q_min=2.0, q_max=1.0)
+def test_min_local_steps_above_max_local_steps_is_refused_naming_both():
+    # Q_min and Q_max are APPFL's absolute step counts now (no longer fractions of a
+    # node's own work, q_min / q_max): tests/scheduling/test_compass_appfl.py.
+    with pytest.raises(
+        ValueError, match=r"min_local_steps \(120\) must be at most max_local_steps \(100\)"
+    ):
+        rule(None, min_local_steps=120)
+
+
+def test_the_divisor_is_the_number_in_flight_under_a_concurrency_limit():
+    # 10 active nodes, at most 2 in flight: N = min(2, 10) = 2, as APPFL's 1 /
+    # num_clients over clients that all train. Node 0's first update (no group,
+    # staleness 0): c = (1 + 0)^-0.5 / 2 = 0.5; w = 0 - 0.9 x 0.5 x (2, 0) = (-0.9, 0).
+    # Divided by the 10 active nodes it would have moved w by 0.9 x 0.1 x 2 = 0.18: a
+    # step 5x smaller, as under the edge profile with 100 nodes and 20 in flight.
+    ids = list(range(10))
+    opt = make_optimizer("fedcompass", [np.zeros(2, np.float32)], ids, lr=0.9, concurrency=2)
+    opt.share_schedule(ArrivalGroups())
+    assert opt.in_flight() == 2 and opt.weight(0) == 0.5
+    assert opt.on_update(0, u(2, 0), 0, now=1.0) is Outcome.APPLIED
+    np.testing.assert_allclose(opt.weights[0], [-0.9, 0.0], rtol=1e-6)
+    # An update 3 versions stale: c = (1 + 3)^-0.5 / 2 = 0.25.
+    assert opt.weight(3) == 0.25
+    # A limit above the active nodes changes nothing: N = min(20, 10) = 10.
+    loose = make_optimizer("fedcompass", [np.zeros(2, np.float32)], ids, lr=0.9, concurrency=20)
+    assert loose.in_flight() == 10 and loose.weight(0) == pytest.approx(0.1)
+    # No limit: N = |A| = 10; a node lost leaves 9.
+    free = make_optimizer("fedcompass", [np.zeros(2, np.float32)], ids, lr=0.9)
+    free.on_node_lost(9, now=0.0)
+    assert free.in_flight() == 9
+
+
+def test_the_engine_limit_reaches_the_rule_as_its_concurrency():
+    # What the engine does with a strategy (ModelOptimizer calls its RuleSpec with the
+    # engine's max_in_flight): a concurrency left None takes that limit.
+    strategy = STRATEGIES["fedcompass"](client_mode="delta", engine=EngineSettings(max_in_flight=2))
+    assert strategy.optimizer_params["concurrency"] is None
+    ids = list(range(10))
+    built = strategy.rule_spec([np.zeros(2, np.float32)], ids, 2)
+    assert built.params["concurrency"] == 2 and built.weight(0) == 0.5
+    # Given by the user it stays (RuleSpec's rule for every rule that declares it).
+    spec = RuleSpec("fedcompass", {"lr": 0.9, "concurrency": 5})
+    assert spec([np.zeros(2, np.float32)], ids, 2).in_flight() == 5

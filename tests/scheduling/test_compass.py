@@ -1,6 +1,8 @@
 """FedCompass's step assignment by hand: 3 nodes at 0.1, 0.2 and 0.4 s per step form a
 group, create groups and join them (APPFL's CompassScheduler rules), and the book of
-arrival groups the scheduler shares with the rule."""
+arrival groups the scheduler shares with the rule. The speed and Q bounds as APPFL's
+(whole-message seconds per step, absolute min/max local steps):
+tests/scheduling/test_compass_appfl.py."""
 
 from __future__ import annotations
 
@@ -14,12 +16,14 @@ SPEEDS = {0: 0.1, 1: 0.2, 2: 0.4}  # seconds per step
 
 
 def measured() -> CompassScheduler:
-    """Own work 20 steps each (Q_max = 20, Q_min = floor(0.2 * 20) = 4), lambda 1.5,
-    no round trip (the replies' arrival equals their training time)."""
-    sched = CompassScheduler(q_min=0.2, q_max=1.0, latest_factor=1.5)
+    """Q_min = 4 and Q_max = 20 steps, given (the defaults are APPFL's 20 and 100: these
+    smaller bounds, the former own-work-relative ones of a 20-step node, keep the
+    hand-computed sequences short), lambda 1.5; each node's first reply of 20 steps
+    takes 20 s_i from sending to reply (no communication), so s_i = 20 s_i / 20."""
+    sched = CompassScheduler(min_local_steps=4, max_local_steps=20, latest_factor=1.5)
     for pid, s in SPEEDS.items():
         assert sched.on_reply(pid, None, 20, 20 * s, 20 * s) == 1.0  # no step weighting
-    assert [sched.bounds(p) for p in SPEEDS] == [(4, 20)] * 3
+    assert (sched.min_local_steps, sched.max_local_steps) == (4, 20)
     return sched
 
 
@@ -86,7 +90,9 @@ def test_the_first_message_carries_the_own_work_and_a_silent_client_turns_it_off
     sched = CompassScheduler()
     assert sched.steps_for(0, [0], now=0.0) is None  # speed unknown: the run's own work
     sched.on_reply(0, None, 20, 2.0, 2.0)
-    assert sched.steps_for(0, [0], now=2.0) == 20
+    # No group open: the first group gets Q_max, APPFL's default 100 steps (before the
+    # Q bounds were absolute, Q_max was the node's own work, 20).
+    assert sched.steps_for(0, [0], now=2.0) == 100
     assert sched.on_reply(0, 20, None) == 1.0  # no train-steps
     assert not sched.active and "FedBuff-like" in sched.off_reason
     assert sched.book.enabled is False
@@ -95,12 +101,14 @@ def test_the_first_message_carries_the_own_work_and_a_silent_client_turns_it_off
     assert sched.book.arrive(0, 4.0) == (compass.OFF, None)
 
 
-def test_round_trip_is_part_of_the_expected_time():
+def test_the_whole_message_time_is_the_speed():
+    # Replaces the round trip test: a message is no longer predicted as round trip +
+    # steps x training seconds per step, but as steps x (whole seconds / steps), APPFL's.
     sched = CompassScheduler()
-    sched.on_reply(0, None, 20, 2.0, 3.0)  # 0.1 s per step, 1 s outside training
-    assert sched.round_trip(0) == 1.0
-    assert sched.steps_for(0, [0], now=0.0) == 20
-    assert group_of(sched, 0) == (3.0, 4.5)  # E = 0 + 1 + 2, L = 1.5 * 3
+    sched.on_reply(0, None, 20, 2.0, 3.0)  # 2 s training, 3 s from sending to reply
+    assert sched.speeds.seconds_per_step(0) == pytest.approx(3.0 / 20)
+    assert sched.steps_for(0, [0], now=0.0) == 100  # Q_max: E = 100 x 0.15, L = 1.5 E
+    assert group_of(sched, 0) == (15.0, 22.5)
 
 
 def test_checkpoint_restores_the_groups_in_the_shared_book():
@@ -118,8 +126,10 @@ def test_checkpoint_restores_the_groups_in_the_shared_book():
 
 
 def test_bad_parameters_are_named():
-    with pytest.raises(ValueError, match="q_min must be in"):
-        CompassScheduler(q_min=2.0, q_max=1.0)
+    with pytest.raises(
+        ValueError, match=r"min_local_steps \(2\) must be at most max_local_steps \(1\)"
+    ):
+        CompassScheduler(min_local_steps=2, max_local_steps=1)
     with pytest.raises(ValueError, match="lambda"):
         CompassScheduler(latest_factor=0.5)
 

@@ -1,8 +1,11 @@
 """FedCompass on the engine: 3 nodes at 1, 2 and 4 virtual seconds per step (a profile
 file, no jitter, free communication) under the virtual clock; groups form and their
-members arrive together; a ClientApp without train-steps falls back to buffering."""
+members arrive together; a ClientApp without train-steps falls back to buffering; and
+nodes whose 7 s latency dwarfs their compute still form a group (APPFL's speeds)."""
 
 from __future__ import annotations
+
+import pytest
 
 from flwr_gsgm.engine.async_engine import EngineSettings
 from flwr_gsgm.simulation.inprocess_grid import InProcessGrid
@@ -14,10 +17,16 @@ from tests.scheduling.test_work_scheduling import stepping_app
 FLEET = "partition-id,step-seconds,bandwidth,latency-seconds\n0,1,inf,0\n1,2,inf,0\n2,4,inf,0\n"
 
 
-def run(tmp_path, app, max_updates: int):
+def run(tmp_path, app, max_updates: int, **params):
     path = tmp_path / "fleet.csv"
     path.write_text(FLEET)
+    # Q_min = 4 and Q_max = 20 steps, given: APPFL's defaults (20 and 100) are for
+    # 100-step messages; these, the former own-work-relative bounds of a node whose
+    # own work is 20 steps, keep the hand-computed sequence below as it was. Free
+    # communication: a message's whole time (APPFL's speed) is its training time.
+    params = {"min_local_steps": 4, "max_local_steps": 20, **params}
     strategy = STRATEGIES["fedcompass"](
+        **params,
         client_mode="delta",
         local_steps=20,
         local_lr=0.1,
@@ -32,7 +41,7 @@ def test_groups_form_and_their_members_arrive_together(tmp_path):
     received: list[tuple[int, int]] = []
     result = run(tmp_path, stepping_app(received), max_updates=13)
     steps = {p: [s for q, s in received if q == p] for p in range(3)}
-    # Own work 20 steps: Q_max = 20, Q_min = 4. By hand (APPFL's rules, lambda 1.5):
+    # Own work 20 steps, Q_max = 20, Q_min = 4. By hand (APPFL's rules, lambda 1.5):
     # t=20 node 0 back alone -> group A (20 steps, E=40, L=50); t=40 node 1 back alone:
     # joining A gives 0 steps -> group B timed for A's node 0 sent at 50 with 20 steps
     # (back at 70): floor(30 / 2) = 15 steps; node 0 back in A -> A aggregated; node 0
@@ -65,3 +74,41 @@ def test_a_client_without_train_steps_falls_back_to_buffering(tmp_path):
     )
     assert [r["version"] for r in result.rows if r["updates"] in (4, 5, 9, 10)] == [0, 1, 1, 2]
     assert {v for _, v in calls} == {0, 1}  # nothing is sent after the 10th update
+
+
+# Communication dwarfs computation (as under the loopback profile): 7 s of latency per
+# message against 0.02, 0.04 and 0.08 s per step.
+TALKATIVE = (
+    "partition-id,step-seconds,bandwidth,latency-seconds\n"
+    "0,0.02,inf,7\n1,0.04,inf,7\n2,0.08,inf,7\n"
+)
+
+
+def test_nodes_whose_round_trip_dwarfs_their_compute_form_a_group(tmp_path):
+    # APPFL's defaults (Q_min 20, Q_max 100, lambda 1.5, momentum 0.9). First messages
+    # (20 steps, sent at 0) take 7.4, 7.8 and 8.6 s: APPFL's speeds (whole message /
+    # steps) 0.37, 0.39 and 0.43 s per step; each first update is applied alone.
+    # t=7.4 node 0 creates group 0 with Q_max = 100: E = 7.4 + 37 = 44.4, L = 62.9.
+    # t=7.8 node 1 joins it: floor((44.4 - 7.8) / 0.39) = floor(93.85) = 93 steps.
+    # t=8.6 node 2 joins it: floor((44.4 - 8.6) / 0.43) = floor(83.26) = 83 steps.
+    # (The former round trip + steps x training-seconds prediction gave each node a
+    # group of its own.) Their messages take 7 + 2.0, 7 + 3.72 and 7 + 6.64 s: back at
+    # 16.4 and 18.52 (buffered, waiting) and 22.24, when the group is complete and
+    # aggregated once: versions 3, 3, 4.
+    path = tmp_path / "fleet.csv"
+    path.write_text(TALKATIVE)
+    received: list[tuple[int, int]] = []
+    strategy = STRATEGIES["fedcompass"](
+        client_mode="delta",
+        local_steps=20,
+        local_lr=0.1,
+        virtual_clock=VirtualClock(device_profile=str(path), jitter=0.0),
+        engine=EngineSettings(max_norm_ratio=None, eval_every=1),
+    )
+    grid = InProcessGrid(stepping_app(received), 3, run_config={})
+    result = strategy.start(grid, initial_arrays(), max_updates=6)
+    steps = {p: [s for q, s in received if q == p] for p in range(3)}
+    assert steps == {0: [20, 100], 1: [20, 93], 2: [20, 83]}
+    rows = {r["updates"]: (r["virtual_time"], r["version"]) for r in result.rows}
+    assert [rows[n][1] for n in (1, 2, 3, 4, 5, 6)] == [1, 2, 3, 3, 3, 4]
+    assert [rows[n][0] for n in (4, 5, 6)] == pytest.approx([16.4, 18.52, 22.24])
