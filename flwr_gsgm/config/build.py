@@ -46,7 +46,8 @@ def virtual_clock_from(
 ) -> VirtualClock:
     """The run's :class:`VirtualClock` (time model) from its run config (``seed``,
     ``base-duration``, ``slow-fraction``, ``slow-factor``, ``jitter``,
-    ``device-profile``, ``step-seconds``, ``latency-seconds``, ``server-seconds``).
+    ``device-profile``, ``step-seconds``, ``latency-seconds``, ``server-seconds``,
+    ``availability``, ``offline-detection-seconds``, ``speed-variance``).
 
     ``partition_examples`` (partition-id -> training examples) is needed to time
     epoch work (``local-epochs`` > 0); the app layer computes it from the split.
@@ -62,6 +63,9 @@ def virtual_clock_from(
         latency_seconds=cfg["latency-seconds"],
         server_seconds=cfg["server-seconds"],
         partition_examples=partition_examples,
+        availability=cfg["availability"],
+        offline_detection_seconds=cfg["offline-detection-seconds"],
+        speed_variance=cfg["speed-variance"],
     )
 
 
@@ -152,7 +156,10 @@ def _sync_strategy(cfg: Mapping[str, Any], num_nodes: int, per_round: int) -> Fe
         "fraction_train": per_round / num_nodes,
         "fraction_evaluate": cfg["fraction-evaluate"] if cfg["federated-eval-every"] else 0.0,
         "min_evaluate_nodes": 1,
-        "min_available_nodes": num_nodes,
+        # Every node, as a round waits for the fleet to connect; under the time model's
+        # availability Flower's own default (2): a fleet that churns is never all
+        # online at once, and a user's FedAvg samples among the nodes that are.
+        "min_available_nodes": num_nodes if cfg["availability"] == "always" else min(2, num_nodes),
     }
     if per_round < num_nodes:
         # min_train_nodes = m: Flower samples max(int(n * m / n), min_train_nodes) nodes,

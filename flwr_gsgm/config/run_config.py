@@ -46,7 +46,17 @@ from flwr_gsgm.config.keys import (
 from flwr_gsgm.core import OPTIMIZERS
 from flwr_gsgm.core.params import DISPLACEMENT_MODES
 from flwr_gsgm.engine.settings import check_deadlines
-from flwr_gsgm.simulation.virtual_clock import DEVICE_PROFILE_EXPECTED, is_device_profile
+from flwr_gsgm.simulation.availability import ALWAYS, AVAILABILITY_MODELS, FROM_PROFILE
+from flwr_gsgm.simulation.speed_variance import NONE, SPEED_VARIANCE_MODELS
+from flwr_gsgm.simulation.virtual_clock import (
+    DEVICE_PROFILE_EXPECTED,
+    OFFLINE_DETECTION_SECONDS,
+    is_device_profile,
+)
+
+#: What run config ``availability`` and ``speed-variance`` accept.
+AVAILABILITY_CHOICES = (ALWAYS, *AVAILABILITY_MODELS, FROM_PROFILE)
+SPEED_VARIANCE_CHOICES = (NONE, *SPEED_VARIANCE_MODELS)
 
 __all__ = [
     "RunConfigKey",
@@ -161,6 +171,26 @@ RUN_CONFIG: dict[str, RunConfigKey] = {
         DEVICE_PROFILE_EXPECTED,
         "time model: compute speeds, latency, bandwidth; a file: partition-id, step-seconds, "
         "bandwidth (bytes/s), latency-seconds per node (docs/GSGM.md, Time model)",
+    ),
+    "availability": _key(
+        ALWAYS,
+        lambda v: v in AVAILABILITY_CHOICES,
+        f"one of {', '.join(AVAILABILITY_CHOICES)}",
+        "time model: when each node is online (device-profile: each node's own, from the "
+        "profile file; docs/GSGM.md, Time model)",
+    ),
+    "offline-detection-seconds": _key(
+        OFFLINE_DETECTION_SECONDS,
+        non_negative,
+        ">= 0 seconds",
+        "time model: seconds until the server learns a node went offline (Flower's "
+        "heartbeat expiry; 0: it says goodbye)",
+    ),
+    "speed-variance": _key(
+        NONE,
+        lambda v: v in SPEED_VARIANCE_CHOICES,
+        f"one of {', '.join(SPEED_VARIANCE_CHOICES)}",
+        "time model: per-message slowdowns of a node (docs/GSGM.md, Time model)",
     ),
     "step-seconds": _key(
         0.0,

@@ -356,6 +356,7 @@ class AsyncEngine:
         """Handle every reply that is due; return True if any was."""
         progressed = False
         while not self._finished():
+            progressed |= self._bring_back_online()
             dispatch = self.in_flight.next_ready()
             if dispatch is None:
                 break
@@ -366,6 +367,21 @@ class AsyncEngine:
             self._handle(dispatch)
             progressed = True
         return progressed
+
+    def _bring_back_online(self) -> bool:
+        """Under the time model's availability, bring back the nodes that are online
+        again before the next reply is due, at the virtual second each is back (so it
+        gets work then, not at the next reply); True if any came back. With nothing
+        in flight :meth:`_idle` jumps there instead; nothing past the time budget."""
+        back = self.members.next_online()
+        if back is None or not self.clock.virtual or self.clock.past_budget(back):
+            return False
+        first = self.in_flight.first_due()
+        if first is None or first.v_finish <= back:
+            return False
+        self.clock.jump_to(back)
+        self.members.end_backoffs()
+        return True
 
     def _stop_if_requested(self) -> None:
         """On SIGTERM (checkpoints on): save a checkpoint, then stop."""
@@ -395,6 +411,9 @@ class AsyncEngine:
         """One reply: an error (a failure of its node) or an update; then work for the
         freed slot, the back-offs over by now, and the evaluation / checkpoint due."""
         reply = self.in_flight.finish(dispatch)
+        if reply is None:  # lost with its node (the time model's availability)
+            self._lost(dispatch)
+            return
         now = self.clock.at_reply(dispatch)
         node = self.members.nodes[dispatch.partition_id]
         self.policy.on_reply(node.partition_id, now, counted=not reply.has_error())
@@ -417,6 +436,18 @@ class AsyncEngine:
             self.federated.maybe_send(self.received, self.optimizer, self.members.nodes)
         if self.settings.checkpoint_every and self.received % self.settings.checkpoint_every == 0:
             self._save_checkpoint()
+
+    def _lost(self, dispatch: Dispatch) -> None:
+        """A message lost with its node: at the virtual second the node went offline
+        (no reply reaches the server, so it costs the server nothing), the node is
+        offline until it is back; counted, logged, and the freed slot gets work."""
+        assert self.optimizer is not None and dispatch.back_at is not None
+        self.clock.jump_to(dispatch.v_finish)
+        pid = dispatch.partition_id
+        self.policy.on_reply(pid, self.clock.now(), counted=False)
+        self.replies.lost(dispatch, self.received, self.optimizer.version)
+        self.members.go_offline(pid, dispatch.back_at, lost=True)
+        self.members.end_backoffs()
 
     def _on_update(self, node: Node, dispatch: Dispatch, reply: Message) -> Outcome | None:
         """Intake, then the optimizer, then the books (a rejection: :meth:`_on_rejected`);

@@ -109,6 +109,21 @@ class Clock(ABC):
     def message_seconds(self, dispatch: Dispatch) -> float | None:
         """Seconds from ``dispatch``'s sending to its reply (being handled now)."""
 
+    def offline_until(self, pid: int) -> float | None:
+        """If partition ``pid`` is offline now, when it is online again (engine seconds,
+        ``inf``: never); None if it is online. Only the time model knows (a
+        deployment's offline nodes are not among the grid's nodes): None here."""
+        del pid
+        return None
+
+    def loss(self, pid: int, finish: float) -> tuple[float, float] | None:
+        """Whether a train message sent to ``pid`` now, finishing at ``finish``, is lost
+        with its node: ``(known_at, back_at)`` (when the server learns the node went
+        offline, when it is back), or None. Only the time model knows (a deployment
+        learns of a loss from Flower's error reply or the dispatch timeout): None here."""
+        del pid, finish
+        return None
+
     @abstractmethod
     def speed_factors(self, num_partitions: int) -> dict[int, float]:
         """Each partition's speed factor (1.0 for a partition not listed)."""
@@ -189,6 +204,21 @@ class VirtualTime(Clock):
             local_steps=int(config.get("local-steps", 1)),
             local_epochs=int(config.get("local-epochs", 0)),
         )
+
+    def offline_until(self, pid: int) -> float | None:
+        online = self.model.online
+        if online.always or online.online(pid, self._now):
+            return None
+        return online.online_from(pid, self._now)
+
+    def loss(self, pid: int, finish: float) -> tuple[float, float] | None:
+        lost = self.model.online.loss(pid, self._now, finish)
+        if lost is None:
+            return None
+        # The server learns of the loss once Flower would: offline_detection_seconds
+        # after the node went (its heartbeat expired).
+        lost_at, back_at = lost
+        return lost_at + self.model.offline_detection_seconds, back_at
 
     def message_seconds(self, dispatch: Dispatch) -> float | None:
         # What a deployment measures (WallTime): from sending to the reply's handling,

@@ -149,16 +149,24 @@ class Dispatcher:
         if limit is None or len(self.in_flight) + len(idle) <= limit:
             for pid in idle:
                 while self.in_flight.count(pid) < depth and self.may_dispatch(received):
-                    self.dispatch(optimizer, pid, received)
+                    if not self.dispatch(optimizer, pid, received):
+                        break  # offline: it gets work when it is back
             return
         while idle and len(self.in_flight) < limit and self.may_dispatch(received):
             pid = self.policy.pick(idle)
             idle.remove(pid)
             self.dispatch(optimizer, pid, received)
 
-    def dispatch(self, optimizer: ModelOptimizer, pid: int, received: int) -> None:
+    def dispatch(self, optimizer: ModelOptimizer, pid: int, received: int) -> bool:
         """Send the current weights to partition ``pid``; ``received`` is the client
-        updates received so far (``train_config_fn``'s).
+        updates received so far (``train_config_fn``'s). False, and nothing sent, if
+        the time model has the node offline now: it goes offline until it is back
+        (:meth:`Membership.go_offline`).
+
+        Under the time model's availability a message whose node goes offline before
+        its reply is lost: nothing is sent (its reply would never come), and it is due
+        when the node goes offline, with the time it is back
+        (:meth:`InFlight.push_lost <flwr_gsgm.engine.in_flight.InFlight.push_lost>`).
 
         Raises
         ------
@@ -167,6 +175,10 @@ class Dispatcher:
             before anything of this dispatch is counted or sent.
         """
         node = self.members.nodes[pid]
+        back_at = self.clock.offline_until(pid)
+        if back_at is not None:
+            self.members.go_offline(pid, back_at, lost=False, freed=False)
+            return False
         version = optimizer.version
         if self.train_config_fn is None:
             config = ConfigRecord(dict(self.train_config))
@@ -200,7 +212,13 @@ class Dispatcher:
             scheduled_steps=steps,
         )
         optimizer.on_dispatch(pid)
-        self.in_flight.push_train(dispatch, node.node_id, weights)
+        loss = self.clock.loss(pid, v_finish)
+        if loss is not None:
+            dispatch.v_finish, dispatch.back_at = loss
+            self.in_flight.push_lost(dispatch, node.node_id)
+        else:
+            self.in_flight.push_train(dispatch, node.node_id, weights)
+        return True
 
     def _log_config_change(self, config: ConfigRecord, node: str, received: int) -> None:
         """Log at INFO the keys in which ``config`` (``train_config_fn``'s, merged)

@@ -72,9 +72,11 @@ class InFlight:
         self.dispatches: dict[str, Dispatch] = {}  # message id -> train dispatch
         self.queries: dict[str, tuple[int, float]] = {}  # message id -> (node id, sent at)
         self.heap: list[Dispatch] = []
-        self.arrived: dict[str, Message] = {}
+        # Replies that are here; None for a message lost with its node (push_lost).
+        self.arrived: dict[str, Message | None] = {}
         self.arrival_order: list[str] = []
         self.unsent = 0  # pushes the SuperLink refused (their local ids: unsent-<n>)
+        self.lost = 0  # messages lost with their node (their local ids: lost-<n>)
         if type(grid).__module__ == "flwr.superlink.grid.http_grid":
             # A deployment: a reply pulled while its node still uploads it would wait
             # Flower's 1 s object back-off (the in-process grid has no such wait).
@@ -110,6 +112,19 @@ class InFlight:
         mid = self._tracked_id(mid, node_id, "train")
         dispatch.message_id, dispatch.node_id, dispatch.sent_at = mid, node_id, time.monotonic()
         self.dispatches[mid] = dispatch
+        heapq.heappush(self.heap, dispatch)
+
+    def push_lost(self, dispatch: Dispatch, node_id: int) -> None:
+        """Track ``dispatch`` as a message lost with its node (the time model's
+        availability: ``dispatch.back_at`` is set): nothing is sent, since its reply
+        would never come; it is due at its ``v_finish``, when the node went offline,
+        like any dispatch, and its "reply" (None) is here at once."""
+        self.lost += 1
+        mid = f"lost-{self.lost}"
+        dispatch.message_id, dispatch.node_id, dispatch.sent_at = mid, node_id, time.monotonic()
+        self.dispatches[mid] = dispatch
+        self.arrived[mid] = None
+        self.arrival_order.append(mid)
         heapq.heappush(self.heap, dispatch)
 
     def push_queries(self, node_ids: list[int]) -> None:
@@ -205,8 +220,9 @@ class InFlight:
         else:
             wait(self.awaited(), timeout)
 
-    def take_reply(self, mid: str) -> Message:
-        """Remove and return the reply to message ``mid`` (KeyError if it has not arrived)."""
+    def take_reply(self, mid: str) -> Message | None:
+        """Remove and return the reply to message ``mid`` (KeyError if it has not
+        arrived; None for a message lost with its node)."""
         reply = self.arrived.pop(mid)
         self.arrival_order.remove(mid)
         return reply
@@ -225,8 +241,9 @@ class InFlight:
             return None
         return self.heap[0]
 
-    def finish(self, dispatch: Dispatch) -> Message:
-        """Stop tracking ``dispatch`` and return its reply (which must have arrived)."""
+    def finish(self, dispatch: Dispatch) -> Message | None:
+        """Stop tracking ``dispatch`` and return its reply (which must have arrived;
+        None for a message lost with its node)."""
         reply = self.take_reply(dispatch.message_id)
         del self.dispatches[dispatch.message_id]
         return reply
@@ -239,6 +256,13 @@ class InFlight:
             if mid in self.arrived:
                 self.take_reply(mid)
         return len(mids)
+
+    def first_due(self) -> Dispatch | None:
+        """The dispatch due first in virtual finish order, whether its reply is here
+        or not (None: nothing in flight)."""
+        while self.heap and self.heap[0].message_id not in self.dispatches:
+            heapq.heappop(self.heap)  # lost or already handled
+        return self.heap[0] if self.heap else None
 
     def overdue(self, now: float, timeout: float) -> list[Dispatch]:
         """Dispatches without a reply, sent more than ``timeout`` seconds before ``now``."""
@@ -273,4 +297,7 @@ class InFlight:
             dispatch = Dispatch(**saved)
             if dispatch.partition_id in node_ids:
                 node_id = node_ids[dispatch.partition_id]
-                self.push_train(dispatch, node_id, dispatch.arrays)  # type: ignore[arg-type]
+                if dispatch.back_at is not None:  # lost with its node: still lost
+                    self.push_lost(dispatch, node_id)
+                else:
+                    self.push_train(dispatch, node_id, dispatch.arrays)  # type: ignore[arg-type]

@@ -53,6 +53,15 @@ from its push) or answered with an error reply, whatever its Flower error code
   then it is back (:meth:`Membership.end_backoffs`, whenever the clock is read past it).
 
 A valid reply resets k; the dispatch that failed is dropped (``lost_in_flight``).
+
+**Offline** (a simulation whose time model has availability,
+:mod:`flwr_gsgm.simulation.availability`): a node the time model takes offline is out
+of the run until it is online again, "active" -> "offline" -> "active", without a
+failure (going offline is not the node's fault, so it never excludes it). Its message
+in flight is lost (``lost_in_flight``), its going counted in ``nodes_lost`` and its
+return in ``nodes_joined``, as a deployment counts a SuperNode that leaves and
+rejoins; the engine brings it back at the virtual second it is online again
+(:meth:`Membership.next_online`).
 ``max-consecutive-rejections`` rejected updates in a row exclude a node too, unless
 every node's are rejected at once (the model diverged, :mod:`flwr_gsgm.engine.divergence`).
 """
@@ -81,6 +90,9 @@ from flwr_gsgm.nodes.query_reply import NO_PARTITION, read_query_reply
 from flwr_gsgm.nodes.stats import NodeStats
 
 __all__ = ["Membership", "Node", "NodeListener"]
+
+# The states a node leaves at an engine time of its own (Node.retry_at).
+_WAITING = ("backing-off", "offline")
 
 
 def _nothing(*args: Any) -> None:
@@ -139,11 +151,13 @@ class Node:
     retry_at: float | None = None
     # Why the node was excluded for the rest of the run ("" = it is not).
     excluded: str = ""
+    # Offline in the time model until retry_at (its availability), not backing off.
+    offline: bool = False
 
     #: Fields saved in a checkpoint (``node_id`` and ``identified`` name a node that
     #: did not answer at a resume).
     SAVED = ("dispatches", "failures", "rejections_in_row", "active", "speed")
-    SAVED += ("may_return", "retry_at", "excluded", "node_id", "identified")
+    SAVED += ("may_return", "retry_at", "excluded", "node_id", "identified", "offline")
 
     @property
     def name(self) -> str:
@@ -156,12 +170,15 @@ class Node:
 
     @property
     def state(self) -> str:
-        """ "active", "backing-off", "lost" (left the federation) or "excluded"."""
+        """ "active", "backing-off", "offline" (the time model's availability), "lost"
+        (left the federation) or "excluded"."""
         if self.active:
             return "active"
         if self.excluded:
             return "excluded"
-        return "backing-off" if self.retry_at is not None else "lost"
+        if self.retry_at is None:
+            return "lost"
+        return "offline" if self.offline else "backing-off"
 
 
 class Membership:
@@ -538,28 +555,70 @@ class Membership:
         self.listener.freed()
 
     def next_retry(self) -> float | None:
-        """The earliest end of a back-off (engine seconds), or None if no node backs off."""
-        times = [n.retry_at for n in self.nodes.values() if n.state == "backing-off"]
+        """The earliest end of a back-off or of an offline interval (engine seconds), or
+        None if no node backs off or is offline."""
+        times = [n.retry_at for n in self.nodes.values() if n.state in _WAITING]
         return min(times) if times else None  # type: ignore[type-var]
 
+    def next_online(self) -> float | None:
+        """The earliest time an offline node is online again (engine seconds), or None."""
+        times = [n.retry_at for n in self.nodes.values() if n.state == "offline"]
+        return min(times) if times else None  # type: ignore[type-var]
+
+    def go_offline(self, pid: int, back_at: float, lost: bool, freed: bool = True) -> None:
+        """Partition ``pid`` goes offline (the time model's availability) until engine
+        time ``back_at`` (``inf``: it never comes back, and is lost for good).
+
+        ``lost``: a message of it was lost (counted in ``lost_in_flight``), as opposed
+        to a node found offline when it was to get work. Its other work in flight is
+        dropped, the listener told, the loss counted in ``nodes_lost`` and logged;
+        with ``freed`` the dispatcher tops up (not from inside its own top-up).
+        Nothing happens to a node that is not active.
+        """
+        node = self.nodes[pid]
+        if not node.active:
+            return
+        self.ledger.count("lost_in_flight", int(lost))
+        if math.isinf(back_at):
+            self.lose(pid, "offline for the rest of the run (its availability)")
+            return
+        node.active, node.may_return = False, False
+        node.offline, node.retry_at = True, back_at
+        self._drop_in_flight(pid)
+        now = self._now()
+        self.listener.left(pid, now)
+        self.listener.forget(pid)  # back later, it meets a model that moved without it
+        self.ledger.count("nodes_lost")
+        what = "its message lost" if lost else "no message sent"
+        log(INFO, "[async] %s offline at %.1f s until %.1f s (%s)", node.name, now, back_at, what)
+        if freed:
+            self.listener.freed()
+
     def end_backoffs(self) -> None:
-        """Backing-off -> active for every node whose back-off has ended by the engine
-        clock's reading now (in partition-id order); then the freed slots get work.
+        """Backing-off or offline -> active for every node whose back-off or offline
+        interval has ended by the engine clock's reading now (in partition-id order);
+        then the freed slots get work.
 
         The engine calls it whenever the clock may have passed a back-off's end: after
         each reply and on each turn of its loop (virtual time moves only at a reply or
         a jump, so a simulation stays reproducible).
         """
         now = self._now()
-        back = [p for p, n in sorted(self.nodes.items()) if n.state == "backing-off"]
+        back = [p for p, n in sorted(self.nodes.items()) if n.state in _WAITING]
         back = [p for p in back if self.nodes[p].retry_at <= now]  # type: ignore[operator]
         if not back:
             return
+        was_offline = {pid for pid in back if self.nodes[pid].offline}
         for pid in back:
-            self.nodes[pid].active, self.nodes[pid].retry_at = True, None
+            node = self.nodes[pid]
+            node.active, node.retry_at, node.offline = True, None, False
         for pid in back:
             self.listener.joined(pid, now)
-            log(INFO, "[async] %s back after its back-off", self.name(pid))
+            if pid in was_offline:
+                self.ledger.count("nodes_joined")
+                log(INFO, "[async] %s online again at %.1f s", self.name(pid), now)
+            else:
+                log(INFO, "[async] %s back after its back-off", self.name(pid))
         self.listener.freed()
 
     def register_joins(self) -> None:
@@ -691,6 +750,9 @@ def _restore_node(node: Node, saved: dict[str, Any]) -> None:
     """
     node.dispatches, node.speed = saved["dispatches"], saved["speed"]
     node.excluded = saved["excluded"]
+    # Offline in the time model: out until its time, as a back-off is (a checkpoint
+    # from before availability has no "offline").
+    node.offline = bool(saved.get("offline", False))
     backing_off = not saved["active"] and saved["retry_at"] is not None
     if saved["active"] or backing_off or node.excluded or not node.active:
         node.failures = saved["failures"]

@@ -10,7 +10,8 @@ is written, so a killed server loses at most the row it was writing.
 Columns (:data:`COLUMNS`):
 
 - ``event``: ``update`` (a reply with an update), ``error`` (an error reply: a failure
-  of its node), ``checkpoint`` (the server state was saved after this row's
+  of its node), ``lost`` (a message lost with its node, which the time model took
+  offline: outcome ``offline``), ``checkpoint`` (the server state was saved after this row's
   ``received`` updates) or ``resume`` (the run continued from the checkpoint saved at
   ``received`` updates);
 - ``received``: the run's count of client updates received, this reply's included;
@@ -142,6 +143,10 @@ class ReplyLog:
     def error(self, dispatch: Dispatch, received: int, code: int, version: int) -> None:
         """An error reply with Flower error ``code``."""
         self._reply("error", dispatch, received, str(code), None, version)
+
+    def lost(self, dispatch: Dispatch, received: int, version: int) -> None:
+        """A message lost with its node (the time model's availability)."""
+        self._reply("lost", dispatch, received, "offline", None, version)
 
     def checkpoint(self, received: int) -> None:
         """The server state was saved after ``received`` updates."""

@@ -129,11 +129,12 @@ class RunEnd:
     def nothing_in_flight(self, received: int) -> bool:
         """Nothing is in flight and the budgets leave room: True if the run must end now.
 
-        False while a node is active or backing off, or, for up to ``rejoin_timeout``
+        False while a node is active, backing off or offline (until a time of the time
+        model's availability), or, for up to ``rejoin_timeout``
         wall seconds, while a node that left may come back; then the run fails.
         """
         states = {pid: node.state for pid, node in self.members.nodes.items()}
-        if any(s in ("active", "backing-off") for s in states.values()):
+        if any(s in ("active", "backing-off", "offline") for s in states.values()):
             self.waiting_since = None
             return False
         nodes = self.members.nodes

@@ -39,6 +39,10 @@ class Dispatch:
     # The local steps work scheduling gave this message (None: the run's own work).
     scheduled_steps: int | None = field(compare=False, default=None)
     sent_at: float = field(compare=False, default=0.0)
+    # Lost with its node (the time model's availability): the node went offline at
+    # v_finish and is online again at back_at (virtual seconds; inf: never). None: the
+    # message is answered.
+    back_at: float | None = field(compare=False, default=None)
 
     #: Fields that belong to one push, not to the dispatch: not checkpointed.
     TRANSIENT = ("message_id", "node_id", "sent_at")

@@ -9,22 +9,35 @@ built-in profile (``docs/GSGM.md``, "Time model"). Each entry gives one node's
   are free;
 - ``latency-seconds``: fixed seconds per message (both ways together), a number >= 0.
 
-CSV: a header row with exactly those column names (in any order), then one row per
-node; blank lines are skipped::
+and, optionally (read with run config ``availability = "device-profile"``,
+:mod:`flwr_gsgm.simulation.availability`), when the node is online, either
+
+- ``online-intervals``: its online intervals in virtual seconds, each ``start:end``
+  (``0 <= start < end``, sorted, not overlapping), separated by spaces in a CSV cell,
+  or a TOML array of ``[start, end]`` pairs; outside them the node is offline; or
+- ``mean-online-seconds`` and ``mean-offline-seconds``: the mean lengths (> 0) of its
+  online and offline intervals, drawn as the built-in two-state process is.
+
+A file gives these columns or keys for every node or for none; in a CSV file a row
+leaves empty the cells of the form it does not use.
+
+CSV: a header row with those column names (in any order), then one row per node;
+blank lines are skipped::
 
     partition-id,step-seconds,bandwidth,latency-seconds
     0,0.05,2500000,0.05
     1,0.20,,0.05
     2,0.11,1.2e6,0.30
 
-TOML: one ``[[node]]`` table per node with exactly those keys (``bandwidth = inf``
-or ``""`` for free bytes)::
+TOML: one ``[[node]]`` table per node with those keys (``bandwidth = inf`` or ``""``
+for free bytes)::
 
     [[node]]
     partition-id = 0
     step-seconds = 0.05
     bandwidth = 2.5e6
     latency-seconds = 0.05
+    online-intervals = [[0, 300], [900, 1500]]
 
 Both are read with the standard library (``csv``, ``tomllib``). A malformed file is
 refused with a ``ValueError`` naming the file, where (CSV: the line number, counting
@@ -41,10 +54,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-__all__ = ["FIELDS", "PROFILE_FILE_SUFFIXES", "NodeProfile", "read_profile_file"]
+from flwr_gsgm.simulation.availability import OnOffModel
+
+__all__ = [
+    "AVAILABILITY_FIELDS",
+    "FIELDS",
+    "PROFILE_FILE_SUFFIXES",
+    "NodeProfile",
+    "read_profile_file",
+]
 
 #: The fields of one entry, in the order of the docs' examples.
 FIELDS = ("partition-id", "step-seconds", "bandwidth", "latency-seconds")
+#: The optional fields of a node's availability (intervals, or the two means).
+AVAILABILITY_FIELDS = ("online-intervals", "mean-online-seconds", "mean-offline-seconds")
 #: The file name endings ``device-profile`` reads as a profile file (case-insensitive).
 PROFILE_FILE_SUFFIXES = (".csv", ".toml")
 
@@ -61,11 +84,15 @@ class NodeProfile:
         Bytes per second, each way (> 0); ``math.inf``: bytes are free.
     latency_seconds : float
         Fixed seconds per message, both ways together (>= 0).
+    availability : OnOffModel | tuple[tuple[float, float], ...] | None
+        When the node is online: a two-state model of mean durations, its online
+        intervals ``(start, end)`` in seconds, or None (the file gives none).
     """
 
     step_seconds: float
     bandwidth: float
     latency_seconds: float
+    availability: OnOffModel | tuple[tuple[float, float], ...] | None = None
 
 
 def read_profile_file(path: str | Path) -> dict[int, NodeProfile]:
@@ -171,15 +198,17 @@ class _Failure:
 
 
 def _check_names(fail: _Failure, kind: str, names: list[str]) -> None:
-    """Exactly :data:`FIELDS`: a missing, unknown or repeated one is refused."""
+    """Every one of :data:`FIELDS`, and optionally :data:`AVAILABILITY_FIELDS`: a
+    missing, unknown or repeated one is refused."""
+    expected = f"{', '.join(FIELDS)}, optionally {', '.join(AVAILABILITY_FIELDS)}"
     missing = [f for f in FIELDS if f not in names]
     if missing:
-        fail.whole(f"missing {kind}(s) {missing}; expected exactly {', '.join(FIELDS)}")
-    unknown = [n for n in names if n not in FIELDS]
+        fail.whole(f"missing {kind}(s) {missing}; expected {expected}")
+    unknown = [n for n in names if n not in FIELDS + AVAILABILITY_FIELDS]
     if unknown:
-        fail.whole(f"unknown {kind}(s) {unknown}; expected exactly {', '.join(FIELDS)}")
-    if len(names) != len(FIELDS):
-        repeated = sorted({n for n in names if names.count(n) > 1})
+        fail.whole(f"unknown {kind}(s) {unknown}; expected {expected}")
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
         fail.whole(f"{kind}(s) {repeated} given more than once")
 
 
@@ -204,8 +233,66 @@ def _add(
     latency = _number(fail, "latency-seconds", entry["latency-seconds"], "a finite number >= 0")
     if not (math.isfinite(latency) and latency >= 0):
         fail.field("latency-seconds", entry["latency-seconds"], "a finite number >= 0 (seconds)")
-    nodes[pid] = NodeProfile(step, bandwidth, latency)
+    nodes[pid] = NodeProfile(step, bandwidth, latency, _availability(fail, entry))
     where[pid] = fail.where
+
+
+def _availability(
+    fail: _Failure, entry: dict[str, Any]
+) -> OnOffModel | tuple[tuple[float, float], ...] | None:
+    """An entry's availability: its ``online-intervals``, or its two means, or None.
+    An empty CSV cell is a field the entry does not give."""
+    given = {k: entry[k] for k in AVAILABILITY_FIELDS if k in entry and entry[k] != ""}
+    if not given:
+        return None
+    means = ("mean-online-seconds", "mean-offline-seconds")
+    if "online-intervals" in given:
+        if len(given) > 1:
+            fail.whole(
+                f"both online-intervals and {sorted(set(given) - {'online-intervals'})}; "
+                "expected online-intervals or the two means, not both"
+            )
+        return _intervals(fail, given["online-intervals"])
+    if len(given) == 1:
+        (key,) = given
+        other = means[1] if key == means[0] else means[0]
+        fail.whole(f"{key} without {other}; expected both means, or online-intervals")
+    what = "a finite number > 0 (seconds)"
+    values = []
+    for key in means:
+        value = _number(fail, key, given[key], what)
+        if not (math.isfinite(value) and value > 0):
+            fail.field(key, given[key], what)
+        values.append(value)
+    return OnOffModel(values[0], values[1], source="the device profile file")
+
+
+def _intervals(fail: _Failure, raw: Any) -> tuple[tuple[float, float], ...]:
+    """``online-intervals``: a CSV cell ``"0:300 900:1500"`` or a TOML array of pairs;
+    each ``0 <= start < end``, finite, sorted and not overlapping."""
+    what = (
+        "online intervals start:end in seconds (a TOML array of [start, end] pairs, or "
+        "'0:300 900:1500' in a CSV cell), 0 <= start < end, sorted, not overlapping"
+    )
+    pairs: list[Any]
+    if isinstance(raw, str):
+        pairs = [p.split(":") for p in raw.split()]
+    elif isinstance(raw, list):
+        pairs = raw
+    else:
+        fail.field("online-intervals", raw, what)
+    out: list[tuple[float, float]] = []
+    for pair in pairs:
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            fail.field("online-intervals", raw, what)
+        start, end = (_number(fail, "online-intervals", v, what) for v in pair)
+        previous_end = out[-1][1] if out else 0.0
+        if not (math.isfinite(end) and previous_end <= start < end):
+            fail.field("online-intervals", raw, what)
+        out.append((start, end))
+    if not out:
+        fail.field("online-intervals", raw, what)
+    return tuple(out)
 
 
 def _integer(fail: _Failure, name: str, raw: Any) -> int:

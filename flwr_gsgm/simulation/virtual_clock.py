@@ -41,12 +41,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from flwr.common.constant import HEARTBEAT_DEFAULT_INTERVAL, HEARTBEAT_PATIENCE
 
+from flwr_gsgm.simulation.availability import (
+    ALWAYS,
+    AVAILABILITY_MODELS,
+    FROM_PROFILE,
+    Availability,
+)
 from flwr_gsgm.simulation.profile_file import (
     PROFILE_FILE_SUFFIXES,
     NodeProfile,
     read_profile_file,
 )
+from flwr_gsgm.simulation.seeds import derive_seed
+from flwr_gsgm.simulation.speed_variance import NONE, SPEED_VARIANCE_MODELS, slowdown
 
 __all__ = [
     "APPFL10_STEP_SECONDS",
@@ -54,40 +63,12 @@ __all__ = [
     "DEVICE_PROFILE_EXPECTED",
     "LOOPBACK_LATENCY_SECONDS",
     "LOOPBACK_STEP_SECONDS",
+    "OFFLINE_DETECTION_SECONDS",
     "DeviceProfile",
     "VirtualClock",
     "derive_seed",
     "is_device_profile",
 ]
-
-
-def derive_seed(*parts: int, bits: int = 32) -> int:
-    """Derive a seed from integers (run seed, partition-id, counter, ...).
-
-    The project's one seed derivation (the engine, the dispatch policies and the
-    ClientApp use it). Uses ``numpy.random.SeedSequence``, so different tuples give
-    statistically independent streams; negative parts are taken modulo ``2**63``.
-
-    Parameters
-    ----------
-    *parts : int
-        The integers to mix.
-    bits : int
-        32: an ``int`` in ``[0, 2**32)`` (one 32-bit word of the sequence);
-        63: an ``int`` in ``[0, 2**63)`` (one 64-bit word, shifted right by one),
-        what ``torch.manual_seed`` and ``numpy`` accept alike.
-
-    Raises
-    ------
-    ValueError
-        If ``bits`` is neither 32 nor 63.
-    """
-    entropy = [int(p) % 2**63 for p in parts]
-    if bits == 32:
-        return int(np.random.SeedSequence(entropy).generate_state(1)[0])
-    if bits == 63:
-        return int(np.random.SeedSequence(entropy).generate_state(1, dtype=np.uint64)[0] >> 1)
-    raise ValueError(f"bits must be 32 or 63, got {bits!r}")
 
 
 # Stream tags of derive_seed: one per quantity, so adding one leaves the others unchanged.
@@ -112,6 +93,12 @@ LOOPBACK_SERVER_SECONDS = 0.765
 #: ``LOOPBACK_SERVER_SECONDS`` (``model_latency`` in the race script). The earlier
 #: figure, 2.167 s (docs/DEPLOYMENT.md section 8), counted no server queue.
 LOOPBACK_LATENCY_SECONDS = 0.904
+#: Seconds after a node goes offline until the server learns of it: Flower's SuperLink
+#: holds a node online for HEARTBEAT_PATIENCE heartbeat intervals after its last
+#: heartbeat (Flower 1.42, ``flwr/common/constant.py``: 2 x 30 s), then answers its
+#: messages with a node-unavailable error; a node that leaves without a word (its
+#: battery, its network) is lost that late.
+OFFLINE_DETECTION_SECONDS = float(HEARTBEAT_PATIENCE * HEARTBEAT_DEFAULT_INTERVAL)
 #: Seconds per local step of APPFL's 10 clients, as measured for FedCompass's
 #: efficiency benchmark (CIFAR-10, ResNet-18): Li et al., "FedCompass: Efficient
 #: Cross-Silo Federated Learning on Heterogeneous Client Devices Using a
@@ -278,6 +265,18 @@ class VirtualClock:
     partition_examples : Mapping[int, int] | None
         Training examples per partition-id, needed for epoch work
         (:meth:`work_steps` with ``local_epochs > 0``).
+    availability : str
+        When each node is online (:mod:`flwr_gsgm.simulation.availability`):
+        ``"always"`` (default), a built-in model, or ``"device-profile"`` (each node's
+        own, from the profile file named by ``device_profile``).
+    speed_variance : str
+        Per-message slowdowns (:mod:`flwr_gsgm.simulation.speed_variance`): ``"none"``
+        (default) or a built-in model.
+    offline_detection_seconds : float
+        Seconds (>= 0) from a node going offline to the server learning of it, when
+        its message in flight is known lost: default
+        :data:`OFFLINE_DETECTION_SECONDS`, Flower's heartbeat expiry (60 s); 0: a
+        node that says goodbye (a SuperNode stopped with SIGTERM).
 
     Every profile charges compute in proportion to the local work: ``uniform`` with
     one step (the published runs: gradient mode, ``local-batches`` 1) gives exactly
@@ -303,11 +302,16 @@ class VirtualClock:
     latency_seconds: float = 0.0
     server_seconds: float = 0.0
     partition_examples: Mapping[int, int] | None = field(default=None, hash=False, repr=False)
-    # Set by __post_init__: the profile, and a profile file's nodes (None: a built-in).
+    availability: str = ALWAYS
+    speed_variance: str = NONE
+    offline_detection_seconds: float = OFFLINE_DETECTION_SECONDS
+    # Set by __post_init__: the profile, a profile file's nodes (None: a built-in) and
+    # who is online when.
     _profile: DeviceProfile = field(init=False, repr=False, compare=False, hash=False)
     _nodes: Mapping[int, NodeProfile] | None = field(
         init=False, default=None, repr=False, compare=False, hash=False
     )
+    _online: Availability = field(init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         if not self.base_duration > 0:
@@ -339,6 +343,66 @@ class VirtualClock:
                 raise ValueError(
                     f"{key} must be a finite number >= 0 seconds (0: the profile's), got {value!r}"
                 )
+        detect = self.offline_detection_seconds
+        if not (isinstance(detect, (int, float)) and math.isfinite(detect) and detect >= 0):
+            raise ValueError(
+                f"offline-detection-seconds must be a finite number >= 0 seconds, got {detect!r}"
+            )
+        if self.speed_variance != NONE and self.speed_variance not in SPEED_VARIANCE_MODELS:
+            raise ValueError(
+                f"speed-variance {self.speed_variance!r} is unknown; expected one of "
+                f"{[NONE, *SPEED_VARIANCE_MODELS]}"
+            )
+        object.__setattr__(self, "_online", self._availability())
+
+    def _availability(self) -> Availability:
+        """Who is online when: the run's ``availability``, with a profile file's own
+        entries for ``"device-profile"``.
+
+        Raises
+        ------
+        ValueError
+            An unknown kind; ``"device-profile"`` without a profile file, or with one
+            of whose nodes has no availability; a file that gives availability while
+            the run's is another (it would be silently unused).
+        """
+        kind = self.availability
+        if kind not in (ALWAYS, FROM_PROFILE, *AVAILABILITY_MODELS):
+            raise ValueError(
+                f"availability {kind!r} is unknown; expected one of "
+                f"{[ALWAYS, *AVAILABILITY_MODELS, FROM_PROFILE]}"
+            )
+        given = {
+            pid: n.availability
+            for pid, n in (self._nodes or {}).items()
+            if n.availability is not None
+        }
+        if kind != FROM_PROFILE:
+            if given:
+                raise ValueError(
+                    f"device profile file {self.device_profile!r} gives the availability of "
+                    f"partition-ids {sorted(given)}, but availability is {kind!r}: set "
+                    'availability = "device-profile" to use it, or remove it from the file'
+                )
+            return Availability(kind, self.seed)
+        if self._nodes is None:
+            raise ValueError(
+                f"availability 'device-profile' needs device-profile to be a profile file, "
+                f"got the built-in {self.device_profile!r}"
+            )
+        missing = sorted(set(self._nodes) - set(given))
+        if missing:
+            raise ValueError(
+                f"availability 'device-profile': device profile file {self.device_profile!r} "
+                f"gives no online-intervals or mean-online-seconds/mean-offline-seconds for "
+                f"partition-ids {missing}; expected them for every node"
+            )
+        return Availability(kind, self.seed, given)
+
+    @property
+    def online(self) -> Availability:
+        """Who is online when (:class:`~flwr_gsgm.simulation.availability.Availability`)."""
+        return self._online
 
     @property
     def profile(self) -> DeviceProfile:
@@ -504,12 +568,17 @@ class VirtualClock:
         self, speed_factor: float, partition_id: int, dispatch_index: int, work_steps: int = 1
     ) -> float:
         """Virtual seconds of the local work of a partition's ``dispatch_index``-th
-        message: ``seconds_per_step x work_steps x speed_factor x jitter``."""
+        message: ``seconds_per_step x work_steps x speed_factor x jitter``, times its
+        slowdown under a ``speed_variance`` model
+        (:func:`~flwr_gsgm.simulation.speed_variance.slowdown`)."""
         rng = np.random.default_rng(derive_seed(self.seed, int(partition_id), int(dispatch_index)))
         noise = rng.uniform(1.0 - self.jitter, 1.0 + self.jitter)
         # Multiplied in the order of the clock before the time model (base x speed x
         # noise, with base = seconds_per_step x 1 for one step): the same floats.
-        return float(self.seconds_per_step * int(work_steps) * speed_factor * noise)
+        seconds = self.seconds_per_step * int(work_steps) * speed_factor * noise
+        if self.speed_variance != NONE:  # "none" multiplies nothing: the same floats
+            seconds *= slowdown(self.speed_variance, self.seed, partition_id, dispatch_index)
+        return float(seconds)
 
     def communication_seconds(
         self, partition_id: int, dispatch_index: int, message_bytes: int = 0

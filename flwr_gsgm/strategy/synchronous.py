@@ -29,6 +29,14 @@ must agree:
   multiple of ``federated-eval-every``, in the columns the asynchronous runs use
   (:func:`~flwr_gsgm.engine.federated_evaluation.column_name`).
 
+- **availability** (the time model's, :mod:`flwr_gsgm.simulation.availability`): a
+  round samples among the nodes online when it starts (it waits, in virtual time, for
+  the strategy's ``min_available_nodes``), and a sampled node that goes offline before
+  its reply answers with Flower's node-unavailable error once the server learns of it
+  (``offline-detection-seconds``); the round ends when every message is answered or at
+  its ``timeout`` (``dispatch-timeout``, as Flower's ``start(timeout=...)``), whichever
+  is first, with the replies it has: a reply later than the timeout is not aggregated.
+
 Replies are handed to the strategy sorted by node id: Flower's FedAvg sums them in
 the order given, and float32 sums in another order differ in their last bits, so a
 fixed order makes a simulation repeat bit for bit.
@@ -36,8 +44,9 @@ fixed order makes a simulation repeat bit for bit.
 
 from __future__ import annotations
 
+import math
 import random
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
 from typing import Any
@@ -117,6 +126,21 @@ def _in_node_order(replies: Iterable[Message]) -> list[Message]:
     return sorted(replies, key=lambda reply: reply.metadata.src_node_id)
 
 
+class _OnlineGrid:
+    """``grid`` as a round sees it under the time model's availability: its node ids
+    are those online at ``now`` (``online(node_id)``); everything else is the grid's."""
+
+    def __init__(self, grid: Grid, online: Callable[[int], bool]) -> None:
+        self._grid = grid
+        self._online = online
+
+    def get_node_ids(self) -> list[int]:
+        return [n for n in self._grid.get_node_ids() if self._online(n)]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._grid, name)
+
+
 class SynchronousRun:
     """Runs a Flower strategy's rounds with the engine's budgets, clock and rows.
 
@@ -182,6 +206,12 @@ class SynchronousRun:
         self.timeout = timeout
         self.model_bytes = model_bytes
         self.model = clock.model if isinstance(clock, VirtualTime) else None
+        # The time model's availability (None: every node always online).
+        self.online = None if self.model is None or self.model.online.always else self.model.online
+        # Under availability: client trainings received so far, and when the round ends.
+        self.received = 0
+        self.replied = 0  # train replies without error in the current round
+        self.round_end: float | None = None
         self.speeds = clock.speed_factors(num_nodes)
         # The time model's steps of each partition's message in the current round, and
         # which node holds which partition (time-budget anchors under the virtual clock).
@@ -212,7 +242,8 @@ class SynchronousRun:
         )
         self.evaluator = evaluator
         self.clock.start()
-        if self.model is not None and isinstance(self.strategy, TimeBudgetFedAvg):
+        timed_work = isinstance(self.strategy, TimeBudgetFedAvg)
+        if self.model is not None and (timed_work or self.online is not None):
             self.partition_of = partitions_of_nodes(grid, self.timeout)
         random.seed(self.seed)
         log(
@@ -252,7 +283,8 @@ class SynchronousRun:
                 metrics, nodes = self.federated[r["version"]]
                 r["federated_nodes"] = nodes
                 r.update({column_name(k): v for k, v in metrics.items() if not isinstance(v, list)})
-        counters = {"updates_received": applied * self.per_round, "steps_applied": applied}
+        received = applied * self.per_round if self.online is None else self.received
+        counters = {"updates_received": received, "steps_applied": applied}
         if diverged is not None:
             counters["diverged"] = 1
         return SynchronousReport(rows, counters, applied, diverged)
@@ -261,7 +293,7 @@ class SynchronousRun:
         """The evaluation row of the model after ``version`` rounds (``arrays``), at the
         clock's now; why the model diverged, None if it did not."""
         model = RoundModel(version, arrays.to_numpy_ndarrays())
-        updates = version * self.per_round
+        updates = version * self.per_round if self.online is None else self.received
         return self.evaluator.evaluate(
             updates, model, self.ledger, self.clock.now(), self.clock.wall()
         )
@@ -275,8 +307,12 @@ class SynchronousRun:
         """One training round: the strategy's messages (``train_config``), sent; its
         aggregate of the replies (``arrays`` unchanged if it has none)."""
         config = self.train_config
+        if self.online is not None:
+            grid = self._online_grid(grid)
         messages = list(self.strategy.configure_train(server_round, arrays, config, grid))
         self._stamp(server_round, messages)
+        if self.online is not None:
+            messages = self._answered(server_round, messages)
         replies = _in_node_order(grid.send_and_receive(messages, timeout=self.timeout))
         self.trained = sorted(
             int(r.content["metrics"]["partition-id"])
@@ -285,10 +321,83 @@ class SynchronousRun:
             and "metrics" in r.content
             and "partition-id" in r.content["metrics"]
         )
+        self.replied = sum(not r.has_error() for r in replies)
         aggregated, metrics = self.strategy.aggregate_train(server_round, replies)
         if metrics is not None:
             log(INFO, "[sync] round %d train metrics: %s", server_round, metrics)
         return arrays if aggregated is None else aggregated
+
+    def _online_grid(self, grid: Grid) -> Grid:
+        """``grid`` with only the nodes online now; first, with fewer online than the
+        strategy needs (``min_available_nodes``, ``min_train_nodes``), the clock moves
+        to the first time enough are (Flower's sampling waits for them).
+
+        Raises
+        ------
+        RuntimeError
+            If that many nodes are never online again.
+        """
+        assert self.online is not None
+        online, partition_of = self.online, self.partition_of
+        need = max(
+            1,
+            int(getattr(self.strategy, "min_available_nodes", 1)),
+            int(getattr(self.strategy, "min_train_nodes", 1)),
+        )
+        pids = sorted(partition_of.values())
+        t = self.clock.now()
+        while sum(online.online(p, t) for p in pids) < need:
+            t = min(online.online_from(p, t + 1e-9) for p in pids if not online.online(p, t))
+            if math.isinf(t):
+                raise RuntimeError(
+                    f"fewer than {need} nodes are online for the rest of the run (the time "
+                    "model's availability): the synchronous run cannot sample a round"
+                )
+        self.clock.jump_to(t)
+        return _OnlineGrid(  # type: ignore[return-value]
+            grid, lambda node_id: online.online(partition_of.get(node_id, -1), t)
+        )
+
+    def _answered(self, server_round: int, messages: list[Message]) -> list[Message]:
+        """Under availability: the round's messages whose reply reaches the server by
+        the timeout; sets when the round ends (:attr:`round_end`): when every message
+        is answered (a reply, or the node-unavailable error of a node that went
+        offline, ``offline-detection-seconds`` after it went) or at the timeout,
+        whichever is first. The replies are served one at a time as
+        :meth:`VirtualClock.serve` says."""
+        assert self.model is not None and self.online is not None
+        now = self.clock.now()
+        deadline = now + self.timeout
+        kept, finishes, errors = [], [], []
+        for message in messages:
+            p = self.partition_of[message.metadata.dst_node_id]
+            steps = self.sent_steps.get(p)
+            if steps is None:
+                steps = self._steps(p, message.content["config"])
+            seconds = self.model.duration(
+                self.speeds[p], p, server_round - 1, steps, self.model_bytes
+            )
+            lost = self.online.loss(p, now, now + seconds)
+            if lost is not None:
+                errors.append(lost[0] + self.model.offline_detection_seconds)
+            elif now + seconds <= deadline:
+                kept.append(message)
+                finishes.append(now + seconds)
+            else:
+                errors.append(math.inf)  # no reply by the timeout
+        end = max([self.model.serve(now, finishes), *errors])
+        self.round_end = min(end, deadline)
+        if len(kept) < len(messages):
+            log(
+                INFO,
+                "[sync] round %d: %d of %d replies by %.1f s (offline or past the timeout of %g s)",
+                server_round,
+                len(kept),
+                len(messages),
+                self.round_end,
+                self.timeout,
+            )
+        return kept
 
     def _federated(self, grid: Grid, server_round: int, arrays: ArrayRecord) -> None:
         """Flower's federated evaluation of ``arrays`` in a round that crosses a multiple
@@ -332,6 +441,13 @@ class SynchronousRun:
         (``train_config``'s, the run's own work, where it was not stamped). False, and
         the clock left where it was, if that end is past the budget."""
         assert self.model is not None
+        if self.online is not None:  # the round's end was set with its losses
+            assert self.round_end is not None
+            if self.clock.past_budget(self.round_end):
+                return False
+            self.clock.jump_to(self.round_end)
+            self.received += self.replied
+            return True
         trained = self.trained if self.per_round < self.num_nodes else range(self.num_nodes)
         seconds = [
             self.model.duration(

@@ -542,3 +542,38 @@ def test_close_mode_state_round_trips_and_keeps_its_choice():
     fresh = GSGMRule([f32(0, 0)], [1, 2, 3], lr=0.5, displacement=True)
     with pytest.raises(ValueError, match="no value of apply_at, displacement cannot be loaded"):
         fresh.load_state_dict(old)
+
+
+def test_a_member_that_leaves_mid_cycle_and_rejoins_two_cycles_later():
+    # Weights mode (apply_at close), every member (quorum 1.0), lr 1, no momentum, one
+    # step per cycle: w <- w - (sum of a(s) u) / k, a(s) = 1 / sqrt(1 + s).
+    opt = GSGMRule([f32(0, 0)], [1, 2, 3], lr=1.0, beta=0.0, cycle_quorum=1.0, apply_at="close")
+    # Cycle 0: node 1 [2,0] held; node 3 leaves (the time model took it offline): the
+    # cycle never waits for it; node 2 [0,2] closes it: w = -[2,2] / 2 = [-1,-1].
+    assert opt.on_update(1, [f32(2, 0)], 0) is Outcome.DEFERRED
+    opt.on_node_lost(3)
+    assert opt.on_update(2, [f32(0, 2)], 0) is Outcome.APPLIED
+    check(opt, w=(-1, -1), white=opt.white_list, slots={}, momentum=(0, 0), k=0, version=1)
+    # Cycle 1, members {1, 2}: w = [-1,-1] - [4,4] / 2 = [-3,-3].
+    opt.on_update(1, [f32(2, 2)], 1)
+    assert opt.on_update(2, [f32(2, 2)], 1) is Outcome.APPLIED
+    check(opt, w=(-3, -3), white=opt.white_list, slots={}, momentum=(0, 0), k=0, version=2)
+    # Cycle 2: node 1 [4,0]; node 3 is back (two cycles later) and gets the model of
+    # version 2 at once; it joined mid-cycle, so it is a member from the next cycle;
+    # node 2 [0,4] closes cycle 2 without it: w = [-5,-5], version 3.
+    opt.on_update(1, [f32(4, 0)], 2)
+    opt.on_node_joined(3)
+    assert opt.members == {1, 2} and opt.active_nodes == {1, 2, 3}
+    assert opt.on_update(2, [f32(0, 4)], 2) is Outcome.APPLIED
+    check(opt, w=(-5, -5), white=opt.white_list, slots={}, momentum=(0, 0), version=3)
+    assert opt.members == {1, 2, 3}
+    # Cycle 3, members {1, 2, 3}: node 3's update of version 2 arrives at version 3,
+    # staleness 1 (weight 1 / sqrt(2)); nodes 1 and 2 bring zeros: the close steps by
+    # a(1) [6,6] / 3.
+    assert opt.on_update(3, [f32(6, 6)], 2) is Outcome.DEFERRED
+    assert opt.last_staleness == 1
+    opt.on_update(1, [f32(0, 0)], 3)
+    assert opt.on_update(2, [f32(0, 0)], 3) is Outcome.APPLIED
+    a = np.float32(1.0 / np.sqrt(2.0))
+    assert_bits_equal(opt.weights[0], f32(-5, -5) - (f32(6, 6) * a) / np.float32(3), "w")
+    assert opt.version == 4

@@ -132,8 +132,9 @@ def test_a_partition_without_an_entry_is_refused_naming_it_and_the_files_ids(tmp
 BAD_CSV = [
     (  # a column missing from the header
         "partition-id,step-seconds,bandwidth\n0,0.1,1e6\n",
-        "line 1: missing column(s) ['latency-seconds']; expected exactly partition-id, "
-        "step-seconds, bandwidth, latency-seconds",
+        "line 1: missing column(s) ['latency-seconds']; expected partition-id, "
+        "step-seconds, bandwidth, latency-seconds, optionally online-intervals, "
+        "mean-online-seconds, mean-offline-seconds",
     ),
     (  # an unknown column
         "partition-id,step-seconds,bandwidth,latency-seconds,gpu\n0,0.1,1e6,0,a100\n",
