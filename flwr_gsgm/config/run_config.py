@@ -365,6 +365,14 @@ def parse_run_config(
             "run config resume=true: expected a run-name naming the run folder to resume"
         )
     check_deadlines(cfg["message-ttl"], cfg["dispatch-timeout"])
+    if not cfg["virtual-clock"]:
+        # Availability and slowdowns are the time model's: real devices bring their own.
+        for key, off in (("availability", ALWAYS), ("speed-variance", NONE)):
+            if cfg[key] != off:
+                raise ValueError(
+                    f"run config {key}={cfg[key]!r} needs virtual-clock=true (it is part of "
+                    f"the time model); expected {off!r} with virtual-clock=false"
+                )
     return cfg
 
 

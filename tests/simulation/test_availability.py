@@ -203,6 +203,10 @@ def test_availability_and_its_file_must_agree(tmp_path):
         VirtualClock(offline_detection_seconds=-1.0)
     with pytest.raises(ValueError, match="availability"):
         parse_app_config({"availability": "weekends"})
+    with pytest.raises(ValueError, match="availability='smartphones' needs virtual-clock=true"):
+        parse_app_config({"availability": "smartphones", "virtual-clock": False})
+    with pytest.raises(ValueError, match="speed-variance='throttling' needs virtual-clock"):
+        parse_app_config({"speed-variance": "throttling", "virtual-clock": False})
 
 
 # ------------------------------------------------------------------ the engine
