@@ -206,6 +206,7 @@ class Question:
     # "" = the base config's client work / device profile (no dimension, no label suffix)
     client_works: list[str] = field(default_factory=lambda: [""])
     device_profiles: list[str] = field(default_factory=lambda: [""])
+    fleets: list[str] = field(default_factory=lambda: [""])  # [fleets] names; "" = none
 
     def settings(self) -> list[tuple[int, dict[str, Any], int]]:
         """``(nodes, partition, limit)`` in the preset's order; ``limit`` 0 = all nodes in flight.
@@ -249,6 +250,8 @@ class Preset:
     tune_profile: str = ""  # [tune] device-profile; "" = the base config's
     tune_client_works: list[str] | None = None  # [tune] client-works; None = those run
     tune_config: dict[str, Any] = field(default_factory=dict)  # [tune] config
+    # [fleets.NAME] config: how the fleet behaves over time (availability, speed variance)
+    fleets: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def num_classes(self) -> int:
@@ -303,6 +306,7 @@ class Preset:
                 if self.client_works
                 else {}
             ),
+            **({"fleets": self.fleets} if self.fleets else {}),
             "questions": {
                 q.name: {
                     "title": q.title,
@@ -315,6 +319,7 @@ class Preset:
                     "config": q.config,
                     **({"client_works": q.client_works} if q.client_works != [""] else {}),
                     **({"device_profiles": q.device_profiles} if q.device_profiles != [""] else {}),
+                    **({"fleets": q.fleets} if q.fleets != [""] else {}),
                 }
                 for q in self.questions.values()
             },
@@ -336,6 +341,7 @@ class RunSpec:
     grid_point: dict[str, Any] = field(default_factory=dict)
     max_in_flight: int = 0  # 0 = every node trains at once
     client_work: str = ""  # a [client-works] name; "" = the base config's
+    fleet: str = ""  # a [fleets] name; "" = the base config's (a steady fleet)
 
     @property
     def device_profile(self) -> str:
@@ -409,10 +415,11 @@ def _setting_list(path: Path, sweep: Mapping[str, Any], key: str, questions) -> 
     report compares each method with its best client work)."""
     labels = [str(s) for s in sweep.get(key, [])]
     known = {
-        setting_label(n, partition_label(p), f, profile=prof)
+        setting_label(n, partition_label(p), f, profile=prof, fleet=fleet)
         for q in questions.values()
         for n, p, f in q.settings()
         for prof in q.device_profiles
+        for fleet in q.fleets
     }
     for label in labels:
         if label not in known:
@@ -421,17 +428,23 @@ def _setting_list(path: Path, sweep: Mapping[str, Any], key: str, questions) -> 
 
 
 def setting_label(
-    nodes: int, partition: str, limit: int = 0, work: str = "", profile: str = ""
+    nodes: int,
+    partition: str,
+    limit: int = 0,
+    work: str = "",
+    profile: str = "",
+    fleet: str = "",
 ) -> str:
-    """``n10-k2``, ``n100-k2-f20``, ``n10-k2-f20-epoch-edge`` (run folders, reports).
+    """``n10-k2``, ``n100-k2-f20``, ``n10-k2-f20-epoch-edge-churn`` (run folders, reports).
 
     Nodes, a :func:`partition_label`, ``-f<max-in-flight>`` when fewer than all nodes
-    train at once, ``-<work>`` for a named client work and ``-<profile>`` for a device
-    profile; ``""`` (the base config's) adds nothing, so labels without those
-    dimensions are as before.
+    train at once, ``-<work>`` for a named client work, ``-<profile>`` for a device
+    profile and ``-<fleet>`` for a ``[fleets]`` entry; ``""`` (the base config's) adds
+    nothing, so labels without those dimensions are as before.
     """
     label = f"n{nodes}-{partition}" + (f"-f{limit}" if effective_limit(nodes, limit) else "")
-    return label + (f"-{work}" if work else "") + (f"-{profile}" if profile else "")
+    label += (f"-{work}" if work else "") + (f"-{profile}" if profile else "")
+    return label + (f"-{fleet}" if fleet else "")
 
 
 def effective_limit(nodes: int, limit: int) -> int:
@@ -517,7 +530,9 @@ def load_preset(path: str | Path, out: str | Path | None = None) -> Preset:
     return preset
 
 
-_TABLES = {"sweep", "base", "tune", "methods", "questions", "estimate", "client-works"}
+_TABLES = {"sweep", "base", "tune", "methods", "questions", "estimate", "client-works", "fleets"}
+#: The run config keys a ``[fleets.NAME]`` config may set: the time model's fleet.
+FLEET_KEYS = ("availability", "speed-variance", "offline-detection-seconds")
 _QUESTION_KEYS = {
     "title",
     "kind",
@@ -529,6 +544,7 @@ _QUESTION_KEYS = {
     "config",
     "client-works",
     "device-profiles",
+    "fleets",
 }
 _TUNE_KEYS = {"seed", "nodes", "partition", "device-profile", "client-works", "config"}
 #: The run config key a device profile sets (the time model's; issue 22).
@@ -552,9 +568,10 @@ def _parse_preset(path: Path, raw: Mapping[str, Any], out: str | Path | None) ->
         _fail(path, f"[tune]: unknown key(s) {sorted(extra)}; known: {sorted(_TUNE_KEYS)}")
     seeds, tune_seed = _seeds(path, sweep, tune)
     works = _parse_client_works(path, raw.get("client-works", {}))
+    fleets = _parse_fleets(path, raw.get("fleets", {}))
     methods = _parse_methods(path, raw.get("methods", {}), works)
     questions = {
-        name: _parse_question(path, name, spec, methods, works)
+        name: _parse_question(path, name, spec, methods, works, fleets)
         for name, spec in raw.get("questions", {}).items()
     }
     tune_profile, tune_works, tune_config = _parse_tune_dimensions(path, tune, works)
@@ -590,6 +607,7 @@ def _parse_preset(path: Path, raw: Mapping[str, Any], out: str | Path | None) ->
         tune_profile=tune_profile,
         tune_client_works=tune_works,
         tune_config=tune_config,
+        fleets=fleets,
     )
 
 
@@ -632,6 +650,23 @@ def _parse_client_works(path: Path, raw: Mapping[str, Any]) -> dict[str, ClientW
             _fail(path, f"{where} config: {err}")
         works[name] = ClientWork(name, config, str(spec.get("title", "")))
     return works
+
+
+def _parse_fleets(path: Path, raw: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """``[fleets.NAME]``: each a ``config`` of the time model's fleet keys
+    (:data:`FLEET_KEYS`: availability, speed variance), checked as a run config."""
+    fleets: dict[str, dict[str, Any]] = {}
+    for name, spec in raw.items():
+        extra = set(spec) - {"config"}
+        if extra:
+            _fail(path, f"[fleets.{name}]: unknown key(s) {sorted(extra)}; expected config")
+        config = dict(spec.get("config", {}))
+        other = sorted(set(config) - set(FLEET_KEYS))
+        if other:
+            _fail(path, f"[fleets.{name}] config: {other} are not fleet keys {list(FLEET_KEYS)}")
+        _check_config(path, f"[fleets.{name}] config", config)
+        fleets[name] = config
+    return fleets
 
 
 def _parse_device_profiles(path: Path, where: str, raw: Any) -> list[str]:
@@ -735,9 +770,10 @@ def _parse_question(
     spec: Mapping[str, Any],
     methods: Mapping[str, Method],
     works: Mapping[str, ClientWork],
+    fleets: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> Question:
     """One ``[questions.NAME]`` table: kind, methods, nodes, partitions, limits, config,
-    client works and device profiles."""
+    client works, device profiles and fleets."""
     where = f"[questions.{name}]"
     extra = set(spec) - _QUESTION_KEYS
     if extra:
@@ -789,6 +825,12 @@ def _parse_question(
         profiles = _parse_device_profiles(path, where, spec["device-profiles"])
         if PROFILE_KEY in qconfig:
             _fail(path, f"{where}: {PROFILE_KEY!r} in config and device-profiles; keep one")
+    qfleets = [""]
+    if "fleets" in spec:
+        qfleets = _name_list(path, f"{where} fleets", spec["fleets"], fleets or {})
+        for f in qfleets:
+            for key in qconfig.keys() & (fleets or {})[f].keys():
+                _fail(path, f"{where} config: {key!r} is set by its fleet {f!r}")
     title, description = spec.get("title", name), spec.get("description", "")
     return Question(
         name,
@@ -802,6 +844,7 @@ def _parse_question(
         qconfig,
         qworks,
         profiles,
+        qfleets,
     )
 
 
@@ -1081,13 +1124,14 @@ def report_runs(
                             f"question {q.name!r} runs {key!r} (method, client work), which "
                             "has no tuned choice (run the tune stage again)"
                         )
-                    for profile in q.device_profiles:
+                    for profile, fleet in itertools.product(q.device_profiles, q.fleets):
                         for seed in preset.seeds:
                             label = setting_label(
-                                nodes, partition_label(part), limit, work, profile
+                                nodes, partition_label(part), limit, work, profile, fleet
                             )
                             run_id = f"runs/{method}/{label}/s{seed}"
                             cfg = {**preset.base, **q.config, **tuned[key], **part, "seed": seed}
+                            cfg.update(preset.fleets.get(fleet, {}))
                             if limit:
                                 cfg["max-in-flight"] = limit
                             if profile:
@@ -1110,6 +1154,7 @@ def report_runs(
                                     cfg,
                                     max_in_flight=limit,
                                     client_work=work,
+                                    fleet=fleet,
                                 ),
                             )
                             questions_of.setdefault(run_id, []).append(q.name)

@@ -128,6 +128,10 @@ RUN_COLUMNS = (
     "max_in_flight",
     "client_work",
     "device_profile",
+    "fleet",
+    "availability",
+    "speed_variance",
+    "test_examples",
     "partitioner",
     "classes_per_node",
     "dirichlet_alpha",
@@ -265,6 +269,10 @@ def run_row(
             row["client_work"] = row["client_work"] if "client_work" in base else client_work(cfg)
         if "device_profile" not in base:
             row["device_profile"] = cfg.get("device-profile", "uniform")
+        # How the fleet behaved over time (older runs: always there, steady).
+        row["availability"] = cfg.get("availability", "always")
+        row["speed_variance"] = cfg.get("speed-variance", "none")
+        row["test_examples"] = cfg.get("eval-examples", "")
         scheduled = cfg.get("work-scheduling", "off") != "off"
         row["work_scheduling"] = (
             "on" if scheduled or cfg.get("strategy") in SCHEDULING_STRATEGIES else "off"
@@ -476,6 +484,9 @@ def setting_key(row: Mapping[str, Any]) -> tuple[int, str, int, str]:
     limit = int(limit) if isinstance(limit, (int, float)) and math.isfinite(limit) else 0
     profile = row.get("device_profile", "")
     profile = profile if isinstance(profile, str) else ""
+    fleet = row.get("fleet", "")
+    if isinstance(fleet, str) and fleet:  # a [fleets] entry is part of the setting
+        profile = f"{profile}-{fleet}" if profile else fleet
     return nodes, str(row["partition"]), effective_limit(nodes, limit), profile
 
 

@@ -473,6 +473,7 @@ def _base_columns(spec: RunSpec) -> dict[str, Any]:
         "partition": partition_label(part),
         "client_work": spec.client_work,
         "device_profile": spec.device_profile,
+        "fleet": spec.fleet,
         "grid_point": grid_label(spec.grid_point) if spec.stage == "tune" else "",
         # the strategy's own default when the run config does not set it (server-learning-rate = 0)
         "server_learning_rate": spec.run_config.get("server-learning-rate", ""),

@@ -47,7 +47,8 @@ def virtual_clock_from(
     """The run's :class:`VirtualClock` (time model) from its run config (``seed``,
     ``base-duration``, ``slow-fraction``, ``slow-factor``, ``jitter``,
     ``device-profile``, ``step-seconds``, ``latency-seconds``, ``server-seconds``,
-    ``availability``, ``offline-detection-seconds``, ``speed-variance``).
+    ``availability``, ``offline-detection-seconds``, ``speed-variance``,
+    ``device-power``).
 
     ``partition_examples`` (partition-id -> training examples) is needed to time
     epoch work (``local-epochs`` > 0); the app layer computes it from the split.
@@ -66,6 +67,7 @@ def virtual_clock_from(
         availability=cfg["availability"],
         offline_detection_seconds=cfg["offline-detection-seconds"],
         speed_variance=cfg["speed-variance"],
+        device_power=cfg["device-power"],
     )
 
 

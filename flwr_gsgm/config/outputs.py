@@ -1,8 +1,9 @@
 """Files a run writes to ``outputs/<run-name>/``.
 
 - ``config.json``: the resolved run config (every key, defaults filled in);
-- ``metrics.csv``: one row per evaluation (columns :data:`METRIC_COLUMNS`, then the
-  federated evaluation's ``federated_*`` columns when it ran);
+- ``metrics.csv``: one row per evaluation (columns :data:`METRIC_COLUMNS`, then
+  ``joules`` with a device-power model and the federated evaluation's ``federated_*``
+  columns when it ran);
 - ``summary.json``: final accuracy, MASD and std of accuracy over the second half,
   counters, staleness, wall seconds (:func:`summarize`);
 - ``model.npz``: the final global model (:func:`write_model`: numpy arrays by name, or
@@ -158,13 +159,15 @@ def _fmt(value: Any) -> str:
 
 
 def metric_columns(rows: Sequence[Mapping[str, Any]]) -> list[str]:
-    """:data:`METRIC_COLUMNS`, then the federated evaluation's columns the rows hold
-    (``federated_nodes``, then ``federated_<metric>`` sorted), if any."""
+    """:data:`METRIC_COLUMNS`, then ``joules`` (the fleet's energy, with a device-power
+    model) and the federated evaluation's columns the rows hold (``federated_nodes``,
+    then ``federated_<metric>`` sorted), if any."""
     extra = sorted({k for r in rows for k in r if k.startswith("federated_")})
     if "federated_nodes" in extra:
         extra.remove("federated_nodes")
         extra.insert(0, "federated_nodes")
-    return [*METRIC_COLUMNS, *extra]
+    energy = ["joules"] if any("joules" in r for r in rows) else []
+    return [*METRIC_COLUMNS, *energy, *extra]
 
 
 def write_metrics(run_dir: Path, rows: Sequence[Mapping[str, Any]]) -> Path:

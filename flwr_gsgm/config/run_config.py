@@ -47,6 +47,7 @@ from flwr_gsgm.core import OPTIMIZERS
 from flwr_gsgm.core.params import DISPLACEMENT_MODES
 from flwr_gsgm.engine.settings import check_deadlines
 from flwr_gsgm.simulation.availability import ALWAYS, AVAILABILITY_MODELS, FROM_PROFILE
+from flwr_gsgm.simulation.power import POWER_MODELS
 from flwr_gsgm.simulation.speed_variance import NONE, SPEED_VARIANCE_MODELS
 from flwr_gsgm.simulation.virtual_clock import (
     DEVICE_PROFILE_EXPECTED,
@@ -57,6 +58,7 @@ from flwr_gsgm.simulation.virtual_clock import (
 #: What run config ``availability`` and ``speed-variance`` accept.
 AVAILABILITY_CHOICES = (ALWAYS, *AVAILABILITY_MODELS, FROM_PROFILE)
 SPEED_VARIANCE_CHOICES = (NONE, *SPEED_VARIANCE_MODELS)
+DEVICE_POWER_CHOICES = ("none", *POWER_MODELS)
 
 __all__ = [
     "RunConfigKey",
@@ -185,6 +187,13 @@ RUN_CONFIG: dict[str, RunConfigKey] = {
         ">= 0 seconds",
         "time model: seconds until the server learns a node went offline (Flower's "
         "heartbeat expiry; 0: it says goodbye)",
+    ),
+    "device-power": _key(
+        "none",
+        lambda v: v in DEVICE_POWER_CHOICES,
+        f"one of {', '.join(DEVICE_POWER_CHOICES)}",
+        "time model: what each device draws computing, communicating and idle (a joules "
+        "column in metrics.csv; docs/GSGM.md, Time model)",
     ),
     "speed-variance": _key(
         NONE,
@@ -367,7 +376,11 @@ def parse_run_config(
     check_deadlines(cfg["message-ttl"], cfg["dispatch-timeout"])
     if not cfg["virtual-clock"]:
         # Availability and slowdowns are the time model's: real devices bring their own.
-        for key, off in (("availability", ALWAYS), ("speed-variance", NONE)):
+        for key, off in (
+            ("availability", ALWAYS),
+            ("speed-variance", NONE),
+            ("device-power", "none"),
+        ):
             if cfg[key] != off:
                 raise ValueError(
                     f"run config {key}={cfg[key]!r} needs virtual-clock=true (it is part of "

@@ -257,6 +257,8 @@ class AsyncEngine:
         self.initial = []  # the optimizer holds its own copy: no model copy kept here
         self._rule_work_scheduler()
         self._estimate_memory(pids, model_bytes)
+        speeds = {pid: self.members.nodes[pid].speed for pid in pids}
+        self.clock.start_fleet(speeds, self.dispatcher.train_config, model_bytes)
         self.members.start(pids, self._node_listener())
         self.dispatcher.describe()
         if saved is not None:
@@ -415,6 +417,7 @@ class AsyncEngine:
             self._lost(dispatch)
             return
         now = self.clock.at_reply(dispatch)
+        self.clock.charge_dispatch(dispatch)
         node = self.members.nodes[dispatch.partition_id]
         self.policy.on_reply(node.partition_id, now, counted=not reply.has_error())
         assert self.optimizer is not None
@@ -443,6 +446,7 @@ class AsyncEngine:
         offline until it is back; counted, logged, and the freed slot gets work."""
         assert self.optimizer is not None and dispatch.back_at is not None
         self.clock.jump_to(dispatch.v_finish)
+        self.clock.charge_dispatch(dispatch)  # the node worked until it went (at most)
         pid = dispatch.partition_id
         self.policy.on_reply(pid, self.clock.now(), counted=False)
         self.replies.lost(dispatch, self.received, self.optimizer.version)
@@ -538,6 +542,9 @@ class AsyncEngine:
         diverged = self.evaluator.evaluate(
             self.received, self.optimizer, self.ledger, self.clock.now(), self.clock.wall()
         )
+        joules = self.clock.joules()
+        if joules is not None:  # the fleet's energy so far (a device-power model)
+            self.evaluator.rows[-1]["joules"] = round(joules, 3)
         self.end.diverge(diverged, self.received)
 
     def _save_checkpoint(self) -> None:

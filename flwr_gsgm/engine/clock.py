@@ -28,9 +28,11 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from logging import INFO
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from flwr.app import ConfigRecord
+from flwr.common.logger import log
 
 from flwr_gsgm.simulation.virtual_clock import VirtualClock
 
@@ -109,6 +111,21 @@ class Clock(ABC):
     def message_seconds(self, dispatch: Dispatch) -> float | None:
         """Seconds from ``dispatch``'s sending to its reply (being handled now)."""
 
+    def start_fleet(
+        self, speeds: dict[int, float], config: ConfigRecord, message_bytes: int
+    ) -> None:
+        """The fleet is known (the time model may size its availability by it): nothing
+        under wall time."""
+        del speeds, config, message_bytes
+
+    def charge_dispatch(self, dispatch: Dispatch) -> None:
+        """A message's work is done: its energy counts (the time model's; nothing here)."""
+        del dispatch
+
+    def joules(self) -> float | None:
+        """The fleet's joules so far (the time model's power; None here)."""
+        return None
+
     def offline_until(self, pid: int) -> float | None:
         """If partition ``pid`` is offline now, when it is online again (engine seconds,
         ``inf``: never); None if it is online. Only the time model knows (a
@@ -153,6 +170,64 @@ class VirtualTime(Clock):
         super().__init__(max_seconds)
         self.model = model
         self._now = 0.0
+        # Who is online when; a model that counts in rounds of the fleet gets it from
+        # start_fleet (until then every node is online).
+        self.online = model.availability_of() if not model.counts_in_rounds else None
+        # Energy (with a device-power model): nodes powered, joules above idling.
+        self.nodes = 0
+        self.message_joules = 0.0
+
+    def charge(self, compute_seconds: float, communication_seconds: float) -> None:
+        """A message's work is done (handled, or lost with its node): its joules above
+        idling count (:meth:`Power.message_joules
+        <flwr_gsgm.simulation.power.Power.message_joules>`); nothing without a power model."""
+        power = self.model.power
+        if power is not None:
+            self.message_joules += power.message_joules(compute_seconds, communication_seconds)
+
+    def charge_dispatch(self, dispatch: Dispatch) -> None:
+        """:meth:`charge` the message of ``dispatch`` (its drawn compute and duration)."""
+        duration = dispatch.config.get("virtual-duration")
+        compute = dispatch.config.get("virtual-train-seconds")
+        if duration is not None and compute is not None:
+            self.charge(float(compute), float(duration) - float(compute))
+
+    def joules(self) -> float | None:
+        """The fleet's joules so far (docs/GSGM.md, "Time model"): every node idling
+        since the start plus each message's joules above idling; None without a power
+        model."""
+        power = self.model.power
+        if power is None:
+            return None
+        return power.idle_watts * self.nodes * self._now + self.message_joules
+
+    def start_fleet(
+        self, speeds: dict[int, float], config: ConfigRecord, message_bytes: int
+    ) -> None:
+        """The fleet is known: ``speeds`` (partition-id -> speed factor), the run's
+        train ``config`` (its work) and the model's bytes. An availability model that
+        counts in rounds of the fleet takes its round from them: the median node's
+        message (:meth:`VirtualClock.round_seconds`), logged. The nodes are the ones
+        the energy counts as powered."""
+        self.nodes = len(speeds)
+        if not self.model.counts_in_rounds:
+            return
+        seconds = [
+            self.model.message_seconds(speed, pid, self.work_steps(pid, config), message_bytes)
+            for pid, speed in sorted(speeds.items())
+        ]
+        round_seconds = self.model.round_seconds(seconds)
+        self.online = self.model.availability_of(round_seconds)
+        assert self.online.model is not None
+        log(
+            INFO,
+            "[clock] availability %s: a round of the fleet is %.3g s (the median node's "
+            "message); mean online %.4g s, mean offline %.4g s",
+            self.model.availability,
+            round_seconds,
+            self.online.model.mean_online_seconds,
+            self.online.model.mean_offline_seconds,
+        )
 
     def now(self) -> float:
         return self._now
@@ -206,13 +281,15 @@ class VirtualTime(Clock):
         )
 
     def offline_until(self, pid: int) -> float | None:
-        online = self.model.online
-        if online.always or online.online(pid, self._now):
+        online = self.online
+        if online is None or online.always or online.online(pid, self._now):
             return None
         return online.online_from(pid, self._now)
 
     def loss(self, pid: int, finish: float) -> tuple[float, float] | None:
-        lost = self.model.online.loss(pid, self._now, finish)
+        if self.online is None:
+            return None
+        lost = self.online.loss(pid, self._now, finish)
         if lost is None:
             return None
         # The server learns of the loss once Flower would: offline_detection_seconds
@@ -235,10 +312,12 @@ class VirtualTime(Clock):
         return self.model.speed_factors(list(range(num_partitions)))
 
     def state_dict(self) -> dict[str, Any]:
-        return {"clock_now": self._now}
+        energy = {"message_joules": self.message_joules} if self.model.power else {}
+        return {"clock_now": self._now, **energy}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._now = state["clock_now"]
+        self.message_joules = float(state.get("message_joules", 0.0))
 
 
 class WallTime(Clock):

@@ -41,7 +41,6 @@ from flwr_gsgm.simulation.seeds import derive_seed
 __all__ = [
     "ALWAYS",
     "DROPOUT_PER_ROUND",
-    "ROUND_SECONDS",
     "AVAILABILITY_MODELS",
     "FROM_PROFILE",
     "Availability",
@@ -64,11 +63,16 @@ class OnOffModel:
     Parameters
     ----------
     mean_online_seconds : float
-        Mean length of an online interval, seconds (> 0, finite).
+        Mean length of an online interval (> 0, finite), in seconds, or in rounds
+        with ``in_rounds``.
     mean_offline_seconds : float
-        Mean length of an offline interval, seconds (> 0, finite).
+        Mean length of an offline interval (> 0, finite), in the same unit.
     source : str
         Where the figures come from (``docs/GSGM.md``, "Time model").
+    in_rounds : bool
+        The means are in rounds of the fleet (:meth:`Availability` ``round_seconds``:
+        the median node's message for the run's work), so that a published dropout
+        per round holds whatever the device and the work; False: in seconds.
 
     Raises
     ------
@@ -79,6 +83,7 @@ class OnOffModel:
     mean_online_seconds: float
     mean_offline_seconds: float
     source: str = ""
+    in_rounds: bool = False
 
     def __post_init__(self) -> None:
         for key, value in (
@@ -99,28 +104,25 @@ class OnOffModel:
 #: Learning at Scale: System Design", SysML 2019, arXiv 1902.01046, section 9
 #: ("Operational Profile"). The model takes the middle, 8%.
 DROPOUT_PER_ROUND = 0.08
-#: The round a device's dropout is counted over, seconds: FLASH's default round
-#: deadline (Yang et al., "Characterizing Impacts of Heterogeneity in Federated
-#: Learning upon Large-Scale Smartphone Data", WWW 2021, arXiv 2006.06983; its code's
-#: configuration, ``round_ddl 270``).
-ROUND_SECONDS = 270.0
 
 #: The built-in availability models (run config ``availability``), besides ``"always"``
 #: and ``"device-profile"``; ``docs/GSGM.md``, "Time model", gives the figures' sources.
 #:
-#: ``"smartphones"``: a device online at a round's start leaves within the round with
-#: probability 1 - exp(-R / mean online) = :data:`DROPOUT_PER_ROUND` for a round of
-#: :data:`ROUND_SECONDS` = R, so the mean online interval is R / -ln(1 - 0.08) = 3238 s
-#: (54 min). The published traces (FLASH's, FedScale's ``client_behave_trace``) give no
-#: mean offline interval that could be read here: it is taken equal to the online one
-#: (a device online half the time, an assumption).
+#: ``"smartphones"``: a node online at a round's start leaves within it with
+#: probability 1 - exp(-1 / mean online) = :data:`DROPOUT_PER_ROUND`, so the mean
+#: online interval is 1 / -ln(1 - 0.08) = 11.99 rounds, a round being the fleet's
+#: (the median node's message for the run's work: ``round_seconds``); a node slower
+#: than the median, whose message lasts longer, drops out of more of them. The
+#: published traces (FLASH's, FedScale's ``client_behave_trace``) give no mean offline
+#: interval that could be read here: it is taken equal to the online one (a device
+#: online half the time, an assumption).
 AVAILABILITY_MODELS: dict[str, OnOffModel] = {
     "smartphones": OnOffModel(
-        mean_online_seconds=ROUND_SECONDS / -math.log1p(-DROPOUT_PER_ROUND),
-        mean_offline_seconds=ROUND_SECONDS / -math.log1p(-DROPOUT_PER_ROUND),
+        mean_online_seconds=1.0 / -math.log1p(-DROPOUT_PER_ROUND),
+        mean_offline_seconds=1.0 / -math.log1p(-DROPOUT_PER_ROUND),
         source="8% of a round's devices drop out (Bonawitz et al., arXiv 1902.01046, "
-        "section 9) over FLASH's 270 s round deadline (arXiv 2006.06983); offline as "
-        "long as online (an assumption)",
+        "section 9); offline as long as online (an assumption)",
+        in_rounds=True,
     ),
 }
 
@@ -208,12 +210,16 @@ class Availability:
         ``"device-profile"``: each partition-id's own availability, a model of mean
         durations or its online intervals (``[start, end)`` seconds, sorted and
         disjoint: the profile file checks them).
+    round_seconds : float | None
+        Seconds of a round of the fleet, the unit of a model ``in_rounds`` (the
+        engine gives the median node's message for the run's work).
 
     Raises
     ------
     ValueError
-        If ``kind`` is unknown, or ``"device-profile"`` comes without ``nodes`` (the
-        message names the value and what was expected).
+        If ``kind`` is unknown, ``"device-profile"`` comes without ``nodes``, or a
+        model in rounds without a ``round_seconds`` > 0 (the message names the value
+        and what was expected).
     """
 
     def __init__(
@@ -221,6 +227,7 @@ class Availability:
         kind: str = ALWAYS,
         seed: int = 0,
         nodes: Mapping[int, OnOffModel | Sequence[tuple[float, float]]] | None = None,
+        round_seconds: float | None = None,
     ) -> None:
         if kind not in (ALWAYS, FROM_PROFILE, *AVAILABILITY_MODELS):
             raise ValueError(
@@ -232,6 +239,23 @@ class Availability:
                 "availability 'device-profile' needs a device profile file whose entries "
                 "give online-intervals, or mean-online-seconds and mean-offline-seconds"
             )
+        model = AVAILABILITY_MODELS.get(kind)
+        if model is not None and model.in_rounds:
+            if not (
+                round_seconds is not None and math.isfinite(round_seconds) and round_seconds > 0
+            ):
+                raise ValueError(
+                    f"availability {kind!r} counts in rounds of the fleet: expected "
+                    f"round_seconds > 0, got {round_seconds!r}"
+                )
+            model = OnOffModel(
+                model.mean_online_seconds * round_seconds,
+                model.mean_offline_seconds * round_seconds,
+                model.source,
+            )
+        #: The built-in model in seconds (None: ``always`` or ``device-profile``).
+        self.model = model
+        self.round_seconds = round_seconds
         self.kind = kind
         self.seed = int(seed)
         self._own = dict(nodes or {})
@@ -252,7 +276,7 @@ class Availability:
                     f"partition-id {pid} has no availability in the device profile file; "
                     f"it has partition-ids {sorted(self._own)}"
                 )
-            model = AVAILABILITY_MODELS.get(self.kind)
+            model = self.model
             if isinstance(own, OnOffModel):
                 model = own
             seed = derive_seed(self.seed, _AVAILABILITY, pid)

@@ -39,6 +39,7 @@ import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from flwr.common.constant import HEARTBEAT_DEFAULT_INTERVAL, HEARTBEAT_PATIENCE
@@ -49,6 +50,7 @@ from flwr_gsgm.simulation.availability import (
     FROM_PROFILE,
     Availability,
 )
+from flwr_gsgm.simulation.power import POWER_MODELS, Power
 from flwr_gsgm.simulation.profile_file import (
     PROFILE_FILE_SUFFIXES,
     NodeProfile,
@@ -272,6 +274,9 @@ class VirtualClock:
     speed_variance : str
         Per-message slowdowns (:mod:`flwr_gsgm.simulation.speed_variance`): ``"none"``
         (default) or a built-in model.
+    device_power : str
+        What each device draws (:mod:`flwr_gsgm.simulation.power`): ``"none"``
+        (default: no energy accounting) or a built-in model.
     offline_detection_seconds : float
         Seconds (>= 0) from a node going offline to the server learning of it, when
         its message in flight is known lost: default
@@ -305,13 +310,17 @@ class VirtualClock:
     availability: str = ALWAYS
     speed_variance: str = NONE
     offline_detection_seconds: float = OFFLINE_DETECTION_SECONDS
+    device_power: str = "none"
     # Set by __post_init__: the profile, a profile file's nodes (None: a built-in) and
     # who is online when.
     _profile: DeviceProfile = field(init=False, repr=False, compare=False, hash=False)
     _nodes: Mapping[int, NodeProfile] | None = field(
         init=False, default=None, repr=False, compare=False, hash=False
     )
-    _online: Availability = field(init=False, repr=False, compare=False, hash=False)
+    # The profile file's availability per node, for "device-profile" (None: none).
+    _own_online: Mapping[int, Any] | None = field(
+        init=False, default=None, repr=False, compare=False, hash=False
+    )
 
     def __post_init__(self) -> None:
         if not self.base_duration > 0:
@@ -353,11 +362,21 @@ class VirtualClock:
                 f"speed-variance {self.speed_variance!r} is unknown; expected one of "
                 f"{[NONE, *SPEED_VARIANCE_MODELS]}"
             )
-        object.__setattr__(self, "_online", self._availability())
+        if self.device_power != "none" and self.device_power not in POWER_MODELS:
+            raise ValueError(
+                f"device-power {self.device_power!r} is unknown; expected one of "
+                f"{['none', *POWER_MODELS]}"
+            )
+        object.__setattr__(self, "_own_online", self._availability_entries())
 
-    def _availability(self) -> Availability:
-        """Who is online when: the run's ``availability``, with a profile file's own
-        entries for ``"device-profile"``.
+    @property
+    def power(self) -> Power | None:
+        """What each device draws (None: no energy accounting)."""
+        return POWER_MODELS.get(self.device_power)
+
+    def _availability_entries(self) -> Mapping[int, Any] | None:
+        """The profile file's availability per node for ``"device-profile"`` (None for
+        the other kinds), checked.
 
         Raises
         ------
@@ -384,7 +403,7 @@ class VirtualClock:
                     f"partition-ids {sorted(given)}, but availability is {kind!r}: set "
                     'availability = "device-profile" to use it, or remove it from the file'
                 )
-            return Availability(kind, self.seed)
+            return None
         if self._nodes is None:
             raise ValueError(
                 f"availability 'device-profile' needs device-profile to be a profile file, "
@@ -397,12 +416,45 @@ class VirtualClock:
                 f"gives no online-intervals or mean-online-seconds/mean-offline-seconds for "
                 f"partition-ids {missing}; expected them for every node"
             )
-        return Availability(kind, self.seed, given)
+        return given
 
     @property
-    def online(self) -> Availability:
-        """Who is online when (:class:`~flwr_gsgm.simulation.availability.Availability`)."""
-        return self._online
+    def counts_in_rounds(self) -> bool:
+        """Whether the availability model counts in rounds of the fleet
+        (:meth:`round_seconds` must then be given to :meth:`availability_of`)."""
+        model = AVAILABILITY_MODELS.get(self.availability)
+        return model is not None and model.in_rounds
+
+    def availability_of(self, round_seconds: float | None = None) -> Availability:
+        """Who is online when (:class:`~flwr_gsgm.simulation.availability.Availability`);
+        ``round_seconds``: the fleet's round, the unit of a model that counts in rounds
+        (:attr:`counts_in_rounds`; :meth:`round_seconds`).
+
+        Raises
+        ------
+        ValueError
+            A model in rounds without a ``round_seconds`` > 0.
+        """
+        return Availability(self.availability, self.seed, self._own_online, round_seconds)
+
+    def round_seconds(self, message_seconds: Iterable[float]) -> float:
+        """The fleet's round: the median of each node's message seconds (its compute
+        and communication for the run's work, without jitter), the unit of an
+        availability model that counts in rounds."""
+        return float(statistics.median(message_seconds))
+
+    def message_seconds(
+        self, speed_factor: float, partition_id: int, work_steps: int, message_bytes: int
+    ) -> float:
+        """Seconds of a message of ``work_steps`` steps and ``message_bytes`` bytes each
+        way on node ``partition_id`` without jitter or slowdown: the time model's
+        typical message of the node."""
+        bandwidth = self.bandwidth(partition_id)
+        return float(
+            self.seconds_per_step * int(work_steps) * speed_factor
+            + self.latency_of(partition_id)
+            + (2 * int(message_bytes) / bandwidth if message_bytes else 0.0)
+        )
 
     @property
     def profile(self) -> DeviceProfile:

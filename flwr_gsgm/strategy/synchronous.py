@@ -206,11 +206,12 @@ class SynchronousRun:
         self.timeout = timeout
         self.model_bytes = model_bytes
         self.model = clock.model if isinstance(clock, VirtualTime) else None
-        # The time model's availability (None: every node always online).
-        self.online = None if self.model is None or self.model.online.always else self.model.online
+        # The time model's availability (None: every node always online); set by start.
+        self.online = None
         # Under availability: client trainings received so far, and when the round ends.
         self.received = 0
         self.replied = 0  # train replies without error in the current round
+        self.round_work: list[tuple[int, int]] = []
         self.round_end: float | None = None
         self.speeds = clock.speed_factors(num_nodes)
         # The time model's steps of each partition's message in the current round, and
@@ -243,6 +244,11 @@ class SynchronousRun:
         self.evaluator = evaluator
         self.clock.start()
         timed_work = isinstance(self.strategy, TimeBudgetFedAvg)
+        if isinstance(self.clock, VirtualTime):
+            speeds = {p: self.speeds.get(p, 1.0) for p in range(self.num_nodes)}
+            self.clock.start_fleet(speeds, self.train_config, self.model_bytes)
+            if self.model is not None and self.model.availability != "always":
+                self.online = self.clock.online
         if self.model is not None and (timed_work or self.online is not None):
             self.partition_of = partitions_of_nodes(grid, self.timeout)
         random.seed(self.seed)
@@ -294,9 +300,13 @@ class SynchronousRun:
         clock's now; why the model diverged, None if it did not."""
         model = RoundModel(version, arrays.to_numpy_ndarrays())
         updates = version * self.per_round if self.online is None else self.received
-        return self.evaluator.evaluate(
+        reason = self.evaluator.evaluate(
             updates, model, self.ledger, self.clock.now(), self.clock.wall()
         )
+        joules = self.clock.joules()
+        if joules is not None:  # the fleet's energy so far (a device-power model)
+            self.evaluator.rows[-1]["joules"] = round(joules, 3)
+        return reason
 
     def _crossed(self, server_round: int, every: int) -> bool:
         """The round's client trainings cross a multiple of ``every``."""
@@ -369,11 +379,13 @@ class SynchronousRun:
         now = self.clock.now()
         deadline = now + self.timeout
         kept, finishes, errors = [], [], []
+        self.round_work = []  # (partition, steps) of each message: its energy
         for message in messages:
             p = self.partition_of[message.metadata.dst_node_id]
             steps = self.sent_steps.get(p)
             if steps is None:
                 steps = self._steps(p, message.content["config"])
+            self.round_work.append((p, steps))
             seconds = self.model.duration(
                 self.speeds[p], p, server_round - 1, steps, self.model_bytes
             )
@@ -447,6 +459,8 @@ class SynchronousRun:
                 return False
             self.clock.jump_to(self.round_end)
             self.received += self.replied
+            for p, steps in self.round_work:
+                self._charge(p, server_round, steps)
             return True
         trained = self.trained if self.per_round < self.num_nodes else range(self.num_nodes)
         seconds = [
@@ -466,4 +480,18 @@ class SynchronousRun:
         if self.clock.past_budget(end):
             return False
         self.clock.jump_to(end)
+        for p in trained:
+            if p in self.speeds:
+                steps = self.sent_steps.get(p)
+                self._charge(p, server_round, steps or self._steps(p, self.train_config))
         return True
+
+    def _charge(self, p: int, server_round: int, steps: int) -> None:
+        """The energy of partition ``p``'s message of ``steps`` steps in ``server_round``
+        (its compute and communication draws), with a device-power model."""
+        assert self.model is not None and isinstance(self.clock, VirtualTime)
+        if self.model.power is None:
+            return
+        compute = self.model.compute_seconds(self.speeds[p], p, server_round - 1, steps)
+        communication = self.model.communication_seconds(p, server_round - 1, self.model_bytes)
+        self.clock.charge(compute, communication)

@@ -17,7 +17,6 @@ from flwr_gsgm.engine import clock as engine_clock
 from flwr_gsgm.simulation.availability import (
     AVAILABILITY_MODELS,
     DROPOUT_PER_ROUND,
-    ROUND_SECONDS,
     Availability,
     OnOffModel,
 )
@@ -84,14 +83,39 @@ def test_the_two_state_model_is_online_its_stationary_fraction_of_the_time():
     assert fraction == pytest.approx(2 / 3, abs=0.01)
 
 
-def test_the_smartphones_model_drops_8_percent_of_a_270_second_round():
+def test_the_smartphones_model_drops_8_percent_of_a_round_of_the_fleet():
     model = AVAILABILITY_MODELS["smartphones"]
-    # 1 - exp(-270 / m) = 0.08  =>  m = 270 / -ln(0.92) = 3238.1 s
-    assert model.mean_online_seconds == pytest.approx(3238.1, abs=0.1)
-    assert 1 - math.exp(-ROUND_SECONDS / model.mean_online_seconds) == pytest.approx(
-        DROPOUT_PER_ROUND
-    )
+    # 1 - exp(-1 / m) = 0.08 per round  =>  m = 1 / -ln(0.92) = 11.99 rounds
+    assert model.in_rounds and model.mean_online_seconds == pytest.approx(11.993, abs=1e-3)
+    assert 1 - math.exp(-1 / model.mean_online_seconds) == pytest.approx(DROPOUT_PER_ROUND)
     assert model.online_fraction == 0.5
+    # In seconds once the fleet's round is known: a round of 5 s, 59.97 s online.
+    online = Availability("smartphones", seed=0, round_seconds=5.0)
+    assert online.model.mean_online_seconds == pytest.approx(59.965, abs=1e-3)
+    # Over many nodes, 8% of those online at a round's start leave within it.
+    starts = np.arange(0.0, 2000.0, 5.0)
+    left = [
+        online.offline_from(p, t) < t + 5.0
+        for p in range(200)
+        for t in starts
+        if online.online(p, t)
+    ]
+    assert np.mean(left) == pytest.approx(0.08, abs=0.01)
+    with pytest.raises(ValueError, match="counts in rounds of the fleet: expected round_seconds"):
+        Availability("smartphones")
+
+
+def test_the_engine_sizes_the_round_by_the_median_nodes_message(caplog):
+    # 3 equal nodes of 0.5 s per step, 4 steps, no latency: a round is 2 s, and the
+    # smartphones model's mean online interval 2 x 11.993 = 23.99 s.
+    clock = VirtualClock(
+        jitter=0.0, slow_fraction=0.0, step_seconds=0.5, availability="smartphones"
+    )
+    virtual = engine_clock.VirtualTime(clock)
+    assert virtual.online is None  # not before the fleet is known
+    virtual.start_fleet({0: 1.0, 1: 1.0, 2: 4.0}, {"mode": "delta", "local-steps": 4}, 0)
+    assert virtual.online.round_seconds == 2.0  # the median of 2, 2 and 8 s
+    assert virtual.online.model.mean_online_seconds == pytest.approx(23.986, abs=1e-3)
 
 
 def test_offline_detection_is_flowers_heartbeat_expiry():
@@ -142,7 +166,7 @@ partition-id,step-seconds,bandwidth,latency-seconds,online-intervals
 def test_a_profile_files_availability_is_read_and_used(tmp_path):
     path = write(tmp_path, "fleet.csv", FLEET)
     clock = VirtualClock(device_profile=path, availability="device-profile", jitter=0.0)
-    assert clock.online.loss(0, 2.0, 4.0) == (3.0, 7.0)
+    assert clock.availability_of().loss(0, 2.0, 4.0) == (3.0, 7.0)
     means = write(
         tmp_path,
         "means.toml",
@@ -150,7 +174,7 @@ def test_a_profile_files_availability_is_read_and_used(tmp_path):
         "latency-seconds = 0\nmean-online-seconds = 60\nmean-offline-seconds = 30\n",
     )
     clock = VirtualClock(device_profile=means, availability="device-profile")
-    assert clock.online._own[0] == OnOffModel(60.0, 30.0, source="the device profile file")
+    assert clock.availability_of()._own[0] == OnOffModel(60.0, 30.0, "the device profile file")
 
 
 BAD = [
@@ -314,3 +338,39 @@ def test_a_fedavg_round_ends_at_the_error_when_the_server_learns_first(tmp_path)
     )
     assert [float(r["virtual_time"]) for r in rows] == [0.0, 2.0, 3.0, 7.0, 9.0]
     assert [int(r["updates"]) for r in rows] == [0, 2, 3, 5, 7]
+
+
+# ------------------------------------------------------------------ energy
+def test_joules_of_a_two_node_run(tmp_path):
+    # A Raspberry Pi 4: 3.06 W idle (0.6 A x 5.1 V), 6.12 W computing (1.2 A x 5.1 V),
+    # communicating at idle. Two equal nodes, 1 s a message, no network: 4 messages
+    # end at 2 s. Joules = 3.06 W x 2 nodes x 2 s + 4 x (6.12 - 3.06) W x 1 s = 24.48.
+    clock = VirtualClock(
+        jitter=0.0, slow_fraction=0.0, base_duration=1.0, device_power="raspberry-pi-4"
+    )
+    strategy = ASGD(server_learning_rate=0.1, virtual_clock=clock)
+    grid = InProcessGrid(make_app(), 2, run_config={})
+    result = strategy.start(
+        grid, initial_arrays(), 4, evaluate_fn=lambda n, arrays: None, eval_every=2
+    )
+    rows = result.report.rows
+    assert [r["virtual_time"] for r in rows] == [0.0, 1.0, 2.0]
+    assert [r["joules"] for r in rows] == [0.0, pytest.approx(12.24), pytest.approx(24.48)]
+    # Flower's FedAvg on the same fleet: 2 rounds of 1 s, the same 4 messages, 24.48 J.
+    config = parse_app_config(
+        {
+            "strategy": "fedavg",
+            "max-updates": 4,
+            "eval-every": 2,
+            "eval-examples": 100,
+            "classes-per-node": 5,
+            "local-steps": 1,
+            "jitter": 0.0,
+            "slow-fraction": 0.0,
+            "device-power": "raspberry-pi-4",
+        }
+    )
+    run_experiment(InProcessGrid(client_app, 2, run_config=config), config, tmp_path / "run")
+    with open(tmp_path / "run" / "metrics.csv") as fh:
+        fedavg = list(csv.DictReader(fh))
+    assert [float(r["joules"]) for r in fedavg] == [0.0, 12.24, 24.48]
