@@ -577,6 +577,19 @@ class ServerOptimizer(RangeGuard, abc.ABC):
         self._measure_bounds()
 
     # ------------------------------------------------------------ subclass interface
+    def next_deadline(self) -> float | None:
+        """The earliest engine time (seconds) at which the rule acts by itself, with no
+        update, join or loss: a deadline it keeps (FedCompass's group deadlines); None
+        (the default) if it has none. The engine calls :meth:`on_deadline` just past it
+        when nothing else happens before."""
+        return None
+
+    def on_deadline(self, now: float) -> None:
+        """The clock reads ``now``, past :meth:`next_deadline`, with no other event:
+        the rule does what its deadlines say (APPFL's timer for FedCompass)."""
+        self._tick(_check_now(now))
+        self._bound_w = None  # it may have stepped: measure again
+
     @abc.abstractmethod
     def _on_valid(
         self, partition_id: int, parts: Parts, base_version: int, staleness: int, now: float

@@ -74,6 +74,8 @@ class ArrivalBook(Protocol):
 
     def release(self, partition_id: int) -> None: ...
 
+    def next_deadline(self) -> float | None: ...
+
 
 class FedCompassRule(ServerOptimizer):
     """FedCompass: ``w <- w - lr * (G + B)`` once a group is back, each update ``(1+tau)^-a / N``.
@@ -252,6 +254,13 @@ class FedCompassRule(ServerOptimizer):
         return w_after + (1.0 + self._lr) * k * u, w_after
 
     # ---------------------------------------------------------------- the rule
+    def next_deadline(self) -> float | None:
+        """The earliest deadline of a group with members back and members still out:
+        when APPFL's timer would aggregate it without them (None: no such group)."""
+        if self._book is None:
+            return None
+        return self._book.next_deadline()
+
     def _tick(self, now: float) -> None:
         # Groups whose deadline passed are aggregated before the event (APPFL's timer).
         self._aggregate_due(now)

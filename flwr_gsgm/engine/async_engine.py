@@ -359,6 +359,7 @@ class AsyncEngine:
         progressed = False
         while not self._finished():
             progressed |= self._bring_back_online()
+            progressed |= self._act_on_deadline()
             dispatch = self.in_flight.next_ready()
             if dispatch is None:
                 break
@@ -383,6 +384,24 @@ class AsyncEngine:
             return False
         self.clock.jump_to(back)
         self.members.end_backoffs()
+        return True
+
+    def _act_on_deadline(self) -> bool:
+        """Under the virtual clock, a rule's deadline (FedCompass's group deadline) that
+        passes before the next reply is due acts at its time, as APPFL's timer does:
+        the clock moves just past it, the rule acts, the freed slots get work. True if
+        one did; nothing past the time budget."""
+        assert self.optimizer is not None
+        deadline = self.optimizer.next_deadline()
+        if deadline is None or not self.clock.virtual:
+            return False
+        tick = float(np.nextafter(deadline, np.inf))  # "past" it: a deadline is inclusive
+        first = self.in_flight.first_due()
+        if first is None or first.v_finish <= tick or self.clock.past_budget(tick):
+            return False
+        self.clock.jump_to(tick)
+        self.optimizer.on_deadline(self.clock.now())
+        self.top_up()
         return True
 
     def _stop_if_requested(self) -> None:

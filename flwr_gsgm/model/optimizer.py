@@ -156,6 +156,14 @@ class ModelOptimizer:
             self.buffers.record(partition_id, update.buffers)
         return outcome
 
+    def next_deadline(self) -> float | None:
+        """The rule's next deadline (:meth:`ServerOptimizer.next_deadline`)."""
+        return self.rule.next_deadline()
+
+    def on_deadline(self, now: float) -> None:
+        """A deadline passed with no other event (:meth:`ServerOptimizer.on_deadline`)."""
+        self.rule.on_deadline(now)
+
     def on_node_joined(self, partition_id: int, now: float = 0.0) -> None:
         """``partition_id`` becomes active (:meth:`ServerOptimizer.on_node_joined`)."""
         self.rule.on_node_joined(partition_id, now=now)

@@ -193,6 +193,13 @@ class ArrivalGroups:
                 self._forget_if_done(gid)
         return sorted(ready, key=lambda gid: (self.groups[gid].latest, gid))
 
+    def next_deadline(self) -> float | None:
+        """The earliest deadline (``latest``) of an open group with members back and
+        members still out: its aggregation without them is due just after it (None:
+        no such group)."""
+        times = [g.latest for _, g in self.open_groups() if g.arrived and g.pending]
+        return min(times) if times else None
+
     def close(self, gid: int) -> list[int]:
         """Group ``gid`` was aggregated: its arrived members are released (returned)."""
         g = self.groups[gid]

@@ -112,3 +112,33 @@ def test_nodes_whose_round_trip_dwarfs_their_compute_form_a_group(tmp_path):
     rows = {r["updates"]: (r["virtual_time"], r["version"]) for r in result.rows}
     assert [rows[n][1] for n in (1, 2, 3, 4, 5, 6)] == [1, 2, 3, 3, 3, 4]
     assert [rows[n][0] for n in (4, 5, 6)] == pytest.approx([16.4, 18.52, 22.24])
+
+
+def test_a_group_deadline_acts_at_its_time_as_appfls_timer(tmp_path, monkeypatch):
+    # The fleet of the first test, with node 1's second message (group B's: 15 steps,
+    # sent at 40 s) 3x slower: back at 40 + 3 x 30 = 130 s, not 70. Group B (E = 70,
+    # L = 40 + 1.5 x 15 x 2 = 85) has node 0 back at 70 and node 1 still out: at its
+    # deadline, 85 s, it is aggregated without node 1 and node 0 gets its next message
+    # then (just past 85 s), though no reply is due before node 2's at 120 s.
+    original = VirtualClock.compute_seconds
+    sends: list[tuple[int, float]] = []
+
+    def slow(self, speed, pid, index, steps=1):
+        seconds = original(self, speed, pid, index, steps)
+        return 3 * seconds if (pid, index) == (1, 1) else seconds
+
+    from flwr_gsgm.engine import clock as engine_clock
+
+    stamp = engine_clock.VirtualTime.stamp
+
+    def noted(self, config, speed, pid, index, message_bytes):
+        sends.append((pid, self.now()))
+        return stamp(self, config, speed, pid, index, message_bytes)
+
+    monkeypatch.setattr(VirtualClock, "compute_seconds", slow)
+    monkeypatch.setattr(engine_clock.VirtualTime, "stamp", noted)
+    received: list[tuple[int, int]] = []
+    run(tmp_path, stepping_app(received), max_updates=12)
+    node0 = [t for p, t in sends if p == 0]
+    assert node0[:4] == [0.0, 20.0, 40.0, 60.0]
+    assert node0[4] == pytest.approx(85.0) and node0[4] > 85.0
