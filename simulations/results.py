@@ -48,6 +48,11 @@ Figures over a run's evaluations (``metrics.csv``, virtual seconds in ``virtual_
   accuracy over its ok seeds); NaN if never, if the run or that reference run is not
   ok, or without a speed reference (:func:`times_to_reference`,
   :func:`fill_times_to_reference`).
+- ``joules_to_fedavg_accuracy``: the fleet's joules (metrics.csv ``joules``, with a
+  device-power model) at that first evaluation; NaN as above, or without ``joules``;
+- ``fleet``, ``availability``, ``speed_variance``: the preset's ``[fleets]`` entry of
+  the run's setting ("" for none) and the run config's time-model keys;
+  ``test_examples``: the run config's ``eval-examples`` (0: the whole test set).
 """
 
 from __future__ import annotations
@@ -150,6 +155,7 @@ RUN_COLUMNS = (
     "accuracy_at_5_rounds",
     "accuracy_at_20_rounds",
     "time_to_fedavg_accuracy",
+    "joules_to_fedavg_accuracy",
     "accuracy_at_fedavg_budget",
     *SUMMARY_FIELDS,
     "rejected_by_reason",
@@ -322,6 +328,7 @@ def run_row(
         row["accuracy_at_5_rounds"] = accuracy_at_rounds(metrics, 5, size)
         row["accuracy_at_20_rounds"] = accuracy_at_rounds(metrics, 20, size)
     row["time_to_fedavg_accuracy"] = math.nan
+    row["joules_to_fedavg_accuracy"] = math.nan
     row["accuracy_at_fedavg_budget"] = math.nan
     final = row["final_accuracy"]
     if summary.get("status") == "diverged":  # the engine stopped the run: its kind first
@@ -390,6 +397,7 @@ _FLOAT_COLUMNS = {
     "updates_to_target",
     "accuracy_at_budget",
     "time_to_fedavg_accuracy",
+    "joules_to_fedavg_accuracy",
     "final_accuracy",
     "masd",
     "accuracy_std",
@@ -551,9 +559,14 @@ def _reference_runs(df: pd.DataFrame, reference: str) -> tuple[pd.DataFrame, pd.
 
 
 def times_to_reference(
-    rows: Sequence[Mapping[str, Any]] | pd.DataFrame, reference: str, out: Path
+    rows: Sequence[Mapping[str, Any]] | pd.DataFrame,
+    reference: str,
+    out: Path,
+    column: str = "virtual_time",
 ) -> dict[tuple[str, Any], float]:
-    """Virtual seconds each ok run takes to reach ``reference``'s final accuracy.
+    """Virtual seconds each ok run takes to reach ``reference``'s final accuracy (with
+    ``column = "joules"``: the fleet's joules by then, for runs with a device-power
+    model; runs whose metrics.csv lacks the column are left out).
 
     Paired by seed in one setting's rows: the target of a run is the final accuracy
     (fraction, mean of the last 5 evaluations) of ``reference``'s ok run with the same
@@ -569,10 +582,10 @@ def times_to_reference(
     times = {}
     for r in ok[ok["seed"].isin(list(target))].to_dict("records"):
         curve = load_curve(r, out)
-        if curve:
+        if curve and column in curve[0]:
             times[(series_label(r["method"], r["client_work"]), r["seed"])] = (
                 stability.time_to_target(
-                    [c["virtual_time"] for c in curve],
+                    [c[column] for c in curve],
                     [c["accuracy"] for c in curve],
                     target[r["seed"]],
                 )
@@ -608,15 +621,19 @@ def fill_times_to_reference(rows: Sequence[dict[str, Any]], reference: str, out:
     (an empty name)."""
     df = frame(rows)
     times = pd.Series(math.nan, index=df.index, dtype=object)
+    joules = pd.Series(math.nan, index=df.index, dtype=object)
     accuracies = pd.Series(math.nan, index=df.index, dtype=object)
     if reference and len(df):
         for _, srows in df.groupby("setting", sort=False):
             timed = times_to_reference(srows, reference, out)
+            energy = times_to_reference(srows, reference, out, column="joules")
             at_budget = accuracies_at_reference_budget(srows, reference, out)
             labels = map(series_label, srows["method"], srows["client_work"])
             keys = list(zip(labels, srows["seed"]))
             times[srows.index] = [timed.get(key, math.nan) for key in keys]
+            joules[srows.index] = [energy.get(key, math.nan) for key in keys]
             accuracies[srows.index] = [at_budget.get(key, math.nan) for key in keys]
-    for r, t, a in zip(rows, times, accuracies, strict=True):
+    for r, t, j, a in zip(rows, times, joules, accuracies, strict=True):
         r["time_to_fedavg_accuracy"] = t
+        r["joules_to_fedavg_accuracy"] = j
         r["accuracy_at_fedavg_budget"] = a

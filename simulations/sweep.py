@@ -648,6 +648,7 @@ def dry_run(
             for what, names in (
                 ("client works", q.client_works),
                 ("device profiles", q.device_profiles),
+                ("fleets", q.fleets),
             )
             if names != [""]
         )
