@@ -591,3 +591,73 @@ def test_tuning_per_work_by_the_accuracy_at_budget_then_runs_csv_and_report(tmp_
         sorted(r["time_to_fedavg_accuracy"] for r in page if r["method"] == "gsgm")[:4]
         == [20.0] * 4
     )
+
+
+FLEETS = """
+[sweep]
+name = "f"
+seeds = [1]
+reference = "gsgm"
+[base]
+max-updates = 100
+[tune]
+seed = 0
+nodes = 4
+partition = { partitioner = "iid" }
+[fleets.steady]
+config = { availability = "always" }
+[fleets.churn]
+config = { availability = "smartphones", speed-variance = "throttling" }
+[methods.gsgm]
+config = { strategy = "gsgm" }
+[methods.fedavg]
+config = { strategy = "fedavg" }
+[questions.q]
+nodes = [4]
+partitions = [{ partitioner = "iid" }]
+device-profiles = ["appfl10"]
+fleets = ["steady", "churn"]
+[questions.old]
+nodes = [4]
+methods = ["gsgm"]
+partitions = [{ partitioner = "iid" }]
+"""
+
+
+def test_fleets_expand_into_labelled_runs_with_their_config(tmp_path):
+    preset = load_preset(write(tmp_path, FLEETS))
+    runs = {r.run_id: r for r in report_runs(preset, stand_in_tuned(preset))}
+    # q: 2 methods x 2 fleets x 1 seed; old: no fleet, no suffix
+    assert sorted(runs) == [
+        "runs/fedavg/n4-iid-appfl10-churn/s1",
+        "runs/fedavg/n4-iid-appfl10-steady/s1",
+        "runs/gsgm/n4-iid-appfl10-churn/s1",
+        "runs/gsgm/n4-iid-appfl10-steady/s1",
+        "runs/gsgm/n4-iid/s1",
+    ]
+    churn = runs["runs/gsgm/n4-iid-appfl10-churn/s1"]
+    assert churn.fleet == "churn"
+    assert churn.run_config["availability"] == "smartphones"
+    assert churn.run_config["speed-variance"] == "throttling"
+    assert runs["runs/gsgm/n4-iid-appfl10-steady/s1"].run_config["availability"] == "always"
+    assert "availability" not in runs["runs/gsgm/n4-iid/s1"].run_config
+    assert setting_label(4, "iid", 0, "", "appfl10", "churn") == "n4-iid-appfl10-churn"
+    # runs.csv keeps the fleet apart in the setting (its report groups)
+    from simulations.results import setting_key
+
+    row = {"nodes": 4, "partition": "iid", "device_profile": "appfl10", "fleet": "churn"}
+    assert setting_key(row) == (4, "iid", 0, "appfl10-churn")
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        ('fleets = ["steady", "churn"]', 'fleets = ["windy"]'),
+        ('config = { availability = "always" }', "config = { max-updates = 5 }"),
+    ],
+)
+def test_bad_fleets_are_refused_naming_them(tmp_path, change, message):
+    text = FLEETS.replace(change, message)
+    with pytest.raises(ValueError) as err:
+        load_preset(write(tmp_path, text))
+    assert "windy" in str(err.value) or "are not fleet keys" in str(err.value)
