@@ -232,6 +232,7 @@ def summarize(
         "updates_applied": int(counters.get("updates_applied", 0)),
         "steps_applied": int(counters.get("steps_applied", 0)),
         "updates_deferred": int(counters.get("updates_deferred", 0)),
+        "updates_stale": int(counters.get("updates_stale", 0)),
         "rejected": int(sum(rejections.values())),
         "rejected_by_reason": dict(sorted(rejections.items())),
         "dropped": int(counters.get("dropped", 0)),
@@ -244,6 +245,8 @@ def summarize(
             for key in ("federated_eval_sent", "federated_eval_replies", "federated_eval_failed")
         },
         "nodes_lost": int(counters.get("nodes_lost", 0)),
+        "nodes_joined": int(counters.get("nodes_joined", 0)),
+        "lost_in_flight": int(counters.get("lost_in_flight", 0)),
         "nodes_excluded": int(counters.get("nodes_excluded", 0)),
         "staleness_mean": float(staleness_mean),
         "staleness_max": int(staleness_max),
