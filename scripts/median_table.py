@@ -4,10 +4,11 @@ Issue 33's targets are medians of seeds 1-3 (the generated RESULTS.md gives mean
 
     python scripts/median_table.py docs/results/fashion_mnist_fleet/runs.csv
 
-prints one Markdown table per (partition, device profile, nodes, in flight): each
+prints one Markdown table per (partition, device profile, fleet, nodes, in flight): each
 method's median final accuracy, accuracy at 5 and 20 rounds' worth of client trainings
-(%), virtual seconds to FedAvg's final accuracy (with how many seeds reached it) and
-accuracy at FedAvg's budget (%). Only runs with status ``ok`` count; an empty or NaN
+(%), virtual seconds to FedAvg's final accuracy (with how many seeds reached it),
+accuracy at FedAvg's budget (%) and, for runs with a device-power model, the fleet's
+kilojoules to FedAvg's final accuracy. Only runs with status ``ok`` count; an empty or NaN
 cell is left out of its median ("–" when no seed has it).
 """
 
@@ -18,20 +19,23 @@ import sys
 
 import pandas as pd
 
-SETTING = ["partition", "device_profile", "nodes", "max_in_flight"]
+SETTING = ["partition", "device_profile", "fleet", "nodes", "max_in_flight"]
 PERCENT = ["final_accuracy", "accuracy_at_5_rounds", "accuracy_at_20_rounds"]
 
 
 def median_tables(runs: pd.DataFrame) -> str:
     """Markdown tables of the medians of ``runs`` (a page's runs.csv), FedAvg first."""
     runs = runs[runs["status"].eq("ok")]
+    setting_columns = [c for c in SETTING if c in runs and runs[c].notna().any()]
+    energy = "joules_to_fedavg_accuracy" in runs and runs["joules_to_fedavg_accuracy"].notna().any()
     out = []
-    for setting, rows in runs.groupby(SETTING, sort=True):
+    for setting, rows in runs.groupby(setting_columns, sort=True):
         out += [f"### {', '.join(str(v) for v in setting)}", ""]
         out += [
             "| method | seeds | final accuracy (%) | at 5 rounds (%) | at 20 rounds (%) "
-            "| s to FedAvg's final accuracy | accuracy at FedAvg's budget (%) |",
-            "|---|---|---|---|---|---|---|",
+            "| s to FedAvg's final accuracy | accuracy at FedAvg's budget (%) |"
+            + (" kJ to FedAvg's final accuracy |" if energy else ""),
+            "|---|---|---|---|---|---|---|" + ("---|" if energy else ""),
         ]
         order = sorted(rows["method"].unique(), key=lambda m: (m != "fedavg", m))
         for method in order:
@@ -40,9 +44,12 @@ def median_tables(runs: pd.DataFrame) -> str:
             reached = int(mine["time_to_fedavg_accuracy"].notna().sum())
             time = _cell(mine["time_to_fedavg_accuracy"].median())
             budget = _cell(100 * mine["accuracy_at_fedavg_budget"].median())
+            kilojoules = (
+                f" {_cell(mine['joules_to_fedavg_accuracy'].median() / 1000)} |" if energy else ""
+            )
             out.append(
                 f"| {method} | {len(mine)} | {' | '.join(cells)} | {time} ({reached}/{len(mine)})"
-                f" | {budget} |"
+                f" | {budget} |{kilojoules}"
             )
         out.append("")
     return "\n".join(out)
