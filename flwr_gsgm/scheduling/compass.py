@@ -70,7 +70,7 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from flwr_gsgm.scheduling.speeds import NodeSpeeds
+from flwr_gsgm.scheduling.speeds import NodeSpeeds, seconds_or_none
 from flwr_gsgm.scheduling.work_scheduler import WorkScheduler
 
 __all__ = [
@@ -274,25 +274,13 @@ class MessageSpeeds(NodeSpeeds):
         """Record one reply of ``partition_id``: ``steps`` local steps in ``total_seconds``
         from sending to reply (``train_seconds`` if the total is unknown). A non-finite
         or negative figure counts as missing; a reply of 0 steps measures nothing."""
-        seconds = _finite(total_seconds)
+        seconds = seconds_or_none(total_seconds)
         if seconds is None:
-            seconds = _finite(train_seconds)
+            seconds = seconds_or_none(train_seconds)
         if steps < 1 or seconds is None:
             return
-        sample = seconds / steps
-        old = self._seconds_per_step.get(partition_id)
-        m = self.smoothing
         # APPFL: speed = (1 - speed_momentum) * speed + speed_momentum * client_speed.
-        self._seconds_per_step[partition_id] = (
-            sample if old is None else (1.0 - m) * old + m * sample
-        )
-
-
-def _finite(value: float | None) -> float | None:
-    if value is None:
-        return None
-    value = float(value)
-    return value if math.isfinite(value) and value >= 0 else None
+        self._smooth(partition_id, seconds / steps)
 
 
 def _steps_bound(name: str, value: Any) -> int:

@@ -18,7 +18,7 @@ import statistics
 from collections import deque
 from typing import Any
 
-__all__ = ["NodeSpeeds", "SMOOTHING", "ROUND_TRIP_WINDOW"]
+__all__ = ["NodeSpeeds", "seconds_or_none", "SMOOTHING", "ROUND_TRIP_WINDOW"]
 
 #: Weight of the newest measurement in a node's moving average (FedCompass's is an
 #: exponential average too; 0.5 follows a node whose speed changes within two replies).
@@ -68,8 +68,8 @@ class NodeSpeeds:
 
         A non-finite or negative figure is ignored, as a reply that reports nothing.
         """
-        train = _seconds(train_seconds)
-        total = _seconds(total_seconds)
+        train = seconds_or_none(train_seconds)
+        total = seconds_or_none(total_seconds)
         if steps < 1:
             return
         if train is not None:
@@ -80,6 +80,11 @@ class NodeSpeeds:
             sample = max(total - self.round_trip(), 0.0) / steps
         else:
             return
+        self._smooth(partition_id, sample)
+
+    def _smooth(self, partition_id: int, sample: float) -> None:
+        """Fold one measurement ``sample`` (seconds per step) into the node's moving
+        average, ``(1 - smoothing) x old + smoothing x sample`` (the first sets it)."""
         old = self._seconds_per_step.get(partition_id)
         self._seconds_per_step[partition_id] = (
             sample if old is None else (1.0 - self.smoothing) * old + self.smoothing * sample
@@ -113,7 +118,8 @@ class NodeSpeeds:
         )
 
 
-def _seconds(value: float | None) -> float | None:
+def seconds_or_none(value: float | None) -> float | None:
+    """``value`` as seconds: a finite number >= 0, else None (a figure not reported)."""
     if value is None:
         return None
     value = float(value)
