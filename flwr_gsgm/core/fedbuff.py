@@ -5,9 +5,10 @@ Reference:
     "Federated Learning with Buffered Asynchronous Aggregation", AISTATS 2022
     (PMLR 151).
 
-Implemented: the server sums arriving updates in a buffer and, once ``buffer_size``
-(K) of them are in, steps along their mean with its learning rate. No
-staleness-dependent down-weighting of the buffered updates is applied here. With
+Implemented (Algorithm 1): the server adds each arriving update, weighted by the
+paper's staleness scaling ``s(tau) = 1 / sqrt(1 + tau)`` (tau the update's staleness
+in server steps), to a buffer and, once ``buffer_size`` (K) of them are in, steps
+along the buffer sum divided by K with its learning rate. With
 ``trim_fraction`` > 0 the buffer keeps the K updates and steps along their
 coordinate-wise trimmed mean instead (Yin et al., ICML 2018; :mod:`.robust`), an
 option of this project's, not of the paper's.
@@ -25,17 +26,36 @@ from .base import Outcome, Parts, ServerOptimizer, chunks
 from .params import TRIM_FRACTION, Param, server_learning_rate
 from .robust import least_cutting_fraction, trimmed_count, trimmed_step
 
-__all__ = ["FedBuffRule"]
+__all__ = ["FedBuffRule", "staleness_scale"]
+
+
+def staleness_scale(staleness: int) -> np.float32:
+    """FedBuff's staleness scaling ``s(tau) = 1 / sqrt(1 + tau)`` (Nguyen et al.,
+    AISTATS 2022), as float32.
+
+    Args:
+        staleness: tau >= 0, server steps between the update's base version and now.
+
+    Returns:
+        The weight in (0, 1]; exactly 1 for tau = 0.
+    """
+    if staleness == 0:
+        return np.float32(1.0)
+    return np.float32(1.0 / math.sqrt(1.0 + staleness))
 
 
 class FedBuffRule(ServerOptimizer):
     """FedBuff: buffer K updates, then ``w <- w - lr * (sum of the K) / K``.
 
+    Each update enters the buffer as ``Delta / sqrt(1 + tau)``, ``tau`` its staleness
+    (server steps since its base version): a fresh one (tau = 0) at full weight.
+
     The first K - 1 arrivals of a buffer are :attr:`Outcome.DEFERRED`, the K-th is
     :attr:`Outcome.APPLIED` and takes one step (``version`` += 1). Updates of a node
     that is lost stay in the buffer. With ``trim_fraction`` = f > 0 the step is
-    ``w <- w - lr * trimmed mean of the K`` (per coordinate, ``int(f * K)`` cut at each
-    end: :func:`~flwr_gsgm.core.robust.trimmed_count`), the buffer holding the K updates.
+    ``w <- w - lr * trimmed mean of the K weighted updates`` (per coordinate,
+    ``int(f * K)`` cut at each end: :func:`~flwr_gsgm.core.robust.trimmed_count`), the
+    buffer holding the K updates.
 
     Args:
         weights: initial weights, a sequence of numpy arrays (copied to float32).
@@ -113,15 +133,21 @@ class FedBuffRule(ServerOptimizer):
     def _on_valid(
         self, partition_id: int, parts: Parts, base_version: int, staleness: int, now: float
     ) -> Outcome:
+        scale = staleness_scale(staleness)
         if self._trim_fraction > 0:
-            return self._keep_and_trim(parts)
+            return self._keep_and_trim(parts, scale)
         buf = self._buf
         self._count += 1
         flush = self._count >= self._buffer_size
         w, a, k, lr = self._w, self._scr_a, self._count, self._lr
         for lo, hi, g in chunks(parts):
             bs = buf[lo:hi]
-            np.add(bs, g, out=bs)
+            if scale == 1.0:
+                np.add(bs, g, out=bs)
+            else:
+                t = a[: hi - lo]
+                np.multiply(g, scale, out=t)
+                np.add(bs, t, out=bs)
             if flush:
                 # The step of a full buffer, chunk by chunk while the chunk is in cache.
                 t = a[: hi - lo]
@@ -136,10 +162,14 @@ class FedBuffRule(ServerOptimizer):
         self._version += 1
         return Outcome.APPLIED
 
-    def _keep_and_trim(self, parts: Parts) -> Outcome:
-        """``trim_fraction`` > 0: keep the update; the K-th steps along the trimmed mean
-        of the K (:func:`~flwr_gsgm.core.robust.trimmed_step`) and empties the buffer."""
-        self._rows.append(self._copy_new(parts))
+    def _keep_and_trim(self, parts: Parts, scale: np.float32) -> Outcome:
+        """``trim_fraction`` > 0: keep the weighted update; the K-th steps along the
+        trimmed mean of the K (:func:`~flwr_gsgm.core.robust.trimmed_step`) and empties
+        the buffer."""
+        row = self._copy_new(parts)
+        if scale != 1.0:
+            np.multiply(row, scale, out=row)
+        self._rows.append(row)
         self._count += 1
         if self._count < self._buffer_size:
             return Outcome.DEFERRED

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from core_testutil import assert_bits_equal, f32
 
@@ -156,6 +157,28 @@ def test_fedbuff():
     assert_bits_equal(opt.buffer_sum, f32(1, 1))
     c = opt.counters
     assert (c["arrivals"], c["applied"], c["deferred"]) == (3, 1, 2)
+
+
+def test_fedbuff_weighs_a_stale_update_by_one_over_sqrt_one_plus_staleness():
+    # The paper's staleness scaling s(tau) = 1 / sqrt(1 + tau).
+    opt = FedBuffRule([f32(0, 0)], [1, 2], lr=1.0, buffer_size=1)
+    assert opt.on_update(1, [f32(2, 2)], 0) is Outcome.APPLIED  # tau 0: w = [-2,-2]
+    assert opt.on_update(1, [f32(2, 2)], 1) is Outcome.APPLIED  # tau 0: w = [-4,-4]
+    # Base 0 at version 2: tau = 2, s = 1/sqrt(3); w = [-4,-4] - [3,3]/sqrt(3).
+    assert opt.on_update(2, [f32(3, 3)], 0) is Outcome.APPLIED
+    step = np.float32(3) * np.float32(1 / np.sqrt(3))
+    assert_bits_equal(opt.weights[0], np.array([-4 - step, -4 - step], dtype=np.float32))
+    assert float(opt.weights[0][0]) == pytest.approx(-4 - np.sqrt(3), abs=1e-6)
+    # A buffer of K = 2: tau 3 (s = 1/2) and tau 0, step -(1/2 [4,0] + [0,2]) / 2.
+    opt = FedBuffRule([f32(0, 0)], [1, 2], lr=1.0, buffer_size=2)
+    for base in range(3):  # three steps of two fresh zero updates: version 3
+        opt.on_update(1, [f32(0, 0)], base)
+        opt.on_update(2, [f32(0, 0)], base)
+    assert opt.version == 3
+    assert opt.on_update(1, [f32(4, 0)], 0) is Outcome.DEFERRED
+    assert_bits_equal(opt.buffer_sum, f32(2, 0))
+    assert opt.on_update(2, [f32(0, 2)], 3) is Outcome.APPLIED
+    assert_bits_equal(opt.weights[0], f32(-1, -1))
 
 
 def test_fedbuff_default_buffer_and_stale_updates():
