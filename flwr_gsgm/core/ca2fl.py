@@ -46,15 +46,17 @@ class CA2FLRule(ServerOptimizer):
     - if ``b < buffer_size``: :attr:`Outcome.DEFERRED`;
     - else (:attr:`Outcome.APPLIED`): ``v = h + B / buffer_size``;
       ``w <- w - lr * v``; ``version += 1``; ``B, b <- 0``; then
-      ``h <- (sum of the caches) / n`` with ``n = |A|``, the number of active
-      nodes at that step (nodes that never sent count with a zero cache; this is
-      the paper's ``1/N sum_i h_i`` with ``N`` the clients taking part). ``h``
+      ``h <- (sum of the caches) / n`` with ``n`` the nodes active at that step
+      or holding a cache (nodes that never sent count with a zero cache; this is
+      the paper's ``1/N sum_i h_i`` over its ``N`` clients). ``h``
       used by a step is thus the one computed at the previous step (``h^t`` of
       Algorithm 1), zero before the first step (the first step is FedBuff's).
 
-    Node churn: a lost node's cache is dropped (its entries already in ``B``
-    stay, as in FedBuff); ``h`` changes only at the next step's recompute. A node
-    that joins has no cache (zero) and counts in ``n`` from the next recompute.
+    Node churn: a lost node keeps its cache, as the paper keeps the latest update
+    of every client, also of those not sampled for a while: it stays in ``h`` and
+    ``n``, and the node's next update after it rejoins is calibrated against it.
+    Its entries already in ``B`` stay, as in FedBuff. A node that joins for the
+    first time has no cache (zero) and counts in ``n`` from the next recompute.
 
     Args:
         weights: initial weights, a sequence of numpy arrays (copied to float32).
@@ -68,8 +70,8 @@ class CA2FLRule(ServerOptimizer):
     Raises:
         ValueError: a parameter is out of range; the message names it.
 
-    Memory: ``w``, ``h``, ``B`` and one cache per active node that has sent an
-    update: at most ``(|A| + 3) * size(w)`` float32 with ``w``, plus chunk-sized
+    Memory: ``w``, ``h``, ``B`` and one cache per node that has sent an update,
+    active or lost: ``(caches + 3) * size(w)`` float32 with ``w``, plus chunk-sized
     scratch. Cost: 3 element-wise passes per arrival, and at a step 2 passes plus
     ``|caches| + 1`` for the recompute of ``h`` (about ``|A| / M`` passes per
     arrival amortised). The recompute sums the caches in increasing node order.
@@ -93,8 +95,9 @@ class CA2FLRule(ServerOptimizer):
     )
 
     def _copies(self, nodes: int) -> int:
-        """``w``, the cache mean, the buffer and a cache per active node."""
-        return 3 + nodes
+        """``w``, the cache mean, the buffer and a cache per node (a lost node keeps
+        its cache, so the caches may outnumber the ``nodes`` active)."""
+        return 3 + max(nodes, len(getattr(self, "_caches", ())))
 
     def __init__(
         self, weights: Sequence[np.ndarray], partition_ids: Iterable[int], **params: Any
@@ -179,18 +182,16 @@ class CA2FLRule(ServerOptimizer):
         return Outcome.APPLIED
 
     def _recompute_mean(self) -> None:
-        """``h <- (sum of the caches) / |A|`` (0 without active nodes)."""
+        """``h <- (sum of the caches) / n``, ``n`` the nodes active or holding a
+        cache (0 without caches)."""
         h = self._h
         h.fill(0.0)
-        n = len(self._active)
-        if n == 0 or not self._caches:
+        n = len(self._active.union(self._caches))
+        if not self._caches:
             return
         for partition_id in sorted(self._caches):
             np.add(h, self._caches[partition_id], out=h)
         np.divide(h, n, out=h)
-
-    def _lost(self, partition_id: int, now: float) -> None:
-        self._caches.pop(partition_id, None)
 
     # -------------------------------------------------------------- checkpointing
     def _extra_state(self) -> dict[str, Any]:

@@ -45,23 +45,35 @@ def test_ca2fl_hand_computed():
     w_is(opt, -2.25, -1)
     assert_bits_equal(opt.cache_mean, f32(1.5, 0.5))
     assert {n: c.tolist() for n, c in opt.caches.items()} == {1: [2, 2], 2: [4, 0]}
-    # Node 2 lost: its cache is dropped, h is kept until the next step. Node 5
-    # joins (no cache): |A| = {1,3,4,5} = 4.
+    # Node 2 lost: it keeps its cache, as the paper keeps every client's latest
+    # update; h is kept until the next step. Node 5 joins (no cache):
+    # n = |{1,3,4,5} (active) + {1,2} (cached)| = 5.
     opt.on_node_lost(2)
     opt.on_node_joined(5)
-    assert set(opt.caches) == {1}
+    assert set(opt.caches) == {1, 2}
     assert_bits_equal(opt.cache_mean, f32(1.5, 0.5))
     # a5 node 3 [4,4]: entry [4,4]; B = [4,4].
     assert opt.on_update(3, [f32(4, 4)], 2) is Outcome.DEFERRED
     # a6 node 1 [2,6]: entry [2,6] - [2,2] = [0,4]; B = [4,8] -> v = [1.5,0.5] +
     # [2,4] = [3.5,4.5]; w = [-2.25,-1] - [1.75,2.25] = [-4,-3.25]; version 3.
-    # h <- (h_1 [2,6] + h_3 [4,4]) / 4 = [6,10] / 4 = [1.5,2.5].
+    # h <- (h_1 [2,6] + h_2 [4,0] + h_3 [4,4]) / 5 = [10,10] / 5 = [2,2].
     assert opt.on_update(1, [f32(2, 6)], 2) is Outcome.APPLIED
     w_is(opt, -4, -3.25)
     assert opt.version == 3
-    assert_bits_equal(opt.cache_mean, f32(1.5, 2.5))
+    assert_bits_equal(opt.cache_mean, f32(2, 2))
+    # Node 2 rejoins: its update is calibrated against the cache it kept.
+    # a7 node 2 [4,2]: entry [4,2] - [4,0] = [0,2]; B = [0,2]; h_2 = [4,2].
+    opt.on_node_joined(2)
+    assert opt.on_update(2, [f32(4, 2)], 3) is Outcome.DEFERRED
+    assert_bits_equal(opt.buffer_sum, f32(0, 2))
+    # a8 node 4 [2,2]: entry [2,2]; B = [2,4] -> v = [2,2] + [1,2] = [3,4];
+    # w = [-4,-3.25] - [1.5,2] = [-5.5,-5.25]. h <- ([2,6] + [4,2] + [4,4] + [2,2])
+    # / 5 = [12,14] / 5 (float32 of 2.4 and 2.8).
+    assert opt.on_update(4, [f32(2, 2)], 3) is Outcome.APPLIED
+    w_is(opt, -5.5, -5.25)
+    assert_bits_equal(opt.cache_mean, f32(2.4, 2.8))
     c = opt.counters
-    assert (c["arrivals"], c["applied"], c["deferred"]) == (6, 3, 3)
+    assert (c["arrivals"], c["applied"], c["deferred"]) == (8, 4, 4)
 
 
 def test_ca2fl_default_buffer_and_stale_updates():
