@@ -89,8 +89,12 @@ class SynchronousReport:
         The evaluation rows (``metrics.csv``), with the federated columns of the rounds
         that had a federated evaluation.
     counters : dict[str, int]
-        ``updates_received`` (rounds x nodes per round) and ``steps_applied`` (rounds),
-        plus ``diverged`` = 1 for a diverged run.
+        ``updates_received`` (the replies of the rounds applied: rounds x nodes per
+        round when every node is always online), ``updates_applied`` (the same: a
+        round averages every reply it has), ``steps_applied`` (rounds),
+        ``lost_in_flight`` (messages whose node went offline before its reply) and
+        ``dispatch_timeouts`` (messages whose reply would have come after the round's
+        timeout), plus ``diverged`` = 1 for a diverged run.
     rounds : int
         Rounds applied.
     diverged : str | None
@@ -211,6 +215,11 @@ class SynchronousRun:
         # Under availability: client trainings received so far, and when the round ends.
         self.received = 0
         self.replied = 0  # train replies without error in the current round
+        # Messages of the counted rounds whose node went offline before its reply
+        # (lost_in_flight), or whose reply would come after the timeout; and the
+        # current round's.
+        self.lost = self.timed_out = 0
+        self.round_lost = self.round_timed_out = 0
         self.round_work: list[tuple[int, int]] = []
         self.round_end: float | None = None
         self.speeds = clock.speed_factors(num_nodes)
@@ -290,7 +299,14 @@ class SynchronousRun:
                 r["federated_nodes"] = nodes
                 r.update({column_name(k): v for k, v in metrics.items() if not isinstance(v, list)})
         received = applied * self.per_round if self.online is None else self.received
-        counters = {"updates_received": received, "steps_applied": applied}
+        # Every reply of a counted round is averaged: applied = received.
+        counters = {
+            "updates_received": received,
+            "updates_applied": received,
+            "steps_applied": applied,
+            "lost_in_flight": self.lost,
+            "dispatch_timeouts": self.timed_out,
+        }
         if diverged is not None:
             counters["diverged"] = 1
         return SynchronousReport(rows, counters, applied, diverged)
@@ -379,6 +395,7 @@ class SynchronousRun:
         now = self.clock.now()
         deadline = now + self.timeout
         kept, finishes, errors = [], [], []
+        self.round_lost = self.round_timed_out = 0
         self.round_work = []  # (partition, steps) of each message: its energy
         for message in messages:
             p = self.partition_of[message.metadata.dst_node_id]
@@ -392,11 +409,13 @@ class SynchronousRun:
             lost = self.online.loss(p, now, now + seconds)
             if lost is not None:
                 errors.append(lost[0] + self.model.offline_detection_seconds)
+                self.round_lost += 1
             elif now + seconds <= deadline:
                 kept.append(message)
                 finishes.append(now + seconds)
             else:
                 errors.append(math.inf)  # no reply by the timeout
+                self.round_timed_out += 1
         end = max([self.model.serve(now, finishes), *errors])
         self.round_end = min(end, deadline)
         if len(kept) < len(messages):
@@ -459,6 +478,8 @@ class SynchronousRun:
                 return False
             self.clock.jump_to(self.round_end)
             self.received += self.replied
+            self.lost += self.round_lost
+            self.timed_out += self.round_timed_out
             for p, steps in self.round_work:
                 self._charge(p, server_round, steps)
             return True

@@ -6,6 +6,7 @@ times, jitter off)."""
 from __future__ import annotations
 
 import csv
+import json
 import math
 
 import numpy as np
@@ -325,6 +326,11 @@ def test_a_fedavg_round_with_a_lost_node_ends_at_its_timeout(tmp_path):
     )
     assert [float(r["virtual_time"]) for r in rows] == [0.0, 2.0, 12.0, 14.0]
     assert [int(r["updates"]) for r in rows] == [0, 2, 3, 5]
+    # Nothing lost uncounted: 6 messages = 5 replies averaged + 1 lost in flight.
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    counts = {k: summary[k] for k in ("updates_received", "updates_applied", "lost_in_flight")}
+    assert counts == {"updates_received": 5, "updates_applied": 5, "lost_in_flight": 1}
+    assert summary["dispatch_timeouts"] == 0
 
 
 def test_a_fedavg_round_ends_at_the_error_when_the_server_learns_first(tmp_path):

@@ -86,7 +86,13 @@ def test_rounds_average_as_fedavg_and_take_the_slowest_nodes_time():
     assert {r["staleness_max"] for r in report.rows} == {0}
     assert {r["rejected"] for r in report.rows} == {0}
     assert math.isnan(report.rows[-1]["train_loss"])
-    assert report.counters == {"updates_received": 12, "steps_applied": 3}
+    assert report.counters == {
+        "updates_received": 12,
+        "updates_applied": 12,
+        "steps_applied": 3,
+        "lost_in_flight": 0,
+        "dispatch_timeouts": 0,
+    }
     assert report.rounds == 3 and report.diverged is None
 
 
@@ -94,14 +100,27 @@ def test_a_round_that_ends_past_the_virtual_budget_is_not_applied():
     report, seen = run(max_seconds=10.0)  # rounds end at 4, 8, 12 s: the third is past
     assert [r["virtual_time"] for r in report.rows] == [0.0, 4.0, 8.0]
     assert [w for _, w in seen] == [list(w) for w in HAND[:3]]
-    assert report.counters == {"updates_received": 8, "steps_applied": 2}
+    assert report.counters == {
+        "updates_received": 8,
+        "updates_applied": 8,
+        "steps_applied": 2,
+        "lost_in_flight": 0,
+        "dispatch_timeouts": 0,
+    }
 
 
 def test_a_diverged_row_ends_the_run_there():
     report, _ = run(loss_at={8: math.nan})
     assert [int(r["updates"]) for r in report.rows] == [0, 4, 8]
     assert report.diverged is not None and "loss" in report.diverged
-    assert report.counters == {"updates_received": 8, "steps_applied": 2, "diverged": 1}
+    assert report.counters == {
+        "updates_received": 8,
+        "updates_applied": 8,
+        "steps_applied": 2,
+        "lost_in_flight": 0,
+        "dispatch_timeouts": 0,
+        "diverged": 1,
+    }
 
 
 def test_flowers_robust_strategies_run_from_the_run_config():
