@@ -574,6 +574,43 @@ def plot_scale(rows, methods, path: Path, title: str) -> Path | None:
     return _save_figure(fig, path)
 
 
+def plot_time_to_reference(
+    times: Mapping[tuple[str, Any], float],
+    series: Sequence[str],
+    reference: str,
+    path: Path,
+    title: str,
+) -> Path | None:
+    """Bars: the median virtual seconds each series takes to reach ``reference``'s
+    final accuracy (:func:`times_to_reference`), its seeds as dots; a series that
+    never reached it on a seed is counted in its label ("2/3 reached"), and a series
+    that never did has no bar.
+
+    ``times``: ``{(series, seed): seconds}`` (NaN: never reached). None if no series
+    reached it.
+    """
+    by_series = {m: _times_by_seed(times, m) for m in series}
+    by_series = {m: t for m, t in by_series.items() if len(t)}
+    if not any(t.notna().any() for t in by_series.values()):
+        return None
+    plt = _plt()
+    colors = _colors(list(dict.fromkeys(_method_of(m) for m in by_series)))
+    fig, ax = plt.subplots(figsize=(max(5, 1.0 * len(by_series) + 2), 4.2))
+    xs = np.arange(len(by_series))
+    labels = []
+    for x, (m, t) in zip(xs, by_series.items()):
+        reached = t.dropna()
+        if len(reached):
+            ax.bar(x, float(reached.median()), color=colors[_method_of(m)], alpha=0.8)
+            ax.scatter([x] * len(reached), reached.to_numpy(), color="k", s=12, zorder=3)
+        labels.append(m if len(reached) == len(t) else f"{m}\n{len(reached)}/{len(t)} reached")
+    ax.set_xticks(xs, labels, rotation=30, ha="right")
+    ax.set_ylabel(f"virtual seconds to {reference}'s final accuracy\n(median, seeds as dots)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3, axis="y")
+    return _save_figure(fig, path)
+
+
 def plot_grouped(rows, methods, settings, path: Path, title: str) -> Path | None:
     """Final accuracy and MASD per setting (grouped bars), mean ± std per method."""
     rows = frame(rows)
@@ -1140,6 +1177,12 @@ def _setting_section(sweep: _Sweep, qname, q, srows, methods, setting, single, f
     speed = (ref, times_to_reference(srows, ref, sweep.out)) if ref and ref in methods else None
     md += _method_table(view, series, True, sweep.target, speed)
     md.append("")
+    if speed is not None:
+        title = f"{_setting_name(setting)}: time to {ref}'s final accuracy"
+        path = figures / f"{qname}_{label}_time_to_{ref}.png"
+        p = plot_time_to_reference(speed[1], series, ref, path, title)
+        if p:
+            md += [f"![time to {ref}'s final accuracy]({_rel(p, md_dir)})", ""]
     imps = improvements(view, reference, series)
     if imps and view["method"].eq(reference).any():
         md += [f"Stability improvement of {reference} over each method (paired by seed):", ""]

@@ -13,6 +13,7 @@ from simulations.report import (
     improvements,
     markdown_table,
     method_summary,
+    plot_time_to_reference,
     question_rows,
     stat,
     summaries,
@@ -350,6 +351,41 @@ def test_time_to_the_speed_reference_accuracy_is_paired_by_seed(tmp_path):
     # mean 39.58, sample std 13.01 over 50, 43.75, 25
     gsgm_row = next(line for line in text.splitlines() if line.startswith("| gsgm | 3/3"))
     assert gsgm_row.split(" | ")[8] == "40 ± 13 (3/3)"
+    # the bar chart of those times, beside the table
+    assert "![time to asgd's final accuracy](figures/" in text
+    assert any(p.name.endswith("_time_to_asgd.png") for p in (tmp_path / "figures").rglob("*"))
+
+
+def test_time_to_reference_bars_are_medians_and_name_the_seeds_that_never_reached(
+    tmp_path, monkeypatch
+):
+    import simulations.report as report
+
+    drawn = {}
+
+    def keep(fig, path):
+        drawn["ax"] = fig.axes[0]
+        return path
+
+    monkeypatch.setattr(report, "_save_figure", keep)
+    nan = float("nan")
+    times = {("gsgm", 1): 50.0, ("gsgm", 2): 43.75, ("gsgm", 3): 25.0}
+    times |= {("fedavg", 1): nan, ("fedavg", 2): 80.0, ("fedavg", 3): 100.0}
+    times |= {("fedbuff", s): nan for s in (1, 2, 3)}
+    path = plot_time_to_reference(
+        times, ["gsgm", "fedavg", "fedbuff"], "fedavg", tmp_path / "t.png", "t"
+    )
+    assert path == tmp_path / "t.png"
+    ax = drawn["ax"]
+    # medians: gsgm 43.75 of (50, 43.75, 25); fedavg 90 of (80, 100); fedbuff no bar
+    assert [b.get_height() for b in ax.patches] == [43.75, 90.0]
+    labels = [t.get_text() for t in ax.get_xticklabels()]
+    assert labels == ["gsgm", "fedavg\n2/3 reached", "fedbuff\n0/3 reached"]
+    # nothing reached: no figure
+    assert (
+        plot_time_to_reference({("gsgm", 1): nan}, ["gsgm"], "fedavg", tmp_path / "u.png", "u")
+        is None
+    )
 
 
 def _set(rows, method, nodes, seed, **values):
