@@ -15,7 +15,7 @@ read or written, over the plain step's 3 (read ``g``, read ``w``, write ``w``): 
 touches ``n`` arrays costs at least ``n / 3`` plain steps. The validation's one
 read of the update is counted (an update is checked before it touches the state);
 so an ASGD arrival's floor is (1 + 3) / 3 = 1.33. ``over floor`` is the time ratio
-over the floor; the target (issue 25) is ``over floor <= 1.5`` for every arrival
+over the floor; the target is ``over floor <= 1.5`` for every arrival
 step at 10M parameters. Cycle closes, buffer flushes and dispatches are reported
 beside, with no target (they happen once per cycle, buffer or update).
 

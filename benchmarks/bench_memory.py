@@ -12,8 +12,8 @@ it), as multiples of one model copy (``size(w)`` float32):
    both peaks and their difference, which is the difference of the rules' bounds.
 
 Not a test (tests/core/test_core_memory.py asserts the bounds on a 16 MiB model):
-``python benchmarks/bench_memory.py [--params 25e6] [--nodes 4]``. The issue that
-asked for it reported 9.4 GiB with GSGM against 6.0 GiB with ASGD for a 600 MB model:
+``python benchmarks/bench_memory.py [--params 25e6] [--nodes 4]``. It was written
+when GSGM measured 9.4 GiB against 6.0 GiB with ASGD for a 600 MB model:
 GSGM kept a model-sized copy of ``lr * beta * M`` (now computed per chunk) on top of
 ``M``, ``S``, the table's rows and sum, and the pending slots.
 """

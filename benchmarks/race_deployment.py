@@ -1,6 +1,6 @@
 """A real deployment race: FedAvg, GSGM, FedBuff and FedCompass on a SuperLink +
 SuperNodes on 127.0.0.1, in wall-clock seconds, beside the time model's prediction of
-each, with every run's validity measured (issue 34).
+each, with every run's validity measured.
 
 **The race runs alone.** No helper session, no test suite, no sweep, no other benchmark
 may run on the machine while it runs: the round trip of a message is what the machine's
@@ -781,7 +781,7 @@ def join_client_threads(timeout: float) -> list[str]:
 
     A daemon thread still inside torch when the interpreter exits kills the process with
     "terminate called without an active exception" (exit 134), after the CSV was
-    written: what ended the race of issue 34's quiet run.
+    written: what ended the race's first quiet run.
     """
     deadline = time.monotonic() + timeout
     for thread in threading.enumerate():
@@ -1053,7 +1053,7 @@ def summary_text(
     rows: list[dict], args: argparse.Namespace, speeds: dict[int, float] | None = None
 ) -> str:
     """Medians per method over the valid runs of the whole CSV (every session's rows),
-    the excluded runs, the repetitions still without a valid run, and the issue's
+    the excluded runs, the repetitions still without a valid run, and the race's
     targets. The emulated speeds and quiet round trips are the rows' own where they
     have them (``speeds`` and ``args.quiet_round_trip`` otherwise)."""
     steps = COMMON_OVERRIDES["local-steps"]

@@ -1,4 +1,4 @@
-"""A chaos soak of the real deployment (issue 37): GSGM on a SuperLink (with its
+"""A chaos soak of the real deployment: GSGM on a SuperLink (with its
 database) and 5 SuperNodes with the warm executor, under TLS and SuperNode
 authentication on 127.0.0.1, while a seeded schedule of faults hits it, several at
 once; then invariants checked from the run's own records (docs/FAULTS.md, "The soak").

@@ -1,4 +1,4 @@
-"""Lying nodes: plausible updates in a harmful direction, for measuring defences (issue 37).
+"""Lying nodes: plausible updates in a harmful direction, for measuring defences.
 
 A lying node computes its honest update, then sends one of:
 

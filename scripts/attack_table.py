@@ -1,7 +1,8 @@
 """The accuracy each lying-node attack costs each method, against its clean runs.
 
-Issue 37's table, from the lying-nodes sweep (simulations/presets/lying_nodes.toml, whose
-client works are the attacks: ``clean``, ``sign-flip-1``, ``noise-3``, ...):
+The table of docs/results/lying_nodes, from the lying-nodes sweep
+(simulations/presets/lying_nodes.toml, whose client works are the attacks: ``clean``,
+``sign-flip-1``, ``noise-3``, ...):
 
     python scripts/attack_table.py docs/results/lying_nodes/runs.csv
 

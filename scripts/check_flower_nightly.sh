@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run the engine and simulation tests against flwr-nightly (the next Flower release),
-# not part of CI (issue 24 item 5): docs/PORTING.md "Flower 1.43".
+# not part of CI: docs/PORTING.md "Flower 1.43".
 #
 #   bash scripts/check_flower_nightly.sh [VENV] [PYTEST ARGS...]
 #

@@ -96,12 +96,12 @@ def run_config(config: dict[str, Any], nodes: int, name: str) -> str:
 
     try:
         from serverapp.app_config import parse_app_config
-    except ImportError:  # a tree from before the app declared its own keys (issue 25)
+    except ImportError:  # a tree from before the app declared its own keys
         from flwr_gsgm.config.run_config import parse_run_config as parse_app_config
 
     try:
         from serverapp.experiment import run_experiment
-    except ImportError:  # a tree from before the ServerApp moved out of flwr_gsgm (issue 11)
+    except ImportError:  # a tree from before the ServerApp moved out of flwr_gsgm
         from flwr_gsgm.experiment import run_experiment
 
     cfg = parse_app_config(config)
@@ -241,7 +241,7 @@ def main(argv: list[str]) -> int:
 def compare(before: str, got: str) -> str:
     """``IDENTICAL`` when metrics.csv is the same byte for byte and every summary.json
     key of the reference has the same value now (keys a later tree adds, such as
-    issue 12's ``per_node`` and ``status``, are named, not compared); else
+    ``per_node`` and ``status``, are named, not compared); else
     ``DIFFERENT`` and what differs."""
     if "\n{" not in before:
         return "DIFFERENT (no reference recorded)"

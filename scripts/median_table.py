@@ -1,6 +1,7 @@
 """The median over seeds of a results page's runs.csv, per setting and method.
 
-Issue 33's targets are medians of seeds 1-3 (the generated RESULTS.md gives means):
+The targets of docs/results/fashion_mnist_fleet are medians of seeds 1-3 (the generated
+RESULTS.md gives means):
 
     python scripts/median_table.py docs/results/fashion_mnist_fleet/runs.csv
 

@@ -547,7 +547,7 @@ _QUESTION_KEYS = {
     "fleets",
 }
 _TUNE_KEYS = {"seed", "nodes", "partition", "device-profile", "client-works", "config"}
-#: The run config key a device profile sets (the time model's; issue 22).
+#: The run config key a device profile sets (the time model's).
 PROFILE_KEY = "device-profile"
 # Keys a client work may not set: the method's, the setting's, a dimension's.
 _NOT_CLIENT_WORK = ("strategy", "max-in-flight", PROFILE_KEY, *PARTITION_KEYS)

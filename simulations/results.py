@@ -417,7 +417,7 @@ _FLOAT_COLUMNS = {
 
 
 #: Old name -> current name of a renamed column or run config key. Run folders, runs.csv
-#: and tuned.toml written before the rename (issue 10: one name, FedAvgM's, for the
+#: and tuned.toml written before the rename (one name, FedAvgM's, for the
 #: server learning rate) still carry the old one; readers map it so that those results
 #: can be reported by the current code.
 RENAMED = {"server_lr": "server_learning_rate", "server-lr": "server-learning-rate"}
@@ -428,7 +428,7 @@ def current_names(record: Mapping[str, Any]) -> dict[str, Any]:
     return {RENAMED.get(k, k): v for k, v in record.items()}
 
 
-#: Run config keys of options deleted since (issue 25, docs/GSGM.md "Deleted options"),
+#: Run config keys of options deleted since (docs/GSGM.md "Deleted options"),
 #: with the value that is the behaviour every run has now. A tuned.toml or a run record
 #: of an older sweep that holds that value is the same run without the key.
 RETIRED = {

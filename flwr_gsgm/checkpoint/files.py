@@ -65,7 +65,7 @@ __all__ = [
 #: checkpoint's ``state.json`` under :data:`FORMAT_KEY`. A change of the state's layout
 #: that the previous reader could not load takes the next number; a flwr-gsgm reads
 #: its own format only. Format 2: GSGM's and FedBuff's states gained ``trim_fraction``
-#: and their kept updates (issue 37); format 1 (from 3b8d1b2) had neither.
+#: and their kept updates (the trimmed mean's); format 1 (from 3b8d1b2) had neither.
 CHECKPOINT_FORMAT = 2
 #: The top-level key of ``state.json`` that holds :data:`CHECKPOINT_FORMAT`.
 FORMAT_KEY = "checkpoint_format"

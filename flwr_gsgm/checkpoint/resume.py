@@ -33,7 +33,7 @@ RESUME_FREE_KEYS: frozenset[str] = frozenset(
         "data-root",
         "poll-interval",
         "reply-timeout",
-        # time-outs and back-off bound of the engine's fault handling (issue 12 items 1, 6)
+        # time-outs and back-off bound of the engine's fault handling
         "startup-timeout",
         "dispatch-timeout",
         "rejoin-timeout",

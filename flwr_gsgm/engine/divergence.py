@@ -12,7 +12,7 @@ A run has diverged, ends at once with ``status`` "diverged" (:data:`DIVERGED`) a
    untrained classifier's mean cross-entropy is about ln(classes) (2.30 on 10
    classes), so 10 x is 23, the loss of a model that gives the true class a mean
    log-probability of -23 (a probability of 1e-10): no model that is training gets
-   there, while the diverged runs of issue 22 reached 7e4. The initial loss, not
+   there, while observed diverged runs reached 7e4. The initial loss, not
    ln(classes) x 10, because the server knows neither the classes nor the loss
    (any ``evaluate_fn``); the check is off when the initial loss is not finite and > 0;
 4. ``replies rejected``: at least :data:`REJECTED_SHARE` (half) of the last

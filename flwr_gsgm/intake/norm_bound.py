@@ -25,7 +25,7 @@ norm 8.9; a gradient at the initial model has a norm of about 1 to 5); a reply
 holding 1e6 in every element has 1e6 times the square root of the count, over
 1000 times above. Before, the warm-up took its updates unchecked: one such first
 reply moved the model to |w| ~ 3e4, then every honest reply was far above the
-median and every node was excluded (issue 23). When every node's replies are over
+median and every node was excluded. When every node's replies are over
 the bound at once, the model moved rather than the nodes misbehaved: the engine
 ends the run as diverged (:mod:`flwr_gsgm.engine.divergence`, check 4) before it would
 exclude the nodes.

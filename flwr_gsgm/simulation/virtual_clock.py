@@ -86,7 +86,7 @@ LOOPBACK_STEP_SECONDS = 0.018
 #: Seconds the server spends on each reply (pull, checks, the rule's step, the next
 #: push), one reply at a time, in a deployment on this machine: the deployment race's
 #: reference probe, 10 SuperNodes answering at once, 7.646 s per round trip over its 10
-#: replies (``docs/results/deployment_race``, issue 34; ``benchmarks/race_deployment.py``
+#: replies (``docs/results/deployment_race``; ``benchmarks/race_deployment.py``
 #: ``server_seconds``).
 LOOPBACK_SERVER_SECONDS = 0.765
 #: Seconds a message spends in Flower's transport with the warm executor on loopback,
