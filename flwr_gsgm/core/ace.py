@@ -19,10 +19,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .base import Outcome, Parts, ServerOptimizer, chunks, replace_row
+from .base import Outcome, Parts, PlainKernel, ServerOptimizer, chunks, replace_row
 from .params import Param, server_learning_rate
 
-__all__ = ["ACERule"]
+__all__ = ["ACERule", "PlainACE"]
 
 _F32 = np.dtype(np.float32)
 
@@ -78,6 +78,8 @@ class ACERule(ServerOptimizer):
     is cheaper), and a recompute of ``Sigma`` from the rows (``|U| + 1`` passes,
     in increasing node order) after every ``|U|`` row changes, which bounds the
     float32 drift of the running sum (about 1 pass per arrival amortised).
+
+    The update, written plainly: :class:`PlainACE`.
     """
 
     name: ClassVar[str] = "ace"
@@ -246,3 +248,43 @@ class ACERule(ServerOptimizer):
         self._rows = {n: [v, b] for n, b, v in zip(partition_ids, versions, values)}
         self._sum[...] = total
         self._changes = int(state["table_changes"])
+
+
+# --------------------------------------------------------------------- the plain kernel
+class PlainACE(PlainKernel):
+    """ACE's update written plainly (:class:`~flwr_gsgm.core.base.PlainKernel`).
+
+    Chang et al., arXiv:2511.19066: a table ``U`` holds the latest update of every
+    node, and every arrival steps along the mean of the rows present::
+
+        U_i <- g_i; w <- w - lr * mean_j U_j; t += 1
+
+    ACED (``max_row_age`` = A, an int): a row computed on weights more than A versions
+    old (``version - b_j > A``, ``b_j`` its base version) leaves the table; an update
+    that old already is dropped (``"stale"``, no step) and takes its node's previous
+    row with it. A lost node's row leaves. Rows are flat float32 of shape ``(n,)``.
+    """
+
+    def __init__(
+        self, w: np.ndarray, nodes: Iterable[int], *, lr: float, max_row_age: int | None
+    ) -> None:
+        super().__init__(w, nodes, lr)
+        self.max_row_age = max_row_age
+        self.rows: dict[int, tuple[np.ndarray, int]] = {}  # node -> (U_j, b_j)
+
+    def _too_old(self, base_version: int) -> bool:
+        return self.max_row_age is not None and self.version - base_version > self.max_row_age
+
+    def arrive(self, node: int, g: np.ndarray, base_version: int, now: float = 0.0) -> str:
+        if self._too_old(base_version):
+            self.rows.pop(node, None)
+            return "stale"
+        self.rows[node] = (g.copy(), base_version)
+        self.rows = {j: (U, b) for j, (U, b) in self.rows.items() if not self._too_old(b)}
+        self.w -= self.lr * np.mean([U for U, _ in self.rows.values()], axis=0)
+        self.version += 1
+        return "applied"
+
+    def lost(self, node: int, now: float = 0.0) -> None:
+        super().lost(node, now)
+        self.rows.pop(node, None)

@@ -9,12 +9,15 @@ Reference:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import ClassVar
 
-from .base import Outcome, Parts, ServerOptimizer
+import numpy as np
+
+from .base import Outcome, Parts, PlainKernel, ServerOptimizer
 from .params import Param, server_learning_rate
 
-__all__ = ["ASGDRule"]
+__all__ = ["ASGDRule", "PlainASGD"]
 
 
 class ASGDRule(ServerOptimizer):
@@ -31,6 +34,8 @@ class ASGDRule(ServerOptimizer):
         ValueError: a parameter is out of range; the message names it.
 
     Memory: ``w`` and chunk-sized scratch.
+
+    The update, written plainly: :class:`PlainASGD`.
     """
 
     name: ClassVar[str] = "asgd"
@@ -51,3 +56,20 @@ class ASGDRule(ServerOptimizer):
         self._sgd_step(parts, self._lr)
         self._version += 1
         return Outcome.APPLIED
+
+
+# --------------------------------------------------------------------- the plain kernel
+class PlainASGD(PlainKernel):
+    """ASGD's update written plainly (:class:`~flwr_gsgm.core.base.PlainKernel`).
+
+    Every arrival steps at once (Niu et al., NeurIPS 2011; Dean et al., NeurIPS 2012):
+    ``w <- w - lr * g``, with ``w`` and ``g`` flat float32 of shape ``(n,)``.
+    """
+
+    def __init__(self, w: np.ndarray, nodes: Iterable[int], *, lr: float) -> None:
+        super().__init__(w, nodes, lr)
+
+    def arrive(self, node: int, g: np.ndarray, base_version: int, now: float = 0.0) -> str:
+        self.w -= self.lr * g
+        self.version += 1
+        return "applied"

@@ -50,6 +50,7 @@ __all__ = [
     "INTAKE_REASONS",
     "REASONS",
     "Outcome",
+    "PlainKernel",
     "ServerOptimizer",
     "UpdateRejected",
 ]
@@ -149,6 +150,65 @@ def replace_row(
         np.subtract(update, row, out=t)
         np.add(total, t, out=total)
         np.copyto(row, update)
+
+
+# ---------------------------------------------------------------- the plain kernels
+class PlainKernel:
+    """The shape of every rule's plain reference kernel.
+
+    Beside its fast path (``_on_valid`` and the hooks: ``out=`` kernels over
+    :func:`chunks` with chunk-sized scratch), each rule's module keeps its update
+    written plainly, as ``torch.optim.sgd``'s ``_single_tensor_sgd`` stands beside its
+    foreach path: one arrival at a time, whole-vector numpy expressions over flat
+    float32 arrays, read as the formulas of the rule's docstring and paper. No chunks,
+    no scratch buffers, no ``out=``: every expression allocates, so a kernel is slower
+    and larger than the rule. It is there to be read, and to check the fast path
+    against (``tests/core/test_plain_kernels.py``, to float32 rounding: the two
+    order their operations differently); it never runs a federation.
+
+    State, plain attributes: ``w``, the weights, flat float32 of shape ``(n,)`` (the
+    rule's :attr:`ServerOptimizer.flat_weights`; the arrays of the model laid end to
+    end); ``version`` (t, the steps taken on ``w``); ``active``, the set of active
+    partition-ids; ``lr``; and the rule's own arrays, flat float32 of shape ``(n,)``.
+
+    Calls, as the engine's on the rule, validation aside:
+
+    - ``dispatch(node)``: the engine sent ``w`` (at ``version``) to ``node``;
+    - ``arrive(node, g, base_version, now) -> str``: ``node``'s update ``g`` (flat
+      float32, shape ``(n,)``: a gradient, or a displacement ``w_sent - w_local``),
+      computed on the weights of version ``base_version``, arrives at time ``now``
+      (seconds); returns the :class:`Outcome`'s value, ``"applied"``, ``"deferred"`` or
+      ``"stale"``. The staleness is ``version - base_version``;
+    - ``lost(node, now)``: an active node leaves; ``joined(node, now)``: a node that is
+      not active joins.
+
+    A kernel takes the rule's own parameters as keyword arguments, all of them, with
+    no default (the defaults are declared once, in the rule's ``PARAMS``). Not in a
+    kernel: validation, ``max_staleness`` and ``max_norm`` (the base class's, the same
+    for every rule: a kernel is its rule with both unset), the range guard, counters
+    and checkpoints.
+    """
+
+    def __init__(self, w: np.ndarray, nodes: Iterable[int], lr: float) -> None:
+        self.w = np.array(w, dtype=np.float32).reshape(-1)  # a copy
+        self.version = 0
+        self.active = set(nodes)
+        self.lr = lr
+
+    def dispatch(self, node: int) -> None:
+        """The engine sent ``w`` to ``node`` (nothing to keep for most rules)."""
+
+    def arrive(self, node: int, g: np.ndarray, base_version: int, now: float = 0.0) -> str:
+        """Apply ``node``'s update ``g``; the outcome's value."""
+        raise NotImplementedError
+
+    def lost(self, node: int, now: float = 0.0) -> None:
+        """``node`` (active) leaves."""
+        self.active.discard(node)
+
+    def joined(self, node: int, now: float = 0.0) -> None:
+        """``node`` (not active) joins."""
+        self.active.add(node)
 
 
 # ------------------------------------------------------------------------ the base

@@ -21,10 +21,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .base import Outcome, Parts, ServerOptimizer, chunks
+from .base import Outcome, Parts, PlainKernel, ServerOptimizer, chunks
 from .params import Param, server_learning_rate
 
-__all__ = ["CA2FLRule"]
+__all__ = ["CA2FLRule", "PlainCA2FL"]
 
 _F32 = np.dtype(np.float32)
 
@@ -75,6 +75,8 @@ class CA2FLRule(ServerOptimizer):
     scratch. Cost: 3 element-wise passes per arrival, and at a step 2 passes plus
     ``|caches| + 1`` for the recompute of ``h`` (about ``|A| / M`` passes per
     arrival amortised). The recompute sums the caches in increasing node order.
+
+    The update, written plainly: :class:`PlainCA2FL`.
     """
 
     name: ClassVar[str] = "ca2fl"
@@ -214,3 +216,44 @@ class CA2FLRule(ServerOptimizer):
         self._h[...] = h
         self._count = int(state["buffer_count"])
         self._caches = dict(zip(partition_ids, values))
+
+
+# --------------------------------------------------------------------- the plain kernel
+class PlainCA2FL(PlainKernel):
+    """CA2FL's update written plainly (:class:`~flwr_gsgm.core.base.PlainKernel`).
+
+    Wang et al., ICLR 2024, Algorithm 1, updates as descent directions. The server
+    caches the latest update ``h_i`` of every node (0 before its first) and buffers
+    each arrival calibrated by it; every ``M``-th arrival steps::
+
+        B <- B + (g_i - h_i); h_i <- g_i                        every arrival
+        w <- w - lr * (h + B / M); B <- 0; t += 1               the M-th ("applied")
+        h <- (sum_i h_i) / N                                    then
+
+    ``h`` is the cache mean computed at the previous step (0 before the first), ``N``
+    the nodes active or holding a cache. A lost node keeps its cache (in ``h`` and
+    ``N``), and its entries stay in ``B``. Every array is flat float32 of shape ``(n,)``.
+    """
+
+    def __init__(self, w: np.ndarray, nodes: Iterable[int], *, lr: float, buffer_size: int) -> None:
+        super().__init__(w, nodes, lr)
+        self.M = buffer_size
+        self.caches: dict[int, np.ndarray] = {}  # node -> h_i
+        self.h = np.zeros_like(self.w)
+        self.B = np.zeros_like(self.w)
+        self.b = 0
+
+    def arrive(self, node: int, g: np.ndarray, base_version: int, now: float = 0.0) -> str:
+        h_i = self.caches.get(node, np.zeros_like(self.w))
+        self.B += g - h_i
+        self.caches[node] = g.copy()
+        self.b += 1
+        if self.b < self.M:
+            return "deferred"
+        self.w -= self.lr * (self.h + self.B / self.M)
+        self.version += 1
+        self.B = np.zeros_like(self.w)
+        self.b = 0
+        N = len(self.active | set(self.caches))
+        self.h = sum(self.caches.values()) / N
+        return "applied"

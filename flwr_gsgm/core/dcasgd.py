@@ -18,15 +18,16 @@ displacement. So ``dc_lambda`` means the same in every mode.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import ClassVar
 
 import numpy as np
 
 from .backups import DispatchBackups
-from .base import Outcome, Parts, chunks
+from .base import Outcome, Parts, PlainKernel, chunks
 from .params import Param, server_learning_rate
 
-__all__ = ["DCASGDRule"]
+__all__ = ["DCASGDRule", "PlainDCASGD"]
 
 
 class DCASGDRule(DispatchBackups):
@@ -57,6 +58,8 @@ class DCASGDRule(DispatchBackups):
 
     Memory: ``w``, one ``size(w)`` float32 backup per dispatched active node,
     chunk-sized scratch.
+
+    The update, written plainly: :class:`PlainDCASGD`.
     """
 
     name: ClassVar[str] = "dcasgd"
@@ -108,3 +111,47 @@ class DCASGDRule(DispatchBackups):
             np.subtract(ws, t, out=ws)
         self._version += 1
         return Outcome.APPLIED
+
+
+# --------------------------------------------------------------------- the plain kernel
+class PlainDCASGD(PlainKernel):
+    """DC-ASGD's update written plainly (:class:`~flwr_gsgm.core.base.PlainKernel`).
+
+    Zheng et al., ICML 2017, the constant-lambda variant DC-ASGD-c: the delay between
+    the weights ``w_tau`` the node computed on and the current ``w`` is compensated by
+    a diagonal approximation of the Hessian, ``lambda * g * g``::
+
+        g~ = g + lambda * g * g * (w - w_tau)     (element-wise)
+        w <- w - lr * g~
+
+    With ``update_scale = s`` (displacement modes) ``lambda / s`` stands for
+    ``lambda``. ``w_tau`` is the copy taken by :meth:`dispatch`, dropped when the node
+    is lost. Every array is flat float32 of shape ``(n,)``.
+    """
+
+    def __init__(
+        self,
+        w: np.ndarray,
+        nodes: Iterable[int],
+        *,
+        lr: float,
+        dc_lambda: float,
+        update_scale: float | None,
+    ) -> None:
+        super().__init__(w, nodes, lr)
+        self.lam = dc_lambda if update_scale is None else dc_lambda / update_scale
+        self.w_sent: dict[int, np.ndarray] = {}  # node -> w_tau
+
+    def dispatch(self, node: int) -> None:
+        self.w_sent[node] = self.w.copy()
+
+    def arrive(self, node: int, g: np.ndarray, base_version: int, now: float = 0.0) -> str:
+        w_tau = self.w_sent[node]
+        g_compensated = g + self.lam * g * g * (self.w - w_tau)
+        self.w -= self.lr * g_compensated
+        self.version += 1
+        return "applied"
+
+    def lost(self, node: int, now: float = 0.0) -> None:
+        super().lost(node, now)
+        self.w_sent.pop(node, None)

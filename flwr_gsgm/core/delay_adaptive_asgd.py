@@ -16,12 +16,15 @@ number of active nodes at the arrival).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import ClassVar
 
-from .base import Outcome, Parts, ServerOptimizer
+import numpy as np
+
+from .base import Outcome, Parts, PlainKernel, ServerOptimizer
 from .params import Param, server_learning_rate
 
-__all__ = ["DelayAdaptiveASGDRule"]
+__all__ = ["DelayAdaptiveASGDRule", "PlainDelayAdaptiveASGD"]
 
 
 class DelayAdaptiveASGDRule(ServerOptimizer):
@@ -51,6 +54,8 @@ class DelayAdaptiveASGDRule(ServerOptimizer):
     Extra counter: ``steps_shrunk`` (steps with ``tau > m``).
 
     Memory: ``w`` and chunk-sized scratch.
+
+    The update, written plainly: :class:`PlainDelayAdaptiveASGD`.
     """
 
     name: ClassVar[str] = "daasgd"
@@ -94,3 +99,29 @@ class DelayAdaptiveASGDRule(ServerOptimizer):
         self._sgd_step(parts, self.step_size(staleness))
         self._version += 1
         return Outcome.APPLIED
+
+
+# --------------------------------------------------------------------- the plain kernel
+class PlainDelayAdaptiveASGD(PlainKernel):
+    """Delay-adaptive ASGD's update written plainly
+    (:class:`~flwr_gsgm.core.base.PlainKernel`).
+
+    Mishchenko et al., NeurIPS 2022 (Koloskova et al., NeurIPS 2022, the same rule):
+    an update of delay ``tau`` (its staleness in versions) steps
+    ``w <- w - lr * m / max(m, tau) * g``, with ``m`` the delay threshold or, when it
+    is None, the number of active nodes at the arrival. ``w`` and ``g`` are flat
+    float32 of shape ``(n,)``.
+    """
+
+    def __init__(
+        self, w: np.ndarray, nodes: Iterable[int], *, lr: float, delay_threshold: int | None
+    ) -> None:
+        super().__init__(w, nodes, lr)
+        self.delay_threshold = delay_threshold
+
+    def arrive(self, node: int, g: np.ndarray, base_version: int, now: float = 0.0) -> str:
+        tau = self.version - base_version
+        m = len(self.active) if self.delay_threshold is None else self.delay_threshold
+        self.w -= self.lr * m / max(m, tau) * g
+        self.version += 1
+        return "applied"

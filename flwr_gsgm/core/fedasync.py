@@ -14,15 +14,16 @@ clients' local learning rate this is exactly the node's local model.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import ClassVar
 
 import numpy as np
 
 from .backups import DispatchBackups
-from .base import Outcome, Parts, chunks
+from .base import Outcome, Parts, PlainKernel, chunks
 from .params import Param, server_learning_rate
 
-__all__ = ["FedAsyncRule"]
+__all__ = ["FedAsyncRule", "PlainFedAsync"]
 
 
 class FedAsyncRule(DispatchBackups):
@@ -50,6 +51,8 @@ class FedAsyncRule(DispatchBackups):
 
     Memory: ``w``, one ``size(w)`` float32 backup per dispatched active node,
     chunk-sized scratch.
+
+    The update, written plainly: :class:`PlainFedAsync`.
     """
 
     name: ClassVar[str] = "fedasync"
@@ -97,3 +100,41 @@ class FedAsyncRule(DispatchBackups):
             np.add(ws, t, out=ws)  # (1 - a_s) w + a_s w_i
         self._version += 1
         return Outcome.APPLIED
+
+
+# --------------------------------------------------------------------- the plain kernel
+class PlainFedAsync(PlainKernel):
+    """FedAsync's update written plainly (:class:`~flwr_gsgm.core.base.PlainKernel`).
+
+    Xie et al., arXiv:1903.03934: the node's model, rebuilt from the weights ``w_tau``
+    it was sent (:meth:`dispatch`) and its update, is mixed into ``w`` with a weight
+    that decays polynomially with the staleness ``s``::
+
+        a_s = alpha * (s + 1) ** (-poly_a)
+        w_i = w_tau - lr * g
+        w <- (1 - a_s) * w + a_s * w_i
+
+    Every array is flat float32 of shape ``(n,)``.
+    """
+
+    def __init__(
+        self, w: np.ndarray, nodes: Iterable[int], *, lr: float, alpha: float, poly_a: float
+    ) -> None:
+        super().__init__(w, nodes, lr)
+        self.alpha, self.poly_a = alpha, poly_a
+        self.w_sent: dict[int, np.ndarray] = {}  # node -> w_tau
+
+    def dispatch(self, node: int) -> None:
+        self.w_sent[node] = self.w.copy()
+
+    def arrive(self, node: int, g: np.ndarray, base_version: int, now: float = 0.0) -> str:
+        s = self.version - base_version
+        a_s = self.alpha * (s + 1) ** (-self.poly_a)
+        w_i = self.w_sent[node] - self.lr * g
+        self.w = (1 - a_s) * self.w + a_s * w_i
+        self.version += 1
+        return "applied"
+
+    def lost(self, node: int, now: float = 0.0) -> None:
+        super().lost(node, now)
+        self.w_sent.pop(node, None)

@@ -22,11 +22,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .base import Outcome, Parts, ServerOptimizer, chunks
+from .base import Outcome, Parts, PlainKernel, ServerOptimizer, chunks
 from .params import TRIM_FRACTION, Param, server_learning_rate
-from .robust import least_cutting_fraction, trimmed_count, trimmed_step
+from .robust import least_cutting_fraction, plain_trimmed_mean, trimmed_count, trimmed_step
 
-__all__ = ["FedBuffRule", "staleness_scale"]
+__all__ = ["FedBuffRule", "PlainFedBuff", "staleness_scale"]
 
 
 def staleness_scale(staleness: int) -> np.float32:
@@ -72,6 +72,8 @@ class FedBuffRule(ServerOptimizer):
 
     Memory: ``w``, the buffer sum (``size(w)`` float32), chunk-sized scratch; with
     ``trim_fraction`` > 0 also the K updates, and K chunks of scratch at a step.
+
+    The update, written plainly: :class:`PlainFedBuff`.
     """
 
     name: ClassVar[str] = "fedbuff"
@@ -203,3 +205,45 @@ class FedBuffRule(ServerOptimizer):
         self._buf[...] = self._flat_array(state["buffer_sum"], "buffer_sum")
         self._count = int(state["buffer_count"])
         self._rows = [self._flat_array(v, "buffer_rows") for v in state["buffer_rows"]]
+
+
+# --------------------------------------------------------------------- the plain kernel
+class PlainFedBuff(PlainKernel):
+    """FedBuff's update written plainly (:class:`~flwr_gsgm.core.base.PlainKernel`).
+
+    Nguyen et al., AISTATS 2022, Algorithm 1: each update enters the buffer weighted by
+    the staleness scaling ``s(tau) = 1 / sqrt(1 + tau)``; the K-th steps along the
+    buffer's mean and empties it::
+
+        buffer <- buffer + [g / sqrt(1 + tau)]               every arrival ("deferred")
+        w <- w - lr * mean(buffer); buffer <- []; t += 1     the K-th ("applied")
+
+    With ``trim_fraction`` = f > 0 the step is along the buffer's coordinate-wise
+    trimmed mean, ``int(f * K)`` cut at each end
+    (:func:`~flwr_gsgm.core.robust.plain_trimmed_mean`).
+    The buffer is a list of flat float32 arrays of shape ``(n,)``, as ``w`` and ``g``
+    (the rule keeps their sum when f = 0). Updates of a lost node stay in it.
+    """
+
+    def __init__(
+        self,
+        w: np.ndarray,
+        nodes: Iterable[int],
+        *,
+        lr: float,
+        buffer_size: int,
+        trim_fraction: float,
+    ) -> None:
+        super().__init__(w, nodes, lr)
+        self.K, self.trim_fraction = buffer_size, trim_fraction
+        self.buffer: list[np.ndarray] = []
+
+    def arrive(self, node: int, g: np.ndarray, base_version: int, now: float = 0.0) -> str:
+        tau = self.version - base_version
+        self.buffer.append(g / math.sqrt(1 + tau))
+        if len(self.buffer) < self.K:
+            return "deferred"
+        self.w -= self.lr * plain_trimmed_mean(self.buffer, self.trim_fraction)
+        self.buffer = []
+        self.version += 1
+        return "applied"

@@ -50,10 +50,10 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
-from .base import Outcome, Parts, ServerOptimizer, chunks
+from .base import Outcome, Parts, PlainKernel, ServerOptimizer, chunks
 from .params import Param, server_learning_rate
 
-__all__ = ["ArrivalBook", "FedCompassRule"]
+__all__ = ["ArrivalBook", "FedCompassRule", "PlainFedCompass"]
 
 # What an arrival is, as the shared book answers (flwr_gsgm.scheduling.compass, which
 # this numpy-only package does not import; a test checks the two agree).
@@ -123,6 +123,8 @@ class FedCompassRule(ServerOptimizer):
     Memory: ``w``, the general buffer, and one sum per group with members back
     (at most one per active node) while a scheduler is shared: ``2 + |A|`` copies;
     ``2`` without one.
+
+    The update, written plainly: :class:`PlainFedCompass`.
     """
 
     name: ClassVar[str] = "fedcompass"
@@ -386,3 +388,98 @@ class FedCompassRule(ServerOptimizer):
         ids = [int(g) for g in state["group_ids"]]
         self._groups = dict(zip(ids, sums))
         self._group_counts = {g: int(c) for g, c in zip(ids, state["group_counts"])}
+
+
+# --------------------------------------------------------------------- the plain kernel
+class PlainFedCompass(PlainKernel):
+    """FedCompass's aggregation written plainly (:class:`~flwr_gsgm.core.base.PlainKernel`).
+
+    Li et al., ICLR 2024, as APPFL's ``FedCompassAggregator``: an update of staleness
+    ``tau`` counts with ``c = (1 + tau)^-a / N``, ``N = min(concurrency, |A|)``. What
+    an arrival is, and which groups are due, the arrival groups ``book`` say (an
+    :class:`ArrivalBook` the scheduler fills; the rule's own, not shared with it)::
+
+        no group (a first message):   w <- w - lr * c * g; t += 1        ("applied")
+        on time in its group:         G <- G + c * g                     ("deferred")
+        after its group's deadline:   B <- B + c * g                     ("deferred")
+        a group due:                  w <- w - lr * (G + B); G, B <- 0; t += 1
+
+    A group is due once every member is back or, at the first event after its
+    deadline, with the members back by then: due groups are aggregated at every event
+    (an arrival, a loss, a join, :meth:`deadline`) before it, and an arrival that
+    completes its group is ``"applied"``. Without a book every update goes to ``B``,
+    and every ``buffer_size``-th steps ``w <- w - lr * B``. ``G`` (one per group),
+    ``B``, ``w`` and ``g`` are flat float32 of shape ``(n,)``. The scheduler's
+    parameters (local steps, deadline factor, speed momentum) are not the kernel's.
+    """
+
+    def __init__(
+        self,
+        w: np.ndarray,
+        nodes: Iterable[int],
+        *,
+        lr: float,
+        staleness_exponent: float,
+        buffer_size: int,
+        concurrency: int | None,
+        book: ArrivalBook | None = None,
+    ) -> None:
+        super().__init__(w, nodes, lr)
+        self.a, self.K, self.concurrency = staleness_exponent, buffer_size, concurrency
+        self.book = book
+        self.G: dict[int, np.ndarray] = {}  # group id -> sum of its members' c * g
+        self.B = np.zeros_like(self.w)  # the general buffer
+        self.b = 0  # updates in B
+
+    def arrive(self, node: int, g: np.ndarray, base_version: int, now: float = 0.0) -> str:
+        self.deadline(now)
+        tau = self.version - base_version
+        n = (
+            len(self.active)
+            if self.concurrency is None
+            else min(len(self.active), self.concurrency)
+        )
+        c = (1 + tau) ** (-self.a) / max(1, n)
+        kind, gid = self.book.arrive(node, now) if self.book is not None else (OFF, None)
+        if kind == SINGLE:
+            self.w -= self.lr * c * g
+            self.version += 1
+            return "applied"
+        if kind == GROUP:
+            self.G[gid] = self.G.get(gid, 0) + c * g
+            return "applied" if gid in self.deadline(now) else "deferred"
+        self.B += c * g  # late, or no book
+        self.b += 1
+        if kind == OFF and self.b >= self.K:
+            self._aggregate(None)
+            return "applied"
+        return "deferred"
+
+    def deadline(self, now: float) -> list[int]:
+        """Aggregate the groups due at ``now``; their ids."""
+        if self.book is None:
+            return []
+        due = self.book.due(now)
+        for gid in due:
+            self._aggregate(gid)
+            self.book.close(gid)
+        return due
+
+    def _aggregate(self, gid: int | None) -> None:
+        G = self.G.pop(gid, 0) if gid is not None else 0
+        self.w -= self.lr * (G + self.B)
+        self.B = np.zeros_like(self.w)
+        self.b = 0
+        self.version += 1
+
+    def lost(self, node: int, now: float = 0.0) -> None:
+        self.deadline(now)
+        super().lost(node, now)
+        if self.book is not None:  # its group waits for it no more
+            self.book.leave(node)
+            self.book.release(node)
+            self.deadline(now)
+
+    def joined(self, node: int, now: float = 0.0) -> None:
+        self.deadline(now)
+        super().joined(node, now)

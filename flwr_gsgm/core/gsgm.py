@@ -22,12 +22,12 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .base import Outcome, Parts, ServerOptimizer, chunks, replace_row
+from .base import Outcome, Parts, PlainKernel, ServerOptimizer, chunks, replace_row
 from .params import BETA, TRIM_FRACTION, Param, server_learning_rate
-from .robust import least_cutting_fraction, trimmed_count, trimmed_step
+from .robust import least_cutting_fraction, plain_trimmed_mean, trimmed_count, trimmed_step
 from .state_checks import state_int, state_nodes
 
-__all__ = ["GSGMRule"]
+__all__ = ["GSGMRule", "PlainGSGM"]
 
 _F32 = np.dtype(np.float32)
 _FORMS = ("heavy-ball", "ema")
@@ -165,6 +165,8 @@ class GSGMRule(ServerOptimizer):
     meanwhile goes to its slot (applied at that next cycle's start), and neither its
     join nor a contribution it made before it was lost counts toward this cycle's
     quorum (that contribution stays in ``S`` and ``k``: it was applied to ``w``).
+
+    The update, written plainly: :class:`PlainGSGM`.
     """
 
     name: ClassVar[str] = "gsgm"
@@ -881,3 +883,183 @@ class GSGMRule(ServerOptimizer):
         self._table = dict(zip(tnodes, tvalues))
         self._table_sum = None if tsum is None else self._flat_array(tsum, "table_sum")
         self._rows = [self._flat_array(v, "cycle_rows") for v in state["cycle_rows"]]
+
+
+# --------------------------------------------------------------------- the plain kernel
+class PlainGSGM(PlainKernel):
+    """GSGM's update written plainly (:class:`~flwr_gsgm.core.base.PlainKernel`).
+
+    The project's reconstruction (docs/GSGM.md, steps 1-5) of Li et al.,
+    arXiv:1902.07848, and Wang et al., IEEE IoT-J 9(19), 2022, as :class:`GSGMRule`'s
+    docstring states it. Nodes take turns in cycles: the white list ``W`` holds the
+    cycle's members that have not contributed yet; an update of a node outside ``W``
+    waits in the node's slot ``P_i``, the running mean of its updates
+    ``P_i <- P_i + (g_i - P_i) / n_i`` (``"deferred"``), and is the node's
+    contribution to the next cycle. A cycle closes when ``W`` is empty or when
+    ``ceil(cycle_quorum * m)`` of its ``m`` members have contributed; the pending slots
+    are then applied, oldest first.
+
+    Step per arrival (``apply_at = "arrival"``, the gradient mode's default), for a
+    contribution ``u`` (the update, a slot, or, with table averaging, the mean of the
+    table of every node's latest contribution after ``T_i <- u``)::
+
+        heavy-ball:  w <- w - lr' * (u + beta * M)
+        ema:         w <- w - lr' * ((1 - beta) * u + beta * M)   (lr' * u before the
+                                                                   first close)
+        at the close, with C the cycle's contributions:
+        heavy-ball:  M <- mean(C) + beta * M
+        ema:         M <- beta * M + (1 - beta) * mean(C)          (mean(C) the first time)
+
+    ``lr' = lr`` (``lr_scaling = "step"``) or ``lr / max(1, ceil(cycle_quorum * N))``
+    (``"cycle"``), ``N = min(|A|, concurrency)`` the nodes training at once
+    (``max(1, N)`` without scheduling).
+
+    Step at the close (``apply_at = "close"``, the displacement modes' default; slot
+    averaging): a contribution is weighted by its staleness ``s``, ``u = g_i /
+    sqrt(1 + s)`` (a slot folds the weighted updates), and kept; at the close
+    ``w <- w - lr * mean(C)``, or along the coordinate-wise trimmed mean of ``C`` with
+    ``trim_fraction`` > 0 (:func:`~flwr_gsgm.core.robust.plain_trimmed_mean`); no
+    momentum.
+
+    Covers every variant the rule accepts: both ``apply_at`` (``"auto"`` resolved from
+    ``displacement``), slot and table averaging (``"auto"`` resolved from the nodes and
+    ``concurrency`` at the start), both momentum forms, both ``lr_scaling``, any
+    ``cycle_quorum`` and ``beta``, ``trim_fraction``, and ``scheduling = False`` (every
+    arrival contributes; a window of ``|A|`` contributions is the cycle). Node churn as
+    the rule: a lost node leaves ``A``, ``W`` and the members, with its slot and its
+    table row; a node that joins is a member from the next cycle. Not covered: the
+    dispatch hold (:meth:`GSGMRule.holds`, the engine's to obey). ``w``, ``g``, ``M``,
+    the slots, the table rows and the contributions are flat float32 of shape ``(n,)``.
+    """
+
+    def __init__(
+        self,
+        w: np.ndarray,
+        nodes: Iterable[int],
+        *,
+        lr: float,
+        beta: float,
+        momentum_form: str,
+        cycle_quorum: float,
+        scheduling: bool,
+        averaging: str,
+        lr_scaling: str,
+        apply_at: str,
+        trim_fraction: float,
+        displacement: bool,
+        concurrency: int | None,
+    ) -> None:
+        super().__init__(w, nodes, lr)
+        self.beta, self.form, self.quorum = beta, momentum_form, cycle_quorum
+        self.scheduling, self.lr_scaling = scheduling, lr_scaling
+        self.trim_fraction, self.concurrency = trim_fraction, concurrency
+        if apply_at == "auto":
+            apply_at = "close" if displacement else "arrival"
+        self.at_close = apply_at == "close"
+        if averaging == "auto":
+            limited = concurrency is not None and concurrency < len(self.active)
+            averaging = "slot" if limited else "table"
+        if self.at_close:
+            averaging = "slot"
+        self.table: dict[int, np.ndarray] | None = {} if averaging == "table" else None
+        self.M = np.zeros_like(self.w)
+        self.momentum_ready = False  # has a cycle with contributions closed?
+        self.cycle: list[np.ndarray] = []  # C: the contributions of the open cycle
+        self.white = set(self.active) if scheduling else set()  # W
+        self.members = set(self.white)
+        self.contributed: set[int] = set()
+        self.slots: dict[int, tuple[np.ndarray, int]] = {}  # node -> (P_i, n_i), oldest first
+
+    def arrive(self, node: int, g: np.ndarray, base_version: int, now: float = 0.0) -> str:
+        version = self.version
+        if self.at_close:
+            g = g / math.sqrt(1 + (self.version - base_version))
+        contributes = not self.scheduling or node in self.white
+        if contributes:
+            self._contribute(node, g)
+        else:
+            P, n = self.slots.get(node, (0.0, 0))
+            self.slots[node] = (P + (g - P) / (n + 1), n + 1)
+        self._close_due_cycles()
+        if not contributes:
+            return "deferred"  # in its slot until the next cycle starts
+        if self.at_close and self.version == version:
+            return "deferred"  # w moves at the close of the cycle it contributed to
+        return "applied"
+
+    def lost(self, node: int, now: float = 0.0) -> None:
+        super().lost(node, now)
+        self.white.discard(node)
+        self.members.discard(node)
+        self.slots.pop(node, None)
+        if self.table is not None:
+            self.table.pop(node, None)
+        self._close_due_cycles()
+
+    def joined(self, node: int, now: float = 0.0) -> None:
+        super().joined(node, now)
+        self._close_due_cycles()
+
+    def _contribute(self, node: int, u: np.ndarray) -> None:
+        if not self.at_close:
+            if self.table is not None:
+                self.table[node] = u
+                u = np.mean(list(self.table.values()), axis=0)
+            lr = self._step_lr()
+            if self.form == "ema" and self.momentum_ready:
+                self.w -= lr * ((1 - self.beta) * u + self.beta * self.M)
+            else:  # heavy-ball, or ema before the first close (M = 0)
+                self.w -= lr * (u + self.beta * self.M)
+            self.version += 1
+        self.cycle.append(u)
+        self.white.discard(node)
+        self.contributed.add(node)
+
+    def _step_lr(self) -> float:
+        if self.lr_scaling == "step":
+            return self.lr
+        n = (
+            len(self.active)
+            if self.concurrency is None
+            else min(len(self.active), self.concurrency)
+        )
+        # - 1e-9: a product such as 0.7 * 10 = 7.000000000000001 is 7 contributions.
+        c = math.ceil(self.quorum * n - 1e-9) if self.scheduling else n
+        return self.lr / max(1, c)
+
+    def _cycle_due(self) -> bool:
+        if not self.scheduling:  # a window of |A| contributions
+            return bool(self.cycle) and len(self.cycle) >= len(self.active)
+        if not self.white:  # every member contributed or left (nothing to close if
+            # nothing was contributed and no node is active)
+            return bool(self.cycle) or bool(self.active)
+        done = len(self.contributed & self.members)
+        return done >= max(1, math.ceil(self.quorum * len(self.members) - 1e-9))
+
+    def _close_due_cycles(self) -> None:
+        while self._cycle_due():
+            self._close()
+
+    def _close(self) -> None:
+        if self.cycle and self.at_close:
+            self.w -= self.lr * plain_trimmed_mean(self.cycle, self.trim_fraction)
+            self.version += 1
+        elif self.cycle:
+            mean = np.mean(self.cycle, axis=0)
+            if self.form == "heavy-ball":
+                self.M = mean + self.beta * self.M
+            elif self.momentum_ready:
+                self.M = self.beta * self.M + (1 - self.beta) * mean
+            else:
+                self.M = mean
+            self.momentum_ready = True
+        self.cycle = []
+        self.contributed = set()
+        if not self.scheduling:
+            return
+        self.white = set(self.active)
+        self.members = set(self.white)
+        while self.slots:  # each pending slot, oldest first, opens the new cycle
+            node = next(iter(self.slots))
+            P, _ = self.slots.pop(node)
+            self._contribute(node, P)

@@ -16,10 +16,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .base import Outcome, Parts, ServerOptimizer, chunks
+from .base import Outcome, Parts, PlainKernel, ServerOptimizer, chunks
 from .params import BETA, Param, server_learning_rate
 
-__all__ = ["MomentumASGDRule"]
+__all__ = ["MomentumASGDRule", "PlainMomentumASGD"]
 
 
 class MomentumASGDRule(ServerOptimizer):
@@ -38,6 +38,8 @@ class MomentumASGDRule(ServerOptimizer):
 
     Memory: ``w``, the velocity ``v`` (``size(w)`` float32, starts at 0) and
     chunk-sized scratch.
+
+    The update, written plainly: :class:`PlainMomentumASGD`.
     """
 
     name: ClassVar[str] = "masgd"
@@ -92,3 +94,25 @@ class MomentumASGDRule(ServerOptimizer):
 
     def _load_extra(self, state: dict[str, Any]) -> None:
         self._v[...] = self._flat_array(state["velocity"], "velocity")
+
+
+# --------------------------------------------------------------------- the plain kernel
+class PlainMomentumASGD(PlainKernel):
+    """Momentum ASGD's update written plainly (:class:`~flwr_gsgm.core.base.PlainKernel`).
+
+    Polyak's heavy ball applied by the server to every arrival (as FedAvgM's server
+    momentum, Hsu et al. 2019, without the round barrier): ``v <- beta * v + g;
+    w <- w - lr * v``. ``w``, ``g`` and the velocity ``v`` (0 at the start) are flat
+    float32 of shape ``(n,)``.
+    """
+
+    def __init__(self, w: np.ndarray, nodes: Iterable[int], *, lr: float, beta: float) -> None:
+        super().__init__(w, nodes, lr)
+        self.beta = beta
+        self.v = np.zeros_like(self.w)
+
+    def arrive(self, node: int, g: np.ndarray, base_version: int, now: float = 0.0) -> str:
+        self.v = self.beta * self.v + g
+        self.w -= self.lr * self.v
+        self.version += 1
+        return "applied"

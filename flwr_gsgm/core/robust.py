@@ -27,6 +27,7 @@ from .base import CHUNK, chunks
 
 __all__ = [
     "least_cutting_fraction",
+    "plain_trimmed_mean",
     "sort_columns",
     "trimmed_count",
     "trimmed_mean_chunk",
@@ -142,3 +143,27 @@ def trimmed_step(
         trimmed_mean_chunk(rows, lo, hi, cut, t, stack)
         np.multiply(t, lr, out=t)
         np.subtract(ws, t, out=ws)
+
+
+def plain_trimmed_mean(rows: Sequence[np.ndarray], fraction: float) -> np.ndarray:
+    """The coordinate-wise trimmed mean written plainly, for the rules' plain kernels
+    (:class:`~flwr_gsgm.core.base.PlainKernel`): per coordinate, sort the ``n`` values,
+    cut ``int(fraction * n)`` at each end and average the rest (Yin et al., ICML 2018);
+    ``fraction`` 0: the mean.
+
+    Parameters
+    ----------
+    rows : Sequence[np.ndarray]
+        ``n`` flat float32 arrays of shape ``(m,)``.
+    fraction : float
+        In [0, 0.5): the fraction cut at each end.
+
+    Returns
+    -------
+    np.ndarray
+        float32, shape ``(m,)``.
+    """
+    n = len(rows)
+    cut = trimmed_count(n, fraction)
+    values = np.sort(np.stack(rows), axis=0)  # shape (n, m), every column ascending
+    return values[cut : n - cut].mean(axis=0)
