@@ -61,7 +61,7 @@ class FedBuffRule(ServerOptimizer):
         weights: initial weights, a sequence of numpy arrays (copied to float32).
         partition_ids: partition-ids of the initially active nodes.
         lr: server learning rate, > 0.
-        buffer_size: K >= 1 (1 gives ASGD up to rounding).
+        buffer_size: K >= 1 (1: ASGD with its steps damped by the staleness weight).
         trim_fraction: f in [0, 0.5): the trimmed mean above; 0 = the plain mean.
         max_staleness: optional staleness bound (see :class:`ServerOptimizer`).
         max_norm: optional L2-norm bound (see :class:`ServerOptimizer`).
