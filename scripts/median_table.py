@@ -8,8 +8,10 @@ RESULTS.md gives means):
 prints one Markdown table per (partition, device profile, fleet, nodes, in flight): each
 method's median final accuracy, accuracy at 5 and 20 rounds' worth of client trainings
 (%), virtual seconds to FedAvg's final accuracy (with how many seeds reached it),
-accuracy at FedAvg's budget (%) and, for runs with a device-power model, the fleet's
-kilojoules to FedAvg's final accuracy. Only runs with status ``ok`` count; an empty or NaN
+accuracy at FedAvg's budget (%), where runs.csv has it the accuracy at the client
+trainings FedAvg's run received (%; FedAvg's rounds that lost replies held fewer than
+a round's worth each) and, for runs with a device-power model, the fleet's kilojoules
+to FedAvg's final accuracy. Only runs with status ``ok`` count; an empty or NaN
 cell is left out of its median ("–" when no seed has it).
 """
 
@@ -29,14 +31,21 @@ def median_tables(runs: pd.DataFrame) -> str:
     runs = runs[runs["status"].eq("ok")]
     setting_columns = [c for c in SETTING if c in runs and runs[c].notna().any()]
     energy = "joules_to_fedavg_accuracy" in runs and runs["joules_to_fedavg_accuracy"].notna().any()
+    trainings = (
+        "accuracy_at_fedavg_trainings" in runs
+        and runs["accuracy_at_fedavg_trainings"].notna().any()
+    )
     out = []
     for setting, rows in runs.groupby(setting_columns, sort=True):
         out += [f"### {', '.join(str(v) for v in setting)}", ""]
         out += [
             "| method | seeds | final accuracy (%) | at 5 rounds (%) | at 20 rounds (%) "
             "| s to FedAvg's final accuracy | accuracy at FedAvg's budget (%) |"
+            + (" at FedAvg's trainings (%) |" if trainings else "")
             + (" kJ to FedAvg's final accuracy |" if energy else ""),
-            "|---|---|---|---|---|---|---|" + ("---|" if energy else ""),
+            "|---|---|---|---|---|---|---|"
+            + ("---|" if trainings else "")
+            + ("---|" if energy else ""),
         ]
         order = sorted(rows["method"].unique(), key=lambda m: (m != "fedavg", m))
         for method in order:
@@ -45,12 +54,17 @@ def median_tables(runs: pd.DataFrame) -> str:
             reached = int(mine["time_to_fedavg_accuracy"].notna().sum())
             time = _cell(mine["time_to_fedavg_accuracy"].median())
             budget = _cell(100 * mine["accuracy_at_fedavg_budget"].median())
+            per_training = (
+                f" {_cell(100 * mine['accuracy_at_fedavg_trainings'].median())} |"
+                if trainings
+                else ""
+            )
             kilojoules = (
                 f" {_cell(mine['joules_to_fedavg_accuracy'].median() / 1000)} |" if energy else ""
             )
             out.append(
                 f"| {method} | {len(mine)} | {' | '.join(cells)} | {time} ({reached}/{len(mine)})"
-                f" | {budget} |{kilojoules}"
+                f" | {budget} |{per_training}{kilojoules}"
             )
         out.append("")
     return "\n".join(out)

@@ -41,6 +41,10 @@ Figures over a run's evaluations (``metrics.csv``, virtual seconds in ``virtual_
   whose method schedules work: FedCompass, FedNova, time-budget FedAvg), else "off";
 - ``accuracy_at_fedavg_budget``: the run's accuracy (as ``accuracy_at_budget``) at
   the virtual seconds the speed reference's run of the same seed and setting ended at;
+- ``accuracy_at_fedavg_trainings``: the run's accuracy (as ``accuracy_at_5_rounds``)
+  at the client trainings the speed reference's run of the same seed and setting
+  received by its last evaluation: per client training where FedAvg's rounds lost
+  replies (nodes that left), so that its 20 rounds held fewer than 20 rounds' worth;
 - ``time_to_fedavg_accuracy``: virtual seconds at which the run first reaches the
   final accuracy of the preset's ``speed-reference`` method (FedAvg in the presets)
   with the same seed in the same setting (nodes, partition, max-in-flight, device
@@ -96,6 +100,7 @@ __all__ = [
     "best_work",
     "times_to_reference",
     "accuracies_at_reference_budget",
+    "accuracies_at_reference_trainings",
     "fill_times_to_reference",
 ]
 
@@ -160,6 +165,7 @@ RUN_COLUMNS = (
     "time_to_fedavg_accuracy",
     "joules_to_fedavg_accuracy",
     "accuracy_at_fedavg_budget",
+    "accuracy_at_fedavg_trainings",
     *SUMMARY_FIELDS,
     "rejected_by_reason",
     "status_reason",
@@ -333,6 +339,7 @@ def run_row(
     row["time_to_fedavg_accuracy"] = math.nan
     row["joules_to_fedavg_accuracy"] = math.nan
     row["accuracy_at_fedavg_budget"] = math.nan
+    row["accuracy_at_fedavg_trainings"] = math.nan
     final = row["final_accuracy"]
     if summary.get("status") == "diverged":  # the engine stopped the run: its kind first
         reason = str(summary.get("status_reason", "")).split(":")[0] or "diverged"
@@ -599,6 +606,29 @@ def times_to_reference(
     return times
 
 
+def accuracies_at_reference_trainings(
+    rows: Sequence[Mapping[str, Any]] | pd.DataFrame, reference: str, out: Path
+) -> dict[tuple[str, Any], float]:
+    """Each ok run's accuracy at the client trainings (``updates``) that
+    ``reference``'s run of the same seed (best client work, as
+    :func:`times_to_reference`) had received at its last evaluation: the accuracy of
+    the run's last evaluation at or before that many (NaN if the run did not get that
+    far); keyed as :func:`times_to_reference`."""
+    ok, ref = _reference_runs(frame(rows), reference)
+    trainings = {}
+    for r in ref.to_dict("records"):
+        curve = load_curve(r, out)
+        if curve:
+            trainings[r["seed"]] = curve[-1]["updates"]
+    accuracies = {}
+    for r in ok[ok["seed"].isin(list(trainings))].to_dict("records"):
+        curve = load_curve(r, out)
+        if curve:
+            key = (series_label(r["method"], r["client_work"]), r["seed"])
+            accuracies[key] = accuracy_at_rounds(curve, 1, int(trainings[r["seed"]]))
+    return accuracies
+
+
 def accuracies_at_reference_budget(
     rows: Sequence[Mapping[str, Any]] | pd.DataFrame, reference: str, out: Path
 ) -> dict[tuple[str, Any], float]:
@@ -621,25 +651,31 @@ def accuracies_at_reference_budget(
 
 
 def fill_times_to_reference(rows: Sequence[dict[str, Any]], reference: str, out: Path) -> None:
-    """Set every row's ``time_to_fedavg_accuracy`` (:func:`times_to_reference`) and
-    ``accuracy_at_fedavg_budget`` (:func:`accuracies_at_reference_budget`), per setting
+    """Set every row's ``time_to_fedavg_accuracy`` (:func:`times_to_reference`),
+    ``joules_to_fedavg_accuracy``, ``accuracy_at_fedavg_budget``
+    (:func:`accuracies_at_reference_budget`) and ``accuracy_at_fedavg_trainings``
+    (:func:`accuracies_at_reference_trainings`), per setting
     (:func:`setting_key`); NaN for a row that is not timed or without ``reference``
     (an empty name)."""
     df = frame(rows)
     times = pd.Series(math.nan, index=df.index, dtype=object)
     joules = pd.Series(math.nan, index=df.index, dtype=object)
     accuracies = pd.Series(math.nan, index=df.index, dtype=object)
+    per_training = pd.Series(math.nan, index=df.index, dtype=object)
     if reference and len(df):
         for _, srows in df.groupby("setting", sort=False):
             timed = times_to_reference(srows, reference, out)
             energy = times_to_reference(srows, reference, out, column="joules")
             at_budget = accuracies_at_reference_budget(srows, reference, out)
+            at_trainings = accuracies_at_reference_trainings(srows, reference, out)
             labels = map(series_label, srows["method"], srows["client_work"])
             keys = list(zip(labels, srows["seed"]))
             times[srows.index] = [timed.get(key, math.nan) for key in keys]
             joules[srows.index] = [energy.get(key, math.nan) for key in keys]
             accuracies[srows.index] = [at_budget.get(key, math.nan) for key in keys]
-    for r, t, j, a in zip(rows, times, joules, accuracies, strict=True):
+            per_training[srows.index] = [at_trainings.get(key, math.nan) for key in keys]
+    for r, t, j, a, n in zip(rows, times, joules, accuracies, per_training, strict=True):
         r["time_to_fedavg_accuracy"] = t
         r["joules_to_fedavg_accuracy"] = j
         r["accuracy_at_fedavg_budget"] = a
+        r["accuracy_at_fedavg_trainings"] = n

@@ -48,3 +48,20 @@ def test_medians_per_method_fedavg_first_nan_left_out_failed_runs_ignored():
     # time: median of 30 and 20 (seed 2 never reached it) = 25.0; budget 83.0
     assert lines[4] == "| fedavg | 1 | 79.0 | 73.0 | – | 61.0 (1/1) | 80.0 |"
     assert lines[5] == "| gsgm | 3 | 82.0 | 72.0 | 82.0 | 25.0 (2/3) | 83.0 |"
+
+
+def test_accuracy_at_fedavg_trainings_and_kilojoules_get_columns_when_present():
+    runs = pd.DataFrame(
+        [
+            run("gsgm", 1, 0.80, 0.70, 0.82, 30.0, 0.81) | {"accuracy_at_fedavg_trainings": 0.75},
+            run("gsgm", 2, 0.84, 0.74, 0.80, 40.0, 0.85) | {"accuracy_at_fedavg_trainings": 0.71},
+            run("fedavg", 1, 0.79, 0.73, math.nan, 61.0, 0.80)
+            | {"accuracy_at_fedavg_trainings": 0.78},
+        ]
+    )
+    runs["joules_to_fedavg_accuracy"] = [1500.0, 2500.0, 9000.0]
+    lines = median_tables(runs).splitlines()
+    assert lines[2].endswith("| at FedAvg's trainings (%) | kJ to FedAvg's final accuracy |")
+    # gsgm: median of (75, 71) = 73.0; kJ: median of 1.5 and 2.5 = 2.0
+    assert lines[4] == "| fedavg | 1 | 79.0 | 73.0 | – | 61.0 (1/1) | 80.0 | 78.0 | 9.0 |"
+    assert lines[5] == "| gsgm | 2 | 82.0 | 72.0 | 81.0 | 35.0 (2/2) | 83.0 | 73.0 | 2.0 |"

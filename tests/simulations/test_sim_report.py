@@ -356,6 +356,27 @@ def test_time_to_the_speed_reference_accuracy_is_paired_by_seed(tmp_path):
     assert any(p.name.endswith("_time_to_asgd.png") for p in (tmp_path / "figures").rglob("*"))
 
 
+def test_accuracy_at_the_reference_trainings_is_paired_by_seed(tmp_path):
+    from simulations.results import accuracies_at_reference_trainings
+
+    out = make_sweep(tmp_path / "sweep")
+    # asgd's seed-1 run ends at 300 trainings (its rounds lost replies): gsgm's seed 1 is
+    # read at its last evaluation at or before 300, 0.1 + 0.3 + 0.01 = 0.41; seeds 2, 3
+    # at 500: 0.62, 0.63 (both curves 0.1 + u / 1000 + 0.01 seed).
+    path = out / "runs/asgd/n10-k2/s1/metrics.csv"
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join(lines[:8]) + "\n")  # header + u = 0 .. 300
+    n10 = [r for r in read_csv(out / "runs.csv") if r["nodes"] == 10]
+    accuracies = accuracies_at_reference_trainings(n10, "asgd", out)
+    assert accuracies[("gsgm", 1)] == pytest.approx(0.41)
+    assert accuracies[("gsgm", 2)] == pytest.approx(0.62)
+    assert accuracies[("asgd", 1)] == pytest.approx(0.41)
+    # a run that stopped short of the reference's trainings has none
+    path = out / "runs/gsgm/n10-k2/s2/metrics.csv"
+    path.write_text("\n".join(path.read_text().splitlines()[:5]) + "\n")  # u <= 150
+    assert math.isnan(accuracies_at_reference_trainings(n10, "asgd", out)[("gsgm", 2)])
+
+
 def test_time_to_reference_bars_are_medians_and_name_the_seeds_that_never_reached(
     tmp_path, monkeypatch
 ):
