@@ -44,7 +44,9 @@ the nodes) and its end are left out. Over the window:
   probe the deployment is sampled idle for ``--idle-seconds``
   (``superlink_idle_cpu_rate``, ``node_idle_cpu_rate``: CPU seconds per second), and
   ``superlink_cpu_per_reply_above_idle`` is the SuperLink's CPU in the window less that
-  rate x the window, over the replies;
+  rate x the window, over the replies. Above idle the SuperLink serves every pull of the
+  ServerApp (the empty ones too), the messages' pushes and pulls (each model-sized,
+  through TLS) and the log stream of ``flwr run --stream``;
 - ``handling_wall_per_reply``: the wall seconds of the ServerApp's pushes and of its
   pulls that brought replies (a pull of k replies counted once, up to its first reply),
   over the replies: the server's handling as the ServerApp waits for it (the SuperLink's
@@ -87,7 +89,11 @@ median ``server_cpu_per_reply`` (ServerApp + SuperLink) for a server of one core
 ServerApp's alone where the SuperLink has a core of its own. The profile's latency
 must then be the quiet probe's latency less that figure
 (:func:`benchmarks.race_deployment.model_latency`: ``loopback``'s 0.904 s is 1.669 s
-less 0.765 s), or the server's time is counted twice.
+less 0.765 s), or the server's time is counted twice. For example, for the fleet of
+``loopback`` with a server of one core measured at S seconds per reply and a quiet
+latency of L seconds: run config ``server-seconds = S`` and ``latency-seconds = L - S``
+beside ``device-profile = "loopback"``; or a new entry of ``DEVICE_PROFILES`` with
+``server_seconds=S``.
 
 **It must run alone**: no sweep, test suite, helper session or other benchmark on the
 machine. A process beside it on the server's CPUs makes the ServerApp wait (wall
@@ -104,13 +110,16 @@ Usage (from the repository, with the venv; the machine otherwise idle)::
 (``0``, ``0-3,6``); overlapping sets and CPUs this process may not use (the machine
 lacks them) are refused, naming them (exit 2). Certificates, keys, logs and the probe's
 results go to ``--workdir`` (default ``outputs/server_cost``, git-ignored), the rows to
-``--out`` (default ``outputs/server_cost/server_cost.csv``; rows are appended to an
-existing file with the same columns). 10 SuperNodes take ~10 GB of RAM and a few
-minutes to start on one core; each repetition of 100 replies a few minutes.
+``--out`` (default ``<workdir>/server_cost.csv``; rows are appended to an existing file
+with the same columns). 10 SuperNodes take ~10 GB of RAM (the race's figure) and start
+one after another on the nodes' core; a repetition is ``--idle-seconds``, the
+ServerApp's start-up and ``--replies`` / ``--nodes`` round trips (2-9 s each in the
+race's probes of 10 SuperNodes on 2 shared cores).
 
 Every process it starts is stopped when it ends: normally, on an error, on SIGINT,
 SIGTERM or SIGHUP (raised as KeyboardInterrupt, then
-:meth:`benchmarks.local_deployment.Deployment.stop_everything`, as the race does), and
+:meth:`benchmarks.local_deployment.Deployment.stop_everything` in a ``finally``, as the
+race does on Ctrl-C), and
 when it is killed outright: a watchdog process started first (in its own session, so a
 Ctrl-C or a kill of its process group spares it) waits for this process to end, then
 stops the deployment in ``--workdir`` the same way.
