@@ -569,12 +569,13 @@ class Probe:
         self.dep, self.folder, self.nodes, self.updates = dep, folder, nodes, updates
         self.app = race_probe_app(folder / "probe-app")
         self.count = 0
+        self.out: Path | None = None  # the last probe's result file (its rows)
 
     def __call__(self, label: str) -> dict:
         """One probe: {round_trip, latency, updates}. Raises RaceError with its log."""
         self.count += 1
         name = f"probe-{self.count:02d}-{label}"
-        out = self.folder / f"{name}.json"
+        out = self.out = self.folder / f"{name}.json"
         out.unlink(missing_ok=True)
         config = (
             f'nodes={self.nodes} updates-per-node={self.updates} out="{out}" depth=1 '
