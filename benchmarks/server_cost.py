@@ -117,12 +117,12 @@ ServerApp's start-up and ``--replies`` / ``--nodes`` round trips (2-9 s each in 
 race's probes of 10 SuperNodes on 2 shared cores).
 
 Every process it starts is stopped when it ends: normally, on an error, on SIGINT,
-SIGTERM or SIGHUP (raised as KeyboardInterrupt, then
-:meth:`benchmarks.local_deployment.Deployment.stop_everything` in a ``finally``, as the
-race does on Ctrl-C), and
-when it is killed outright: a watchdog process started first (in its own session, so a
-Ctrl-C or a kill of its process group spares it) waits for this process to end, then
-stops the deployment in ``--workdir`` the same way.
+SIGTERM or SIGHUP, and when it is killed outright. Its deployment is guarded
+(:func:`benchmarks.local_deployment.start_deployment`, see that module's docstring):
+the signals are raised as KeyboardInterrupt, then
+:meth:`~benchmarks.local_deployment.Deployment.stop_everything` runs in a ``finally``;
+a watchdog process in a session of its own stops the deployment if this process ends
+without stopping it (its log: ``<workdir>/run/watchdog.log``).
 
 Exit code: 0 when every repetition was measured; 1 with the reason when the deployment
 or a probe failed, a window could not be measured, or a process was left; 2 on bad
@@ -137,10 +137,7 @@ import csv
 import json
 import math
 import os
-import select
-import signal
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -161,7 +158,7 @@ from benchmarks.local_deployment import (  # noqa: E402
 from benchmarks.race_deployment import Probe, RaceError, server_seconds  # noqa: E402
 from flwr_gsgm.simulation.virtual_clock import LOOPBACK_SERVER_SECONDS  # noqa: E402
 
-#: The deployment's run folder under ``--workdir`` (the watchdog stops it by this name).
+#: The deployment's run folder under ``--workdir``.
 RUN_NAME = "run"
 #: The command of Flower's ServerApp process (started by the SuperLink's SuperExec).
 SERVERAPP_COMMAND = "flwr-serverapp"
@@ -546,53 +543,6 @@ class CpuSampler(threading.Thread):
             self.error = err
 
 
-# ------------------------------------------------------------------ signals, watchdog
-def _interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
-
-
-def stop_on_signals() -> None:
-    """SIGTERM, SIGHUP and SIGINT (even in a background job, where the shell ignores it)
-    stop the measurement as Ctrl-C does: the ``finally`` blocks stop the deployment
-    (simulations/sweep.py does the same for SIGTERM and SIGINT)."""
-    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
-        signal.signal(signum, _interrupt)
-
-
-def start_watchdog(base: Path) -> subprocess.Popen:
-    """The watchdog (:func:`watchdog`) of this process over the deployment in ``base``,
-    in its own session, its output to ``base/watchdog.log``."""
-    base.mkdir(parents=True, exist_ok=True)
-    with (base / "watchdog.log").open("w") as log:
-        return subprocess.Popen(
-            [sys.executable, __file__, "--watchdog", str(os.getpid()), "--workdir", str(base)],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-
-def watchdog(parent: int, base: Path) -> int:
-    """Wait until process ``parent`` has ended (however: killed outright too), then stop
-    the deployment in ``base`` (:meth:`Deployment.stop_everything`: its PID files, then
-    every process naming ``base`` or its ports)."""
-    for signum in (signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, signal.SIG_IGN)
-    try:
-        fd = os.pidfd_open(parent)
-        select.select([fd], [], [])
-    except ProcessLookupError:
-        pass  # already gone
-    except OSError:  # no pidfd (Linux < 5.3): poll
-        while psutil.pid_exists(parent):
-            time.sleep(1.0)
-    if (base / RUN_NAME).is_dir():
-        Deployment(base, RUN_NAME).stop_everything()
-        print(f"process {parent} ended: stopped the deployment in {base / RUN_NAME}", flush=True)
-    return 0
-
-
 # ------------------------------------------------------------------ the measurement
 def node_pids(dep: Deployment, nodes: int) -> list[int]:
     """Every SuperNode launcher and its descendants (the warm executor)."""
@@ -820,11 +770,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--workdir", type=Path, default=REPO / "outputs" / "server_cost")
     parser.add_argument("--out", type=Path, help="CSV (default <workdir>/server_cost.csv)")
-    parser.add_argument("--watchdog", type=int, metavar="PID", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.workdir = args.workdir.resolve()
-    if args.watchdog is not None:
-        return args
     args.out = (args.out or args.workdir / "server_cost.csv").resolve()
     problems = [
         f"--nodes {args.nodes}: expected an integer >= 1" * (args.nodes < 1),
@@ -853,20 +800,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.watchdog is not None:
-        return watchdog(args.watchdog, args.workdir)
-    stop_on_signals()
-    guard = start_watchdog(args.workdir)
     failures: list[str] = []
     try:
         failures = run(args)
     except (MeasureError, RaceError, TimeoutError, RuntimeError, OSError) as err:
         failures.append(f"{type(err).__name__}: {err}")
-    except KeyboardInterrupt as err:
+    except KeyboardInterrupt as err:  # Ctrl-C, or a stop signal (Interrupted)
         failures.append(f"interrupted ({err or 'Ctrl-C'}); every process it started was stopped")
-    finally:
-        guard.terminate()
-        guard.wait()
     if failures:
         print("server cost failed: " + "; ".join(failures), file=sys.stderr, flush=True)
         return 1
