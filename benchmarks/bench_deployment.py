@@ -43,7 +43,9 @@ Usage (from the repository, with the venv):
     .venv/bin/python benchmarks/bench_deployment.py [--updates 32] [--json out.json]
 
 Takes a few minutes per mode on a loaded 2-core machine; every process it starts is
-stopped at the end.
+stopped at the end, also on an error, Ctrl-C, SIGTERM or SIGHUP (exit code 1, saying
+so), and by a watchdog when it is killed outright (each mode's deployment is guarded:
+:meth:`benchmarks.local_deployment.Deployment.guard`).
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the shared deplo
 from benchmarks.local_deployment import (  # noqa: E402
     REPO,
     Deployment,
+    Interrupted,
     command_line,
     probe_app,
     process_tree,
@@ -264,11 +267,12 @@ def idle_cpu(root: int, seconds: float) -> float:
 
 # ------------------------------------------------------------------------ driver
 def start(dep: Deployment) -> list[int]:
-    """start_local.sh with :data:`NODES` SuperNodes; their launcher pids once connected."""
-    dep.script("start_local.sh", str(NODES), timeout=300)
-    names = [f"node-{i}" for i in range(NODES)]
-    dep.wait_connected(names, timeout=300)
-    return [dep.pid(f"supernode-{name}") for name in names]
+    """start_local.sh with :data:`NODES` SuperNodes, guarded first
+    (:meth:`Deployment.guard`: the caller stops it in a ``finally``); their launcher
+    pids once connected."""
+    dep.guard()
+    dep.start(NODES, timeout=300)
+    return [dep.pid(f"supernode-node-{i}") for i in range(NODES)]
 
 
 def run_mode(base: Path, mode: str, args: argparse.Namespace) -> dict:
@@ -449,7 +453,15 @@ def main() -> int:
         parser.error(f"unknown mode(s) {unknown}; expected some of {MODES}")
     base = (args.workdir or Path(tempfile.mkdtemp(prefix="bench-deployment-"))).resolve()
     base.mkdir(parents=True, exist_ok=True)
-    results = [run_mode(base, mode, args) for mode in modes]
+    try:
+        results = [run_mode(base, mode, args) for mode in modes]
+    except Interrupted as err:
+        print(
+            f"bench deployment interrupted ({err}); every process it started was stopped",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 1
     print(report(results))
     if args.json:
         args.json.write_text(json.dumps(results, indent=1) + "\n")

@@ -145,7 +145,9 @@ repetition, 2 probe updates per node, the fastest update 1 x the quiet round tri
 (``--round-trip-multiple``) so that a run holds a few updates; writes
 ``<workdir>/race-quick.csv`` unless ``--out`` is given: 14.4 min measured (864 s, load
 average 9-14). Every process it starts is
-stopped at the end (also on an error or Ctrl-C), and the in-process predictions' client
+stopped at the end (also on an error, Ctrl-C, SIGTERM or SIGHUP, and by a watchdog
+when it is killed outright: :func:`benchmarks.local_deployment.start_deployment` guards
+each deployment), and the in-process predictions' client
 threads are joined before the interpreter exits. Certificates, keys, logs and run
 folders go to ``--workdir`` (default ``outputs/deployment_race``, git-ignored).
 
@@ -498,8 +500,10 @@ def start_deployment(
     base: Path, run_name: str, nodes: int, step_seconds: dict[int, float] | None
 ) -> Deployment:
     """SuperLink + ``nodes`` SuperNodes, partition i emulating ``step_seconds[i]`` (no
-    emulation if None); returns once every SuperNode is connected. The caller stops it
-    (:meth:`Deployment.stop_everything`), also when this raises."""
+    emulation if None), guarded (stop signals raised as KeyboardInterrupt, a watchdog:
+    :func:`benchmarks.local_deployment.start_deployment`); returns once every SuperNode
+    is connected. The caller stops it (:meth:`Deployment.stop_everything`) in a
+    ``finally``; if this raises, it is stopped already."""
     per_node = {
         f"NODE_CONFIG_EXTRA_{pid}": f"step-seconds={seconds!r}"
         for pid, seconds in (step_seconds or {}).items()
@@ -1541,8 +1545,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {args.out}; {time.monotonic() - started:.0f} s in all", flush=True)
     except (RaceError, TimeoutError, RuntimeError, OSError, ValueError) as err:
         failures.append(f"{type(err).__name__}: {err}")
-    except KeyboardInterrupt:
-        failures.append("interrupted (Ctrl-C); every process it started was stopped")
+    except KeyboardInterrupt as err:  # Ctrl-C, or a stop signal (Interrupted)
+        failures.append(f"interrupted ({err or 'Ctrl-C'}); every process it started was stopped")
     finally:
         alive = join_client_threads(timeout=60)
     if alive:

@@ -56,6 +56,10 @@ Usage::
 
     python benchmarks/soak_deployment.py             # 60 minutes, every kind of fault
     python benchmarks/soak_deployment.py --quick     # CI
+
+Every process it starts is stopped when it ends, also on an error, Ctrl-C, SIGTERM or
+SIGHUP (exit code 1, saying so), and by a watchdog when it is killed outright: its
+deployment is guarded (:func:`benchmarks.local_deployment.start_deployment`).
 """
 
 from __future__ import annotations
@@ -83,6 +87,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.local_deployment import (  # noqa: E402
     REPO,
     Deployment,
+    Interrupted,
     command_line,
     executor_pids,
     kill_all,
@@ -837,6 +842,13 @@ def main(argv: list[str] | None = None) -> int:
         )
         checks = check_all(soak.run_dir, still, args.tolerance, leftover, commands, soak.reason)
         text = write_results(out, soak, checks, still_rows)
+    except Interrupted as err:  # SIGTERM, SIGHUP, SIGINT while the deployment ran
+        print(
+            f"soak interrupted ({err}); every process it started was stopped",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 1
     finally:
         soak.unmount()
     print(text + f"results in {out}", flush=True)
