@@ -258,18 +258,24 @@ def test_a_table_per_nodes_and_max_in_flight_and_a_runs_csv_beside_the_page(tmp_
     assert "| gsgm | 3/3 | 0 | 0 | 50.0 ± 2.0 |" in limited_table
     page_rows = read_csv(md.parent / "runs.csv")
     assert len(page_rows) == len(rows) + len(limited)
-    assert list(page_rows[0])[:10] == [
+    assert list(page_rows[0])[:13] == [
         "method",
         "nodes",
         "max_in_flight",
         "partition",
         "client_work",
         "device_profile",
+        "fleet",
+        "availability",
+        "speed_variance",
         "work_scheduling",
         "seed",
         "status",
         "final_accuracy",
     ]
+    # the counts that show every reply counted once are on the page
+    counts = ["updates_received", "updates_applied", "updates_deferred", "updates_stale"]
+    assert set(counts + ["rejected", "lost_in_flight"]) <= set(page_rows[0])
     # a sweep without client works, device profiles or a speed reference: empty, NaN
     assert {(r["client_work"], r["device_profile"]) for r in page_rows} == {("", "")}
     assert all(math.isnan(r["time_to_fedavg_accuracy"]) for r in page_rows)
