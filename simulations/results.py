@@ -64,7 +64,7 @@ from __future__ import annotations
 import csv
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -606,6 +606,31 @@ def times_to_reference(
     return times
 
 
+def _accuracies_at_reference_end(
+    rows: Sequence[Mapping[str, Any]] | pd.DataFrame,
+    reference: str,
+    out: Path,
+    column: str,
+    accuracy_at: Callable[[list[dict[str, float]], float], float],
+) -> dict[tuple[str, Any], float]:
+    """Each ok run's ``accuracy_at(curve, end)``, ``end`` the ``column`` value of the
+    last evaluation of ``reference``'s run of the same seed (best client work, as
+    :func:`times_to_reference`); keyed as there."""
+    ok, ref = _reference_runs(frame(rows), reference)
+    end = {}
+    for r in ref.to_dict("records"):
+        curve = load_curve(r, out)
+        if curve:
+            end[r["seed"]] = curve[-1][column]
+    accuracies = {}
+    for r in ok[ok["seed"].isin(list(end))].to_dict("records"):
+        curve = load_curve(r, out)
+        if curve:
+            key = (series_label(r["method"], r["client_work"]), r["seed"])
+            accuracies[key] = accuracy_at(curve, end[r["seed"]])
+    return accuracies
+
+
 def accuracies_at_reference_trainings(
     rows: Sequence[Mapping[str, Any]] | pd.DataFrame, reference: str, out: Path
 ) -> dict[tuple[str, Any], float]:
@@ -614,19 +639,9 @@ def accuracies_at_reference_trainings(
     :func:`times_to_reference`) had received at its last evaluation: the accuracy of
     the run's last evaluation at or before that many (NaN if the run did not get that
     far); keyed as :func:`times_to_reference`."""
-    ok, ref = _reference_runs(frame(rows), reference)
-    trainings = {}
-    for r in ref.to_dict("records"):
-        curve = load_curve(r, out)
-        if curve:
-            trainings[r["seed"]] = curve[-1]["updates"]
-    accuracies = {}
-    for r in ok[ok["seed"].isin(list(trainings))].to_dict("records"):
-        curve = load_curve(r, out)
-        if curve:
-            key = (series_label(r["method"], r["client_work"]), r["seed"])
-            accuracies[key] = accuracy_at_rounds(curve, 1, int(trainings[r["seed"]]))
-    return accuracies
+    return _accuracies_at_reference_end(
+        rows, reference, out, "updates", lambda curve, n: accuracy_at_rounds(curve, 1, int(n))
+    )
 
 
 def accuracies_at_reference_budget(
@@ -635,19 +650,7 @@ def accuracies_at_reference_budget(
     """Each ok run's accuracy (:func:`accuracy_at_budget`) at the virtual seconds at
     which ``reference``'s run of the same seed (best client work, as
     :func:`times_to_reference`) made its last evaluation; keyed as there."""
-    ok, ref = _reference_runs(frame(rows), reference)
-    budget = {}
-    for r in ref.to_dict("records"):
-        curve = load_curve(r, out)
-        if curve:
-            budget[r["seed"]] = curve[-1]["virtual_time"]
-    accuracies = {}
-    for r in ok[ok["seed"].isin(list(budget))].to_dict("records"):
-        curve = load_curve(r, out)
-        if curve:
-            key = (series_label(r["method"], r["client_work"]), r["seed"])
-            accuracies[key] = accuracy_at_budget(curve, budget[r["seed"]])
-    return accuracies
+    return _accuracies_at_reference_end(rows, reference, out, "virtual_time", accuracy_at_budget)
 
 
 def fill_times_to_reference(rows: Sequence[dict[str, Any]], reference: str, out: Path) -> None:
